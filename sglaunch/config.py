@@ -1,0 +1,73 @@
+"""The frozen configuration `serve` hands to the engine after the validation pipeline.
+
+Every value here is resolved: no `auto`, no `None` where the engine needs a number. The
+front end builds it (`sglaunch.checks.pipeline.build_engine_config`); the engine only reads it.
+Torch-free on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """DSpark settings (the only speculative algorithm sglaunch's engine runs)."""
+
+    algorithm: str  # "DSPARK"
+    draft_model_path: str  # checkpoint folder of the drafter (may equal the target's when bundled)
+    block_size: int  # gamma: drafted tokens per round; the verify window is gamma + 1
+    num_draft_tokens: int  # gamma + 1
+    ragged_verify_mode: RaggedVerifyMode
+    sps_table_path: str | None = None
+    confidence_sts_path: str | None = None
+    align_verify_tokens_to_graph_tier: bool = False
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to boot, resolved and validated."""
+
+    # model
+    model_path: str
+    tokenizer_path: str
+    served_model_name: str
+    dtype: Literal["bfloat16", "float16", "float32"]
+    context_length: int | None  # None: take max_position_embeddings from the checkpoint
+    chat_template: str | None = None
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    enable_metrics: bool = False
+    log_level: str = "info"
+    random_seed: int | None = None
+    # parallelism (one process per tensor-parallel rank)
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # "host:port"; None: single node, a free local port
+    device: Literal["cuda", "cpu"] = "cpu"
+    base_gpu_id: int = 0
+    # memory and scheduling
+    mem_fraction_static: float | None = None  # GPUs: fraction for weights + KV pool
+    max_total_tokens: int | None = None  # CPUs (or an explicit cap on GPUs): KV pool size in tokens
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None  # None or -1: no chunking
+    page_size: int = 1
+    disable_radix_cache: bool = False
+    kv_cache_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # kernels
+    attention_backend: Literal["torch", "flashinfer"] = "torch"
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    # speculative decoding; None: plain decoding
+    speculative: SpeculativeConfig | None = None
+    # free-form record of how each `auto` was resolved, for logs and /server_info
+    resolutions: tuple[tuple[str, str], ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""The inference engine: model runner, paged KV cache, radix cache, scheduler, TP workers."""

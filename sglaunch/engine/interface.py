@@ -1,0 +1,64 @@
+"""The narrow interface between the HTTP server and the engine.
+
+The server (tokenizer, chat templates, OpenAI routes) talks to the engine only through
+these types; the engine (scheduler, KV cache, model runner, tensor-parallel workers) knows
+nothing about HTTP. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 (or below 1e-5): greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One increment of a request's output; the last one has `finished=True`."""
+
+    rid: str
+    new_token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the radix cache
+    # speculative decoding: tokens accepted in the step that produced this increment (incl. bonus)
+    accept_length: int | None = None
+
+
+class AsyncEngine(Protocol):
+    """What the HTTP server needs from the engine."""
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
+        """Stream outputs of one request; raises ValueError for requests the engine refuses."""
+        ...
+
+    async def abort(self, rid: str) -> None:
+        """Stop a request (e.g. the client disconnected) and free its KV pages."""
+        ...
+
+    def server_info(self) -> dict:
+        """Static and live facts for /server_info and /metrics (KV usage, queue length, ...)."""
+        ...
+
+    async def shutdown(self) -> None: ...
