@@ -28,8 +28,8 @@ QUANTIZATION_METHODS = (
 )
 QOQ_REMOVED = ValueChange(
     "qoq", removed="0.5.16",
-    note="QServe (QoQ) W4A8 was removed in SGLang 0.5.16 (#31109); no drop-in replacement exists. "
-    "Re-quantize the checkpoint with a supported method (e.g. awq, gptq, fp8) or serve it unquantized.",
+    note="the QServe (QoQ) W4A8 path is gone (#31109) and nothing replaces it; re-quantize the "
+    "checkpoint with a supported method (e.g. awq, gptq, fp8) or serve it unquantized",
 )
 
 FLAGS: tuple[Flag, ...] = (
@@ -184,9 +184,9 @@ FLAGS: tuple[Flag, ...] = (
              removed="0.5.20", replaced_by="--cuda-graph-max-bs-decode", support=ENGINE),
         Flag("--cuda-graph-max-bs-decode", INT, "Largest decode batch captured in a CUDA graph.",
              added="0.5.20", support=COMPAT),
-        Flag("--cuda-graph-bs", LIST, "Decode batch sizes to capture.", removed="0.5.20",
+        Flag("--cuda-graph-bs", LIST, "Decode batch sizes to capture.", item_kind=INT, removed="0.5.20",
              replaced_by="--cuda-graph-bs-decode", support=COMPAT),
-        Flag("--cuda-graph-bs-decode", LIST, "Decode batch sizes to capture.", added="0.5.20",
+        Flag("--cuda-graph-bs-decode", LIST, "Decode batch sizes to capture.", item_kind=INT, added="0.5.20",
              support=COMPAT),
         Flag("--disable-cuda-graph", BOOL, "Run without CUDA graphs.", default=False, support=ENGINE),
         Flag("--enable-breakable-cuda-graph", BOOL, "Breakable CUDA graph for prefill.", default=False,
@@ -200,9 +200,9 @@ FLAGS: tuple[Flag, ...] = (
              value_map=(("true", "tc_piecewise"),), support=COMPAT),
         Flag("--cuda-graph-backend-prefill", STR, "Prefill CUDA-graph backend.", added="0.5.20",
              choices=("disabled", "tc_piecewise", "breakable"), open_choices=True, support=COMPAT),
-        Flag("--piecewise-cuda-graph-tokens", LIST, "Prefill token counts to capture.", removed="0.5.20",
+        Flag("--piecewise-cuda-graph-tokens", LIST, "Prefill token counts to capture.", item_kind=INT, removed="0.5.20",
              replaced_by="--cuda-graph-bs-prefill", support=COMPAT),
-        Flag("--cuda-graph-bs-prefill", LIST, "Prefill token counts to capture.", added="0.5.20",
+        Flag("--cuda-graph-bs-prefill", LIST, "Prefill token counts to capture.", item_kind=INT, added="0.5.20",
              support=COMPAT),
         Flag("--piecewise-cuda-graph-max-tokens", INT, "Largest prefill captured.", removed="0.5.20",
              replaced_by="--cuda-graph-max-bs-prefill", support=COMPAT),

@@ -62,6 +62,7 @@ class Flag:
     open_choices: bool = False  # choices are the known ones; others pass with a warning
     upper_case: bool = False  # value is upper-cased before the choice check (SGLang does this)
     metavar: str | None = None
+    item_kind: Kind = Kind.STR  # element type of a LIST flag
     added: str | None = None  # None: already present in the oldest release we track
     deprecated: str | None = None
     removed: str | None = None

@@ -1,0 +1,1 @@
+"""The validation pipeline: parse -> resolve every auto -> validate, producing diagnostics."""

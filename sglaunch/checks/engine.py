@@ -1,0 +1,101 @@
+"""What sglaunch's own engine runs, and what it only accepts for SGLang compatibility.
+
+In `serve` mode a configuration the engine cannot honour is an error; in `check` mode
+(validating a launch for SGLang itself) it is a warning.
+"""
+
+from __future__ import annotations
+
+from sglaunch.checks.context import LaunchContext
+from sglaunch.checks.diagnostics import Diagnostic, Severity, diag
+from sglaunch.checks.resolve import DTYPE_NAMES, ENGINE_ATTENTION
+from sglaunch.flags.spec import Support
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# compat flags whose non-default value changes what runs, so ignoring them is not an option
+CANNOT_IGNORE = ("dp_size", "pp_size", "quantization", "enable_dp_attention", "speculative_draft_model_quantization")
+
+
+def check_engine_support(ctx: LaunchContext) -> list[Diagnostic]:
+    severity = Severity.ERROR if ctx.mode == "serve" else Severity.WARNING
+    found = [diag("ENG002", message, flags=flags, fix=fix, severity=severity)
+             for message, flags, fix in _unsupported(ctx)]
+    return found + _ignored_compat_flags(ctx)
+
+
+def _unsupported(ctx: LaunchContext):
+    if ctx.get("device") not in ("cuda", "cpu"):
+        yield (f"--device {ctx.get('device')}: sglaunch runs on cuda and cpu", ("--device",), "use cuda or cpu")
+    for dest, flag in (("dp_size", "--dp-size"), ("pp_size", "--pp-size")):
+        if ctx.get(dest) > 1:
+            yield (f"{flag} {ctx.get(dest)}: sglaunch runs tensor parallelism only", (flag,),
+                   f"drop {flag}; use --tp-size (and --nnodes) to spread the model")
+    if ctx.get("enable_dp_attention"):
+        yield ("--enable-dp-attention: sglaunch has no data-parallel attention", ("--enable-dp-attention",),
+               "drop it for sglaunch serve")
+    for dest, flag in (("quantization", "--quantization"),
+                       ("speculative_draft_model_quantization", "--speculative-draft-model-quantization")):
+        if ctx.get(dest) is not None:
+            yield (f"{flag} {ctx.get(dest)}: sglaunch serves unquantized bf16/fp16/fp32 checkpoints",
+                   (flag,), f"drop {flag} and use an unquantized checkpoint")
+    algo = ctx.get("speculative_algorithm")
+    if algo is not None and algo != "DSPARK":
+        yield (f"--speculative-algorithm {algo}: sglaunch implements DSPARK only",
+               ("--speculative-algorithm",), "use --speculative-algorithm DSPARK with a DSpark drafter")
+    yield from _unsupported_checkpoint(ctx)
+
+
+def _unsupported_checkpoint(ctx: LaunchContext):
+    ckpt = ctx.checkpoint
+    if ctx.mode == "serve" and ctx.get("model_path") is None:
+        yield ("no --model-path given, and this release has no built-in default model yet",
+               ("--model-path",), "pass --model-path PATH to a Llama, Qwen2 or Qwen3 checkpoint folder")
+    if ckpt is None:
+        return
+    archs = ckpt.architectures
+    if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
+        yield (f"{ckpt.path} is a {', '.join(archs)} checkpoint; sglaunch runs "
+               f"{', '.join(SUPPORTED_ARCHITECTURES)}", ("--model-path",), "serve it with SGLang itself")
+    if ckpt.quant_method and ctx.get("quantization") is None:
+        yield (f"{ckpt.path} is quantized ({ckpt.quant_method}); sglaunch serves unquantized checkpoints",
+               ("--model-path",), "use the unquantized checkpoint")
+
+
+def _ignored_compat_flags(ctx: LaunchContext) -> list[Diagnostic]:
+    found = []
+    for dest, setting in ctx.settings.values.items():
+        flag = setting.flag
+        if flag.support is not Support.COMPAT or dest in CANNOT_IGNORE or setting.origin.source == "resolved":
+            continue
+        if setting.value == flag.default or (isinstance(setting.value, str) and
+                                             flag.value_status(setting.value, ctx.settings.release).value == "removed"):
+            continue
+        note = f" ({flag.engine_note})" if flag.engine_note else ""
+        found.append(diag("ENG001", f"{setting.spelling} is accepted for SGLang compatibility but has no "
+                          f"effect in sglaunch's engine{note}", flags=(flag.name,), origin=str(setting.origin),
+                          fix=f"keep it for SGLang, or drop it for sglaunch serve"))
+    return found
+
+
+def fall_back_to_engine_backends(ctx: LaunchContext) -> list[Diagnostic]:
+    """Backends the engine lacks are replaced by the closest one it has, with a warning."""
+    found = []
+    backend = ctx.get("attention_backend")
+    if backend in ENGINE_ATTENTION:
+        if ENGINE_ATTENTION[backend] != backend:
+            ctx.resolve("attention_backend", ENGINE_ATTENTION[backend], f"sglaunch's name for {backend}")
+    else:
+        fallback = "flashinfer" if ctx.get("device") == "cuda" and ctx.env_info and \
+            ctx.env_info.packages.get("flashinfer") else "torch"
+        ctx.resolve("attention_backend", fallback, f"{backend} is not implemented by sglaunch")
+        found.append(diag("ENG003", f"--attention-backend {backend} is not implemented by sglaunch; "
+                          f"using {fallback}", flags=("--attention-backend",),
+                          origin=ctx.origin("attention_backend"), fix="use flashinfer, torch or auto"))
+    kv = ctx.get("kv_cache_dtype")
+    if kv not in DTYPE_NAMES:
+        ctx.resolve("kv_cache_dtype", ctx.get("dtype"), f"{kv} KV cache is not implemented by sglaunch")
+        found.append(diag("ENG003", f"--kv-cache-dtype {kv} is not implemented by sglaunch; using "
+                          f"{ctx.get('dtype')}", flags=("--kv-cache-dtype",), fix="use auto, bf16, fp16 or fp32"))
+    elif DTYPE_NAMES[kv] != kv:
+        ctx.resolve("kv_cache_dtype", DTYPE_NAMES[kv], f"'{kv}' is another name for it")
+    return found

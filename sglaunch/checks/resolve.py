@@ -1,0 +1,159 @@
+"""Resolve every `auto` and every unset value the engine needs, logging each decision.
+
+One function per setting; `resolve_all` runs them in dependency order. Checks that need
+a resolved value run after this (see `pipeline.py`).
+"""
+
+from __future__ import annotations
+
+from sglaunch.checks.context import LaunchContext
+from sglaunch.checks.diagnostics import Diagnostic, diag
+
+DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
+               "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ENGINE_ATTENTION = {"torch": "torch", "torch_native": "torch", "flashinfer": "flashinfer"}
+DEFAULT_DSPARK_GAMMA = 7  # upstream's fallback when nothing names the block size
+CPU_KV_TOKENS = 16384
+GPU_MEM_FRACTION = 0.88
+
+
+def resolve_device(ctx: LaunchContext) -> None:
+    if ctx.get("device") is None:
+        device = "cuda" if ctx.gpus else "cpu"
+        ctx.resolve("device", device, f"{len(ctx.gpus)} GPU(s) visible" if ctx.gpus else "no GPU visible")
+
+
+def resolve_dtype(ctx: LaunchContext) -> None:
+    dtype = ctx.get("dtype")
+    if dtype == "auto":
+        stored = ctx.checkpoint.dtype if ctx.checkpoint else None
+        if stored in DTYPE_NAMES:
+            ctx.resolve("dtype", DTYPE_NAMES[stored], "the checkpoint's dtype")
+        elif ctx.get("device") == "cuda":
+            ctx.resolve("dtype", "bfloat16", "checkpoint dtype unknown; bf16 on GPUs")
+        else:
+            ctx.resolve("dtype", "float32", "checkpoint dtype unknown; fp32 on CPUs")
+    elif dtype in DTYPE_NAMES and DTYPE_NAMES[dtype] != dtype:
+        ctx.resolve("dtype", DTYPE_NAMES[dtype], f"'{dtype}' is another name for it")
+    kv = ctx.get("kv_cache_dtype")
+    if kv == "auto":
+        ctx.resolve("kv_cache_dtype", ctx.get("dtype"), "follows --dtype")
+
+
+def resolve_attention(ctx: LaunchContext) -> None:
+    backend = ctx.get("attention_backend")
+    if backend != "auto":
+        return
+    flashinfer = ctx.env_info and ctx.env_info.packages.get("flashinfer")
+    if ctx.get("device") == "cuda" and flashinfer:
+        ctx.resolve("attention_backend", "flashinfer", f"CUDA with FlashInfer {flashinfer} installed")
+    else:
+        why = "CPU device" if ctx.get("device") != "cuda" else "FlashInfer not installed"
+        ctx.resolve("attention_backend", "torch", why)
+
+
+def resolve_model_defaults(ctx: LaunchContext) -> None:
+    model = ctx.get("model_path")
+    if model is None:
+        return
+    if ctx.get("tokenizer_path") is None:
+        ctx.resolve("tokenizer_path", model, "same folder as --model-path")
+    if ctx.get("served_model_name") is None:
+        ctx.resolve("served_model_name", model, "defaults to --model-path")
+    if ctx.get("context_length") is None and ctx.checkpoint and ctx.checkpoint.context_length:
+        ctx.resolve("context_length", ctx.checkpoint.context_length, "max_position_embeddings of the model")
+
+
+def resolve_memory(ctx: LaunchContext) -> None:
+    on_gpu = ctx.get("device") == "cuda"
+    if on_gpu and ctx.get("mem_fraction_static") is None:
+        ctx.resolve("mem_fraction_static", GPU_MEM_FRACTION, "sglaunch's default for GPUs")
+    if not on_gpu and ctx.get("max_total_tokens") is None:
+        ctx.resolve("max_total_tokens", CPU_KV_TOKENS, "CPU KV pool default")
+    if ctx.get("chunked_prefill_size") is None:
+        ctx.resolve("chunked_prefill_size", 8192 if on_gpu else 4096, "default for the device")
+    if ctx.get("max_running_requests") is None:
+        if ctx.dspark:
+            ctx.resolve("max_running_requests", 48, "DSpark's default (as SGLang)")
+        else:
+            ctx.resolve("max_running_requests", 256 if on_gpu else 64, "default for the device")
+    if on_gpu and not ctx.get("disable_cuda_graph") and ctx.get("cuda_graph_max_bs") is None:
+        ctx.resolve("cuda_graph_max_bs", min(256, ctx.get("max_running_requests")),
+                    "largest batch that can run")
+
+
+def resolve_fp4_backend(ctx: LaunchContext) -> None:
+    if ctx.get("fp4_gemm_backend") != "auto" or not ctx.gpus:
+        return
+    cap = ctx.gpus[0].compute_capability or ""
+    major = int(cap.split(".")[0]) if cap.split(".")[0].isdigit() else 0
+    choice = {10: "flashinfer_cutedsl", 12: "flashinfer_cutlass"}.get(major, "marlin" if major >= 8 else None)
+    if choice:
+        ctx.resolve("fp4_gemm_backend", choice, f"GPU compute capability {cap}")
+
+
+def resolve_speculative(ctx: LaunchContext) -> list[Diagnostic]:
+    algo = ctx.get("speculative_algorithm")
+    if algo == "NEXTN":
+        ctx.resolve("speculative_algorithm", "EAGLE", "SGLang treats NEXTN as EAGLE")
+    if not ctx.dspark:
+        return []
+    found = _force_one(ctx)
+    if ctx.get("speculative_draft_model_path") is None and ctx.checkpoint and \
+            ctx.checkpoint.bundled_dspark_block_size:
+        ctx.resolve("speculative_draft_model_path", ctx.get("model_path"), "the target bundles its drafter")
+    found += _resolve_gamma(ctx)
+    return found
+
+
+def _force_one(ctx: LaunchContext) -> list[Diagnostic]:
+    found = []
+    for dest, flag in (("speculative_num_steps", "--speculative-num-steps"),
+                       ("speculative_eagle_topk", "--speculative-eagle-topk")):
+        value = ctx.get(dest)
+        if value is not None and value != 1:
+            found.append(diag("SPEC005", f"DSpark drafts one block per round, so {flag} {value} is "
+                              "overridden to 1", flags=(flag,), origin=ctx.origin(dest),
+                              fix=f"drop {flag} (or set it to 1)"))
+        if value != 1:
+            ctx.resolve(dest, 1, "DSpark drafts one block per round")
+    return found
+
+
+def _resolve_gamma(ctx: LaunchContext) -> list[Diagnostic]:
+    if ctx.get("speculative_dspark_block_size") is not None:
+        gamma = ctx.get("speculative_dspark_block_size")
+    elif ctx.draft and ctx.draft.config.get("block_size"):
+        gamma = int(ctx.draft.config["block_size"])
+        ctx.resolve("speculative_dspark_block_size", gamma, "block_size of the draft checkpoint")
+    elif ctx.checkpoint and ctx.checkpoint.bundled_dspark_block_size:
+        gamma = ctx.checkpoint.bundled_dspark_block_size
+        ctx.resolve("speculative_dspark_block_size", gamma, "dspark_block_size of the target checkpoint")
+    elif ctx.get("speculative_num_draft_tokens") is not None:
+        gamma = ctx.get("speculative_num_draft_tokens") - 1
+        ctx.resolve("speculative_dspark_block_size", gamma, "--speculative-num-draft-tokens minus 1")
+    else:
+        gamma = DEFAULT_DSPARK_GAMMA
+        ctx.resolve("speculative_dspark_block_size", gamma, "nothing names it; SGLang's default")
+        _derive_draft_tokens(ctx, gamma)
+        return [diag("SPEC010", f"no DSpark block size found (flag, draft config.json block_size); "
+                     f"using {gamma}", flags=("--speculative-dspark-block-size",),
+                     fix="pass --speculative-dspark-block-size matching your drafter")]
+    _derive_draft_tokens(ctx, gamma)
+    return []
+
+
+def _derive_draft_tokens(ctx: LaunchContext, gamma: int) -> None:
+    if ctx.get("speculative_num_draft_tokens") is None and gamma > 0:
+        ctx.resolve("speculative_num_draft_tokens", gamma + 1, "DSpark verify window = block size + 1")
+
+
+def resolve_all(ctx: LaunchContext) -> list[Diagnostic]:
+    resolve_device(ctx)
+    resolve_dtype(ctx)
+    resolve_attention(ctx)
+    resolve_model_defaults(ctx)
+    found = resolve_speculative(ctx)
+    resolve_memory(ctx)
+    resolve_fp4_backend(ctx)
+    return found

@@ -1,0 +1,1 @@
+"""The `sglaunch` command line: one module per command, errors funnelled through `common`."""

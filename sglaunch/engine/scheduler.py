@@ -1,0 +1,249 @@
+"""Continuous-batching scheduler policy. Plain Python (no torch).
+
+Every step mixes running requests (decode, or the next chunk of a chunked prefill) with newly
+admitted ones. Admission reuses radix-cached prefixes. When the page allocator runs dry (after
+evicting unlocked radix pages) the newest running request is preempted: its computed pages go
+into the radix cache (or back to the allocator), and it re-enters the waiting queue with its
+generated tokens intact; on resume it recomputes whatever KV the cache no longer holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sglaunch.engine.allocator import PageAllocator
+from sglaunch.engine.interface import FinishReason
+from sglaunch.engine.radix_cache import RadixCache
+from sglaunch.engine.request import Req, ReqStatus
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    page_size: int
+    max_running_requests: int
+    chunked_prefill_size: int | None  # prefill tokens per step; None: whole prompts
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass
+class Chunk:
+    """Tokens `req.token_ids[start:end]` are computed this step."""
+
+    req: Req
+    start: int
+    end: int
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the end of the request's tokens: a new token follows."""
+        return self.end == len(self.req.token_ids)
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits, allocator: PageAllocator, radix: RadixCache | None):
+        self.limits = limits
+        self.allocator = allocator
+        self.radix = radix
+        self.waiting: list[Req] = []  # by arrival; preempted requests go back in arrival order
+        self.running: list[Req] = []  # by arrival
+        self._arrivals = 0
+        self.num_preemptions = 0
+        self.finished_by_pool: list[Req] = []  # dropped because the pool cannot hold them alone
+
+    # ---- requests in and out ------------------------------------------------------------
+    def check(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise ValueError for a request the engine can never serve."""
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty; send at least one token")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if prompt_len >= self.limits.context_length:
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens, which does not fit the context length of "
+                f"{self.limits.context_length} tokens (it must leave room for one generated token)"
+            )
+        capacity = self.allocator.num_pages * self.limits.page_size
+        if prompt_len + 1 > capacity:
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens but the KV pool holds only {capacity}; "
+                "raise --max-total-tokens or --mem-fraction-static"
+            )
+
+    def add(self, req: Req) -> None:
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> Req | None:
+        """Drop a request wherever it is, freeing its pages; None when unknown or finished."""
+        for queue in (self.waiting, self.running):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self._release(req)
+                    req.status, req.finish_reason = ReqStatus.FINISHED, "abort"
+                    return req
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -----------------------------------------------------------------------
+    def schedule(self) -> list[Chunk]:
+        """The chunks to compute this step (running requests first, then admissions)."""
+        budget = [self.limits.chunked_prefill_size or math.inf]
+        chunks = self._schedule_running(budget)
+        chunks += self._admit_waiting(budget)
+        return chunks
+
+    def _chunk_len(self, req: Req, budget: list[float]) -> int:
+        if req.num_pending == 1:  # decode: not charged against the prefill budget
+            return 1
+        return int(min(req.num_pending, budget[0]))
+
+    def _schedule_running(self, budget: list[float]) -> list[Chunk]:
+        chunks, i = [], 0
+        while i < len(self.running):
+            req = self.running[i]
+            length = self._chunk_len(req, budget)
+            if length == 0:
+                i += 1
+                continue
+            if not self._reserve(req, req.num_computed + length):
+                self._out_of_pages(req)
+                continue  # running[i] is now the next request (or the same one, retried)
+            chunks.append(Chunk(req, req.num_computed, req.num_computed + length))
+            if req.num_pending > 1:
+                budget[0] -= length
+            i += 1
+        return chunks
+
+    def _out_of_pages(self, req: Req) -> None:
+        """Preempt the newest running request; if `req` is alone, the pool cannot hold it."""
+        victim = self.running[-1]
+        if victim is req and len(self.running) == 1:
+            self.running.remove(req)
+            self._release(req)
+            req.status, req.finish_reason = ReqStatus.FINISHED, "length"
+            self.finished_by_pool.append(req)
+            return
+        self.preempt(victim)
+
+    def preempt(self, req: Req) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = ReqStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        at = next((i for i, w in enumerate(self.waiting) if w.arrival > req.arrival), len(self.waiting))
+        self.waiting.insert(at, req)
+
+    def _admit_waiting(self, budget: list[float]) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        while self.waiting and len(self.running) < self.limits.max_running_requests and budget[0] > 0:
+            req = self.waiting[0]
+            self._borrow_prefix(req)
+            length = int(min(req.num_pending, budget[0]))
+            if not self._has_headroom(req, req.num_computed + length) or not self._reserve(
+                req, req.num_computed + length
+            ):
+                self._release(req)
+                break
+            self.waiting.pop(0)
+            req.status = ReqStatus.RUNNING
+            self.running.append(req)
+            chunks.append(Chunk(req, req.num_computed, req.num_computed + length))
+            budget[0] -= length
+        return chunks
+
+    def _has_headroom(self, req: Req, end: int) -> bool:
+        """Admit only if every running request can still grow by one page afterwards."""
+        need = self._pages_for(end) - len(req.pages)
+        spare = self.allocator.num_free + (self.radix.evictable_pages if self.radix else 0)
+        return spare - need >= len(self.running)
+
+    # ---- after the forward pass ---------------------------------------------------------
+    def commit(self, chunks: list[Chunk], sampled: list[int | None]) -> list[Req]:
+        """Record computed KV and new tokens (`sampled[i]` for chunks[i]); returns requests
+        that finished this step, including any the pool could not hold."""
+        finished, self.finished_by_pool = self.finished_by_pool, []
+        for chunk, token in zip(chunks, sampled):
+            req = chunk.req
+            req.num_computed = chunk.end
+            if token is None:
+                continue
+            req.token_ids.append(token)
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                self.running.remove(req)
+                self._release(req)
+                req.status, req.finish_reason = ReqStatus.FINISHED, reason
+                finished.append(req)
+        return finished
+
+    def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
+        params = req.sampling
+        if not params.ignore_eos and token in self.limits.eos_token_ids:
+            return "stop"
+        if token in params.stop_token_ids:
+            return "stop"
+        if req.num_output_tokens >= params.max_new_tokens:
+            return "length"
+        if len(req.token_ids) >= self.limits.context_length:
+            return "length"
+        return None
+
+    # ---- pages --------------------------------------------------------------------------
+    def _pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.limits.page_size)
+
+    def _reserve(self, req: Req, end: int) -> bool:
+        """Make req.pages cover `end` tokens, evicting radix pages if needed."""
+        need = self._pages_for(end) - len(req.pages)
+        if need <= 0:
+            return True
+        if self.allocator.num_free < need and self.radix is not None:
+            self.radix.evict(need - self.allocator.num_free)
+        pages = self.allocator.alloc(need)
+        if pages is None:
+            return False
+        req.pages.extend(pages)
+        return True
+
+    def _borrow_prefix(self, req: Req) -> None:
+        """Start a (re)admitted request on the longest cached prefix of its tokens."""
+        if self.radix is None or req.pages:
+            return
+        # NOTE: keep at least the last token uncached: its forward pass yields the next logits
+        match = self.radix.match_prefix(req.token_ids[:-1])
+        self.radix.lock(match.node)
+        req.prefix_node = match.node
+        req.pages = list(match.pages)
+        req.num_borrowed_pages = match.num_pages
+        req.num_computed = match.num_pages * self.limits.page_size
+        if req.num_preemptions == 0:
+            req.cached_tokens = min(req.num_computed, req.num_prompt_tokens)
+
+    def _release(self, req: Req) -> None:
+        """Give back a request's pages: full computed pages to the radix cache, the rest freed."""
+        full = req.num_computed // self.limits.page_size
+        if self.radix is None:
+            self.allocator.free(req.pages)
+        else:
+            tokens = req.token_ids[: full * self.limits.page_size]
+            already_cached = self.radix.insert(tokens, req.pages[:full]) if full else 0
+            # pages the tree already held under the same tokens are duplicates of ours
+            self.allocator.free(req.pages[req.num_borrowed_pages : already_cached])
+            self.allocator.free(req.pages[full:])
+            if req.prefix_node is not None:
+                self.radix.unlock(req.prefix_node)
+        req.pages, req.prefix_node = [], None
+        req.num_borrowed_pages = req.num_computed = 0
+
+    # ---- stats --------------------------------------------------------------------------
+    def kv_used_tokens(self) -> int:
+        """Pool slots held by requests or by the cache (cached pages count as used)."""
+        return self.allocator.num_used * self.limits.page_size

@@ -1,0 +1,108 @@
+"""Format-neutral view of a launch command: argument tokens that know where they live.
+
+Every format reader (shell, YAML, Dockerfile) turns a launch command into a `Site`: the
+SGLang arguments as strings plus, per argument, a `TokenRef` into the `Container` that holds
+it (a shell command line, a bash array, a YAML list, a JSON exec array, a config mapping).
+A container turns token-level changes into `TextEdit`s on the file's text, or answers None
+when it cannot make the change safely (the engine then reports instead of rewriting).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+
+@dataclass(frozen=True, order=True)
+class TextEdit:
+    """Replace text[start:end] (character offsets) with `text`."""
+
+    start: int
+    end: int
+    text: str
+
+
+class Container(Protocol):
+    """A run of argument tokens stored in one place of a file."""
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        """Token i starts with `old` (a flag spelling); write `new` instead, keep the rest."""
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        """Token i ends with `old` (an inline `=value`); write `new` instead."""
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        """Replace tokens i..j-1 with `new_tokens` (empty: delete them)."""
+
+
+@dataclass(frozen=True)
+class TokenRef:
+    container: Container
+    index: int  # position inside the container
+    line: int  # 1-based line in the file
+
+
+EnvSetter = Callable[[str, str], "list[TextEdit] | None"]
+
+
+@dataclass
+class Site:
+    """One SGLang launch command found in a file, in any format."""
+
+    args: tuple[str, ...]
+    dynamic: tuple[bool, ...]
+    refs: tuple[TokenRef, ...]
+    line: int
+    launcher: str
+    env: dict[str, str] = field(default_factory=dict)
+    env_dynamic: frozenset[str] = frozenset()
+    passthrough: bool = False
+    set_env: EnvSetter | None = None  # None: this format cannot carry environment variables
+    env_hint: str = ""  # how to set an environment variable by hand in this format
+    fmt: str = "shell"
+
+    def token_line(self, index: int) -> int:
+        return self.refs[index].line if 0 <= index < len(self.refs) else self.line
+
+
+SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def shell_quote(value: str) -> str:
+    """Minimal POSIX quoting: bare when safe, else single quotes."""
+    if SAFE_WORD.fullmatch(value):
+        return value
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def apply_edits(text: str, edits: Sequence[TextEdit]) -> str:
+    """Apply non-overlapping edits back to front (callers drop overlaps first)."""
+    out = text
+    for edit in sorted(edits, reverse=True):
+        out = out[: edit.start] + edit.text + out[edit.end:]
+    return out
+
+
+def drop_overlaps(edits: Sequence[TextEdit]) -> tuple[list[TextEdit], list[TextEdit]]:
+    """Deduplicate identical edits; keep the first of overlapping ones. Returns (kept, dropped)."""
+    kept: list[TextEdit] = []
+    dropped: list[TextEdit] = []
+    for edit in edits:
+        if edit in kept:
+            continue
+        if any(_overlaps(edit, other) for other in kept):
+            dropped.append(edit)
+        else:
+            kept.append(edit)
+    return kept, dropped
+
+
+def _overlaps(a: TextEdit, b: TextEdit) -> bool:
+    if a.start == a.end == b.start == b.end:
+        return True  # two insertions at one point: order would be arbitrary
+    return a.start < b.end and b.start < a.end
+
+
+def line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1

@@ -1,0 +1,118 @@
+"""The FastAPI application: OpenAI and SGLang-native routes, health, info, metrics, auth."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import sglaunch
+from sglaunch.server import native_api, openai_api
+from sglaunch.server.errors import ApiError, error_response, install_error_handlers
+from sglaunch.server.state import ServerState, server_state
+
+logger = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/health"})
+SECRET_CONFIG_KEYS = frozenset({"api_key"})
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """Build the app; routes answer 503 until `state.ctx` is set (engine ready)."""
+    app = FastAPI(title="sglaunch", version=sglaunch.__version__)
+    app.state.sglaunch = state
+    install_error_handlers(app)
+    app.include_router(openai_api.router)
+    app.include_router(native_api.router)
+    _add_info_routes(app)
+    if state.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
+    return app
+
+
+class ApiKeyMiddleware:
+    """Require `Authorization: Bearer <api_key>` on every route except /health.
+
+    A plain ASGI middleware (not BaseHTTPMiddleware), so streaming and disconnect detection
+    pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(ApiError(
+            401, "Invalid or missing API key: send 'Authorization: Bearer <api key>'.",
+            code="invalid_api_key"))
+        await response(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = dict(scope.get("headers") or ())
+        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+
+
+def _add_info_routes(app: FastAPI) -> None:
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/server_info", get_server_info, methods=["GET"])
+    app.add_api_route("/get_server_info", deprecated_get_server_info, methods=["GET"],
+                      deprecated=True)
+    app.add_api_route("/model_info", get_model_info, methods=["GET"])
+    app.add_api_route("/get_model_info", get_model_info, methods=["GET"], deprecated=True)
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+
+
+async def health(request: Request) -> Response:
+    """200 when the engine is ready, 503 while starting or shutting down."""
+    state = server_state(request)
+    if state.ready:
+        return Response(status_code=200)
+    message = "shutting down" if state.shutting_down else "starting"
+    return error_response(ApiError(503, f"The server is {message}.", code=message.replace(" ", "_")))
+
+
+async def get_server_info(request: Request) -> JSONResponse:
+    """The resolved configuration plus the engine's live state (KV usage, queue, ...)."""
+    state = server_state(request)
+    info: dict[str, Any] = {k: v for k, v in state.static_info.items() if k not in SECRET_CONFIG_KEYS}
+    info["version"] = sglaunch.__version__
+    info["sglang_version"] = sglaunch.SGLANG_RELEASE
+    info["status"] = "ready" if state.ready else ("shutting_down" if state.shutting_down else "starting")
+    info["internal_states"] = [state.ctx.engine.server_info()] if state.ctx else []
+    return JSONResponse(info)
+
+
+async def deprecated_get_server_info(request: Request) -> JSONResponse:
+    logger.warning("/get_server_info is deprecated; use /server_info.")
+    return await get_server_info(request)
+
+
+async def get_model_info(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    info: dict[str, Any] = {
+        "model_path": state.model_path,
+        "tokenizer_path": state.static_info.get("tokenizer_path", state.model_path),
+        "served_model_name": state.served_model_name,
+        "is_generation": True,
+    }
+    if state.ctx is not None:
+        info["context_length"] = state.ctx.context_length
+        info["vocab_size"] = state.ctx.vocab_size
+    return info
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition text; 404 unless the server runs with --enable-metrics."""
+    state = server_state(request)
+    if not state.metrics.enabled:
+        raise ApiError(404, "Metrics are disabled; start the server with --enable-metrics.")
+    engine_info = state.ctx.engine.server_info() if state.ctx else {}
+    body, content_type = state.metrics.render(engine_info)
+    return Response(body, media_type=content_type)

@@ -1,0 +1,224 @@
+"""One request through the engine: token ids in, text deltas out.
+
+`stream_text` drives `AsyncEngine.generate`, detokenizes incrementally, applies stop strings
+and aborts the engine request whenever it ends early: a stop string matched, the client went
+away (the task is cancelled), or anything raised. Routes format the deltas for their API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from sglaunch.engine.interface import AsyncEngine, GenerateRequest, SamplingParams, TokenOutput
+from sglaunch.server.errors import ApiError, bad_request
+from sglaunch.server.metrics import ServerMetrics
+from sglaunch.server.tokenizer import IncrementalDetokenizer, ServerTokenizer, StopStringMatcher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request, ready for the engine."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text (and the tokens behind it) since the previous delta of one request."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
+    matched_stop: str | int | None = None  # the stop string or stop token id that ended it
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def new_request_id(prefix: str = "") -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+@dataclass
+class ServerContext:
+    """What routes need to run a request: engine, tokenizer, limits, metrics."""
+
+    engine: AsyncEngine
+    tokenizer: ServerTokenizer
+    context_length: int
+    metrics: ServerMetrics
+    vocab_size: int
+
+    def check_length(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
+        """Validate the prompt against the context length; return the max new tokens to use."""
+        if prompt_tokens == 0:
+            raise bad_request("The prompt is empty.", param="prompt")
+        if prompt_tokens >= self.context_length:
+            raise bad_request(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens).", param="prompt", code="context_length_exceeded")
+        if max_new_tokens is None:
+            return self.context_length - prompt_tokens
+        if prompt_tokens + max_new_tokens > self.context_length:
+            raise bad_request(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens: {prompt_tokens} in the prompt plus "
+                f"{max_new_tokens} to generate.", param="max_tokens",
+                code="context_length_exceeded")
+        return max_new_tokens
+
+    def check_token_ids(self, input_ids: list[int], param: str = "prompt") -> None:
+        vocab = self.vocab_size
+        for token_id in input_ids:
+            if not 0 <= token_id < vocab:
+                raise bad_request(f"Token id {token_id} is outside the vocabulary (0..{vocab - 1}).",
+                                  param=param)
+
+    def stop_token_ids(self, extra: list[int] | None, ignore_eos: bool) -> tuple[int, ...]:
+        """Request stop ids plus the tokenizer's EOS (the engine adds the model's own EOS ids)."""
+        ids = list(extra or ())
+        eos = self.tokenizer.eos_token_id
+        if not ignore_eos and eos is not None and eos not in ids:
+            ids.append(eos)
+        return tuple(ids)
+
+
+async def stream_text(ctx: ServerContext, request: PreparedRequest) -> AsyncIterator[TextDelta]:
+    """Generate one request; yields text deltas, the last with `finish_reason` set."""
+    engine_request = GenerateRequest(request.rid, request.input_ids, request.sampling)
+    tracker = ctx.metrics.track(len(request.input_ids))
+    engine_done = False
+    try:
+        async with contextlib.aclosing(_engine_outputs(ctx.engine, engine_request)) as outputs, \
+                contextlib.aclosing(_deltas(ctx.tokenizer, request, outputs, tracker)) as deltas:
+            async for delta, engine_done in deltas:
+                if delta.finished:
+                    tracker.finish(delta.finish_reason, delta.completion_tokens, delta.cached_tokens)
+                yield delta
+                if delta.finished:
+                    return
+    finally:
+        if not engine_done:
+            await _abort_quietly(ctx.engine, request.rid)
+            tracker.finish("abort", None, 0)
+
+
+async def _deltas(tokenizer: ServerTokenizer, request: PreparedRequest,
+                  outputs: AsyncIterator[TokenOutput], tracker):
+    """(TextDelta, engine_finished) pairs; stops at the first finished delta."""
+    detokenizer = IncrementalDetokenizer(tokenizer, request.input_ids, request.skip_special_tokens)
+    stops = StopStringMatcher(request.stop)
+    async for output in outputs:
+        tracker.on_tokens(len(output.new_token_ids))
+        text = stops.feed(detokenizer.add(output.new_token_ids))
+        if stops.matched is None and output.finished:
+            text += stops.feed(detokenizer.flush())
+            text += "" if stops.matched else stops.flush()
+        if stops.matched is not None:
+            yield _delta(output, text, "stop", stops.matched), output.finished
+            return
+        if output.finished:
+            yield _delta(output, text, _finish_reason(output), _matched_token(output)), True
+            return
+        if text or output.new_token_ids:
+            yield _delta(output, text, None, None), False
+    raise RuntimeError(f"engine stream of request {request.rid} ended without a finished output")
+
+
+def _delta(output: TokenOutput, text: str, reason: str | None, matched) -> TextDelta:
+    return TextDelta(text, tuple(output.new_token_ids), output.prompt_tokens,
+                     output.completion_tokens, output.cached_tokens, reason, matched)
+
+
+def _finish_reason(output: TokenOutput) -> str:
+    return output.finish_reason or "stop"
+
+
+def _matched_token(output: TokenOutput) -> int | None:
+    if output.finish_reason == "stop" and output.new_token_ids:
+        return output.new_token_ids[-1]
+    return None
+
+
+async def _engine_outputs(engine: AsyncEngine, request: GenerateRequest):
+    """The engine's output stream; ValueError (a request the engine refuses) becomes a 400."""
+    try:
+        stream = engine.generate(request)
+        if inspect.isawaitable(stream):
+            stream = await stream
+        async for output in stream:
+            yield output
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+async def _abort_quietly(engine: AsyncEngine, rid: str) -> None:
+    """Abort a request even while our own task is being cancelled."""
+    try:
+        await asyncio.shield(engine.abort(rid))
+    except asyncio.CancelledError:
+        pass
+    except Exception:  # noqa: BLE001 - abort must never turn into a client-visible error
+        logger.exception("Aborting request %s failed", rid)
+
+
+async def first_then_rest(deltas: AsyncIterator[TextDelta]) -> AsyncIterator[TextDelta]:
+    """Pull the first delta now, so errors become HTTP errors before a stream starts."""
+    iterator = deltas.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration as exc:
+        raise ApiError(500, "The engine returned no output.", error_type="server_error") from exc
+    except BaseException:
+        await iterator.aclose()
+        raise
+
+    async def rest() -> AsyncIterator[TextDelta]:
+        try:
+            yield first
+            async for delta in iterator:
+                yield delta
+        finally:
+            await iterator.aclose()
+
+    return rest()
+
+
+async def collect_text(ctx: ServerContext, request: PreparedRequest) -> TextDelta:
+    """Run a request to the end; one TextDelta with all text and token ids."""
+    texts, token_ids = [], []
+    async for delta in stream_text(ctx, request):
+        texts.append(delta.text)
+        token_ids.extend(delta.token_ids)
+        if delta.finished:
+            return TextDelta("".join(texts), tuple(token_ids), delta.prompt_tokens,
+                             delta.completion_tokens, delta.cached_tokens,
+                             delta.finish_reason, delta.matched_stop)
+    raise RuntimeError("generation ended without a finished delta")
+
+
+async def run_all(ctx: ServerContext, prepared: list[PreparedRequest]) -> list[TextDelta]:
+    """Run requests concurrently; if one fails or we are cancelled, abort the rest."""
+    tasks = [asyncio.ensure_future(collect_text(ctx, request)) for request in prepared]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

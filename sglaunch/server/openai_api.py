@@ -1,0 +1,196 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from fastapi import APIRouter, Request
+
+from sglaunch.engine.interface import SamplingParams
+from sglaunch.server.errors import bad_request
+from sglaunch.server.generation import (
+    PreparedRequest, ServerContext, TextDelta, first_then_rest, new_request_id, run_all,
+    stream_text,
+)
+from sglaunch.server.protocol import (
+    ChatCompletionRequest, CompletionRequest, OpenAISampling, stop_strings,
+)
+from sglaunch.server.state import server_state, unless_disconnected
+from sglaunch.server.streaming import EventStreamResponse, guarded_events, sse
+
+router = APIRouter()
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+RESERVED_TEMPLATE_KWARGS = {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                            "pad_token", "unk_token"}
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """The fields every response object and chunk of one request repeats."""
+
+    id: str
+    model: str
+    created: int
+
+    def envelope(self, object_type: str, **fields: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": object_type, "created": self.created,
+                "model": self.model, **fields}
+
+
+# ---------------------------------------------------------------- routes
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    state = server_state(request)
+    ctx = state.ctx
+    model = {"id": state.served_model_name, "object": "model", "created": state.created,
+             "owned_by": "sglaunch", "root": state.model_path}
+    if ctx is not None:
+        model["max_model_len"] = ctx.context_length
+    return {"object": "list", "data": [model]}
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request):
+    state = server_state(request)
+    ctx = state.context()
+    meta = ResponseMeta(new_request_id("cmpl-"), state.check_model(body.model), int(time.time()))
+    max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
+    prepared = [_prepare(ctx, ids, body, max_tokens)
+                for ids in (_prompt_ids(ctx, prompt) for prompt in _split_prompts(body.prompt))]
+    if body.stream:
+        if len(prepared) != 1:
+            raise bad_request("Streaming supports one prompt per request.", param="prompt")
+        deltas = await first_then_rest(stream_text(ctx, prepared[0]))
+        events = _completion_events(deltas, meta, body.include_usage())
+        return EventStreamResponse(guarded_events(events))
+    results = await unless_disconnected(request, run_all(ctx, prepared))
+    choices = [_completion_choice(index, result) for index, result in enumerate(results)]
+    return meta.envelope("text_completion", choices=choices, usage=_usage(results))
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+    state = server_state(request)
+    ctx = state.context()
+    meta = ResponseMeta(new_request_id("chatcmpl-"), state.check_model(body.model), int(time.time()))
+    prepared = _prepare(ctx, _chat_prompt_ids(ctx, body), body, body.max_new_tokens())
+    if body.stream:
+        deltas = await first_then_rest(stream_text(ctx, prepared))
+        events = _chat_events(deltas, meta, body.include_usage())
+        return EventStreamResponse(guarded_events(events))
+    result = await unless_disconnected(request, collect_text(ctx, prepared))
+    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+              "logprobs": None, "finish_reason": result.finish_reason,
+              "matched_stop": result.matched_stop}
+    return meta.envelope("chat.completion", choices=[choice], usage=_usage([result]))
+
+
+# ---------------------------------------------------------------- request preparation
+
+
+def _split_prompts(prompt) -> list:
+    """One prompt (text or token ids) or a batch of them, as a list of prompts."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
+
+
+def _prompt_ids(ctx: ServerContext, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return ctx.tokenizer.encode(prompt)
+    ctx.check_token_ids(prompt)
+    return list(prompt)
+
+
+def _chat_prompt_ids(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
+    messages = [message.template_dict() for message in body.messages]
+    kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
+              if k not in RESERVED_TEMPLATE_KWARGS}
+    continue_final = body.continue_final_message
+    try:
+        text = ctx.tokenizer.render_chat(
+            messages, add_generation_prompt=body.add_generation_prompt and not continue_final,
+            **kwargs)
+    except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
+        raise bad_request(f"Could not apply the chat template: {exc}", param="messages") from exc
+    if continue_final:
+        text = _cut_after_final_message(text, messages[-1]["content"])
+    return ctx.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _cut_after_final_message(text: str, final_content: str) -> str:
+    """Drop what the template writes after the last message (its end-of-turn marker)."""
+    index = text.rfind(final_content) if final_content else -1
+    return text if index == -1 else text[:index + len(final_content)]
+
+
+def _prepare(ctx: ServerContext, input_ids: Sequence[int], body: OpenAISampling,
+             max_tokens: int | None) -> PreparedRequest:
+    max_new_tokens = ctx.check_length(len(input_ids), max_tokens)
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=body.temperature, top_p=body.top_p,
+        top_k=body.top_k, seed=body.seed,
+        stop_token_ids=ctx.stop_token_ids(body.stop_token_ids, body.ignore_eos),
+        ignore_eos=body.ignore_eos)
+    return PreparedRequest(new_request_id(), tuple(input_ids), sampling, stop_strings(body.stop),
+                           body.skip_special_tokens)
+
+
+# ---------------------------------------------------------------- response formatting
+
+
+def _usage(results: Sequence[TextDelta]) -> dict[str, Any]:
+    prompt = sum(r.prompt_tokens for r in results)
+    completion = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)}}
+
+
+def _completion_choice(index: int, delta: TextDelta) -> dict[str, Any]:
+    return {"index": index, "text": delta.text, "logprobs": None,
+            "finish_reason": delta.finish_reason,
+            "matched_stop": delta.matched_stop if delta.finished else None}
+
+
+async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
+                             include_usage: bool) -> AsyncIterator[str]:
+    last = None
+    try:
+        async for delta in deltas:
+            last = delta
+            if delta.text or delta.finished:
+                yield sse(meta.envelope("text_completion", choices=[_completion_choice(0, delta)]))
+    finally:
+        await deltas.aclose()
+    if include_usage and last is not None:
+        yield sse(meta.envelope("text_completion", choices=[], usage=_usage([last])))
+
+
+def _chat_chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None = None,
+                matched_stop=None) -> str:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+              "matched_stop": matched_stop}
+    return sse(meta.envelope("chat.completion.chunk", choices=[choice]))
+
+
+async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
+                       include_usage: bool) -> AsyncIterator[str]:
+    yield _chat_chunk(meta, {"role": "assistant", "content": ""})
+    last = None
+    try:
+        async for delta in deltas:
+            last = delta
+            if delta.text:
+                yield _chat_chunk(meta, {"content": delta.text})
+            if delta.finished:
+                yield _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
+    finally:
+        await deltas.aclose()
+    if include_usage and last is not None:
+        yield sse(meta.envelope("chat.completion.chunk", choices=[], usage=_usage([last])))
