@@ -26,7 +26,6 @@ E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 CODES: dict[str, CodeInfo] = {
     # flags and their history (from the schema)
-    "FLAG001": CodeInfo(E, "unknown flag"),
     "FLAG002": CodeInfo(E, "flag removed without replacement"),
     "FLAG003": CodeInfo(E, "flag renamed without alias"),
     "FLAG004": CodeInfo(E, "flag not available in the target release"),

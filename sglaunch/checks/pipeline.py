@@ -62,8 +62,8 @@ def run_pipeline(tokens: Sequence[str], environ: Mapping[str, str], *, mode: Mod
     settings, parsed = collect_settings(tokens, environ, SCHEMA, release, extra=extra)
     found = DiagnosticList()
     found.extend(parsed)
-    if env_info is None and probe:
-        env_info = probe_environment(environ)
+    if env_info is None:
+        env_info = probe_environment(environ, with_gpus=probe)
     ctx = LaunchContext(settings, environ, mode, env_info)
     found.extend(_load_checkpoints(ctx))
     found.extend(resolve_all(ctx))

@@ -25,16 +25,6 @@ def print_diagnostics(console: Console, diagnostics: Iterable[Diagnostic]) -> No
             console.print(f"  [bold]Hint:[/] {escape(d.fix)}")
 
 
-def diagnostics_table(diagnostics: list[Diagnostic]) -> Table:
-    table = Table(title="Diagnostics", title_justify="left", expand=False, show_lines=True)
-    for column in ("", "code", "message", "fix"):
-        table.add_column(column, overflow="fold")
-    for d in diagnostics:
-        table.add_row(f"[{STYLE[d.severity]}]{d.severity.value}[/]", d.code, escape(d.message),
-                      escape(d.fix or ""))
-    return table
-
-
 def flag_usage(flag: Flag) -> str:
     names = ", ".join(flag.spellings)
     if flag.kind is Kind.BOOL:

@@ -108,8 +108,11 @@ async def stream_text(ctx: ServerContext, request: PreparedRequest) -> AsyncIter
         async with contextlib.aclosing(_engine_outputs(ctx.engine, engine_request)) as outputs, \
                 contextlib.aclosing(_deltas(ctx.tokenizer, request, outputs, tracker)) as deltas:
             async for delta, engine_done in deltas:
-                if delta.finished:
+                if delta.finished:  # NOTE: settle before yielding; the consumer may not resume us
                     tracker.finish(delta.finish_reason, delta.completion_tokens, delta.cached_tokens)
+                    if not engine_done:  # a stop string ended it: the engine is still generating
+                        await _abort_quietly(ctx.engine, request.rid)
+                        engine_done = True
                 yield delta
                 if delta.finished:
                     return
@@ -203,13 +206,14 @@ async def first_then_rest(deltas: AsyncIterator[TextDelta]) -> AsyncIterator[Tex
 async def collect_text(ctx: ServerContext, request: PreparedRequest) -> TextDelta:
     """Run a request to the end; one TextDelta with all text and token ids."""
     texts, token_ids = [], []
-    async for delta in stream_text(ctx, request):
-        texts.append(delta.text)
-        token_ids.extend(delta.token_ids)
-        if delta.finished:
-            return TextDelta("".join(texts), tuple(token_ids), delta.prompt_tokens,
-                             delta.completion_tokens, delta.cached_tokens,
-                             delta.finish_reason, delta.matched_stop)
+    async with contextlib.aclosing(stream_text(ctx, request)) as deltas:
+        async for delta in deltas:
+            texts.append(delta.text)
+            token_ids.extend(delta.token_ids)
+            if delta.finished:
+                return TextDelta("".join(texts), tuple(token_ids), delta.prompt_tokens,
+                                 delta.completion_tokens, delta.cached_tokens,
+                                 delta.finish_reason, delta.matched_stop)
     raise RuntimeError("generation ended without a finished delta")
 
 

@@ -15,15 +15,14 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 # gauge name -> keys the engine's server_info() may use for it (first present wins)
-ENGINE_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+ENGINE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "token_usage": ("KV cache usage: used tokens / pool size (0..1).",
-                    "token_usage", ("token_usage", "kv_usage", "kv_cache_usage")),
+                    ("token_usage", "kv_usage", "kv_cache_usage")),
     "num_queue_reqs": ("Requests waiting in the scheduler queue.",
-                       "queue", ("num_queue_reqs", "queue_length", "num_waiting_reqs")),
+                       ("num_queue_reqs", "queue_length", "num_waiting_reqs")),
     "num_running_reqs": ("Requests in the running batch.",
-                         "running", ("num_running_reqs", "num_running_requests")),
-    "num_used_tokens": ("KV cache slots in use.",
-                        "used", ("num_used_tokens", "kv_used_tokens")),
+                         ("num_running_reqs", "num_running_requests")),
+    "num_used_tokens": ("KV cache slots in use.", ("num_used_tokens", "kv_used_tokens")),
 }
 
 
@@ -35,7 +34,7 @@ def engine_gauge_values(info: dict[str, Any]) -> dict[str, float]:
             for key, inner in value.items():
                 flat.setdefault(key, inner)
     values = {}
-    for gauge, (_, _, keys) in ENGINE_GAUGES.items():
+    for gauge, (_, keys) in ENGINE_GAUGES.items():
         found = next((flat[key] for key in keys if isinstance(flat.get(key), (int, float))), None)
         if found is not None:
             values[gauge] = float(found)
@@ -97,8 +96,11 @@ class PrometheusMetrics(ServerMetrics):
     enabled = True
 
     def __init__(self, model_name: str):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import (
+            CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
+        )
 
+        disable_created_metrics()  # no `*_created` series: they double the output, nobody reads them
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self._labels = labels
@@ -117,7 +119,7 @@ class PrometheusMetrics(ServerMetrics):
                         buckets=LATENCY_BUCKETS)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Request latency end to end.",
                         buckets=LATENCY_BUCKETS)
-        self.gauges = {name: make(Gauge, name, doc) for name, (doc, _, _) in ENGINE_GAUGES.items()}
+        self.gauges = {name: make(Gauge, name, doc) for name, (doc, _) in ENGINE_GAUGES.items()}
 
     def observe_first_token(self, seconds: float) -> None:
         self.ttft.labels(**self._labels).observe(seconds)

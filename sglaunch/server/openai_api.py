@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request
 from sglaunch.engine.interface import SamplingParams
 from sglaunch.server.errors import bad_request
 from sglaunch.server.generation import (
-    PreparedRequest, ServerContext, TextDelta, first_then_rest, new_request_id, run_all,
+    PreparedRequest, ServerContext, TextDelta, collect_text, first_then_rest, new_request_id,
+    run_all,
     stream_text,
 )
 from sglaunch.server.protocol import (

@@ -1,0 +1,56 @@
+"""The paged KV pool's tensors and how many pages fit in memory.
+
+Layout per layer: K and V of shape [num_pages * page_size, local_kv_heads, head_dim]; token
+slot i of page p is row p * page_size + i. Page ids come from the torch-free PageAllocator.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglaunch.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_TOKENS = 16384
+DEFAULT_MEM_FRACTION_STATIC = 0.85
+
+
+class KVPool:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, device):
+        self.num_pages, self.page_size = num_pages, page_size
+        slots = num_pages * page_size
+        shape = (slots, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # slots: [num_tokens]; k, v: [num_tokens, kv_heads, head_dim]
+        self.k[layer][slots] = k.to(self.k[layer].dtype)
+        self.v[layer][slots] = v.to(self.v[layer].dtype)
+
+
+def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def plan_kv_tokens(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
+    """KV slots this rank can hold: `max_total_tokens` (default on CPU), or what fits in
+    `mem_fraction_static` of the GPU after the weights are loaded."""
+    if device.type != "cuda":
+        return config.max_total_tokens or DEFAULT_CPU_KV_TOKENS
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = config.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+    # NOTE: the static budget covers weights (already resident) and the KV pool
+    budget = total * fraction - (total - free)
+    tokens = int(budget // bytes_per_token)
+    if tokens <= 0:
+        raise ValueError(
+            f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB at "
+            f"--mem-fraction-static {fraction}); raise --mem-fraction-static or use more GPUs"
+        )
+    if config.max_total_tokens:
+        tokens = min(tokens, config.max_total_tokens)
+    return tokens

@@ -1,0 +1,124 @@
+"""The decoder used for Llama, Qwen2 and Qwen3 (they differ only in ModelSpec flags), tensor
+parallel: heads and MLP columns split over ranks, one all-reduce after attention and one
+after the MLP.
+
+Parameter names follow the Hugging Face checkpoints except for the packed projections
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj); PACKED_MODULES maps them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglaunch.engine.attention.base import AttentionBackend
+from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    rope_inverse_frequencies,
+)
+from sglaunch.engine.model_spec import ModelSpec
+
+# checkpoint module name -> (our module name, section in the packed weight)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TPGroup, dtype, device):
+        super().__init__()
+        self.layer = layer
+        self.heads = spec.num_heads // tp.size  # local
+        self.kv_heads = spec.num_kv_heads // tp.size
+        self.head_dim = spec.head_dim
+        d = spec.head_dim
+        sections = [spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d]
+        self.qkv_proj = ColumnParallelLinear(spec.hidden_size, sections, spec.qkv_bias, tp, dtype, device)
+        self.o_proj = RowParallelLinear(spec.num_heads * d, spec.hidden_size, spec.o_bias, tp, dtype, device)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(d, spec.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(d, spec.rms_norm_eps, dtype, device)
+        self.qk_norm = spec.qk_norm
+        self.rope = rope
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q = q.view(n, self.heads, d)  # [num_tokens, local_heads, head_dim]
+        k = k.view(n, self.kv_heads, d)  # [num_tokens, local_kv_heads, head_dim]
+        v = v.view(n, self.kv_heads, d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        out = attn.forward(self.layer, q, k, v)  # [num_tokens, local_heads, head_dim]
+        return self.o_proj(out.reshape(n, self.heads * d))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, tp: TPGroup, dtype, device):
+        super().__init__()
+        inter = spec.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, tp, dtype, device)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, tp, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, local_inter] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TPGroup, dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(spec, layer, rope, tp, dtype, device)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.mlp = MLP(spec, tp, dtype, device)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: ModelSpec, max_positions: int, tp: TPGroup, dtype, device):
+        super().__init__()
+        inv_freq = rope_inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_type, dict(spec.rope_scaling))
+        rope = RotaryEmbedding(spec.head_dim, max_positions, inv_freq, device)
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, rope, tp, dtype, device) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer in self.layers:
+            x = layer(positions, x, attn)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """Decoder + vocab-parallel LM head (sharing the embedding's tensor when tied)."""
+
+    def __init__(self, spec: ModelSpec, max_positions: int, tp: TPGroup, dtype, device):
+        super().__init__()
+        self.spec = spec
+        self.model = DecoderModel(spec, max_positions, tp, dtype, device)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, tp, dtype, device)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        return self.model(input_ids, positions, attn)  # [num_tokens, hidden]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [n, vocab]

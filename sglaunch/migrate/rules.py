@@ -1,0 +1,251 @@
+"""Migration rules as data: `migrations/<release>.yaml` loaded into frozen `Rule`s.
+
+Each file holds `release: "X.Y.Z"` and a `rules:` list. A rule has a stable `id`, a `name`
+(slug), a `kind`, `safety` (`safe`: applied by default, `unsafe`: only with
+--unsafe-fixes, `manual`: reported, never rewritten), a `message` and an `example`.
+Validation happens on load; a malformed file raises `SglaunchError` naming file and rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from sglaunch.errors import SglaunchError
+from sglaunch.releases import KNOWN_RELEASES, at_or_after, release_key
+
+KINDS = ("rename-flag", "remove-flag", "remove-value", "replace-value", "require-env",
+         "rename-env", "notice")
+SAFETIES = ("safe", "unsafe", "manual")
+TRANSFORMS = ("increment",)
+ID_PATTERN = re.compile(r"R\d{3}-\d{2}")
+NAME_PATTERN = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+COMMON = {"id", "name", "kind", "safety", "message", "example"}
+FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional)
+    "rename-flag": ({"old", "new"}, {"set_value", "value_map", "transform", "ensure"}),
+    "remove-flag": ({"old"}, set()),
+    "remove-value": ({"flag", "old"}, set()),
+    "replace-value": ({"flag", "old", "new"}, set()),
+    "require-env": ({"when", "env", "value", "allowed"}, set()),
+    "rename-env": ({"old", "new"}, set()),
+    "notice": ({"when"}, set()),
+}
+WHEN_KEYS = {"flag", "value", "flags", "env"}
+REPORT_ONLY = ("remove-value", "rename-env", "notice")
+
+
+@dataclass(frozen=True)
+class When:
+    """Trigger of a notice or require-env rule; every given part must hold."""
+
+    flag: str | None = None  # this flag is present...
+    values: tuple[str, ...] = ()  # ...with one of these values (empty: any value)
+    flags: tuple[str, ...] = ()  # all of these flags are present
+    env: tuple[str, ...] = ()  # any of these environment variables is set
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    kind: str
+    release: str
+    safety: str
+    message: str
+    before: str
+    after: str
+    old: str | None = None  # flag spelling, value or env var name (by kind)
+    new: str | None = None
+    flag: str | None = None  # remove-value / replace-value: the flag whose value changed
+    set_value: str | None = None  # rename-flag: a switch becomes `--new VALUE`
+    value_map: tuple[tuple[str, str], ...] = ()  # rename-flag: old value -> new value
+    transform: str | None = None  # rename-flag: a named value handler (increment)
+    ensure: tuple[tuple[str, str], ...] = ()  # rename-flag: add `--flag value` when absent
+    when: When | None = None
+    env: str | None = None  # require-env: the variable
+    value: str | None = None  # require-env: the value to add
+    allowed: tuple[str, ...] = ()  # require-env: every valid value
+    source: str = ""  # file it came from
+
+    @property
+    def report_only(self) -> bool:
+        return self.kind in REPORT_ONLY or self.safety == "manual"
+
+    def summary(self) -> str:
+        return self.message.strip().split("\n")[0]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+
+    def between(self, from_release: str, to_release: str) -> tuple[Rule, ...]:
+        """Rules of releases after `from_release` up to and including `to_release`, oldest first."""
+        return tuple(r for r in self.rules
+                     if at_or_after(r.release, _next_key_bound(from_release)) is False
+                     and release_key(r.release) > release_key(from_release)
+                     and at_or_after(to_release, r.release))
+
+    def find(self, key: str) -> Rule | None:
+        key = key.strip()
+        for rule in self.rules:
+            if rule.id.lower() == key.lower() or rule.name == key:
+                return rule
+        return None
+
+
+def _next_key_bound(release: str) -> None:
+    return None  # `at_or_after(x, None)` is False: no lower bound beyond release_key below
+
+
+def rules_dir() -> Path:
+    """`migrations/` next to the package in a checkout, or the copy inside an installed wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "migrations", here / "_data" / "migrations"):
+        if candidate.is_dir():
+            return candidate
+    raise SglaunchError("the migration rule files are missing",
+                        hint=f"expected {here.parent / 'migrations'}; reinstall sglaunch")
+
+
+@functools.lru_cache(maxsize=4)
+def load_rules(directory: str | None = None) -> RuleSet:
+    """Load and validate every `<release>.yaml` in `directory` (default: the shipped rules)."""
+    folder = Path(directory) if directory else rules_dir()
+    files = sorted(folder.glob("*.yaml"), key=lambda p: release_key(p.stem))
+    rules: list[Rule] = []
+    for path in files:
+        rules.extend(load_rule_file(path))
+    _check_unique(rules)
+    return RuleSet(tuple(rules))
+
+
+def load_rule_file(path: Path) -> list[Rule]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise _bad(path, f"cannot read rule file: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"release", "rules"}:
+        raise _bad(path, "a rule file is a mapping with exactly `release` and `rules`")
+    release = str(data.get("release", ""))
+    if release not in KNOWN_RELEASES or release != path.stem:
+        raise _bad(path, f"release '{release}' must be a known release and match the file name")
+    entries = data.get("rules") or []
+    if not isinstance(entries, list):
+        raise _bad(path, "`rules` must be a list")
+    return [parse_rule(entry, release, path) for entry in entries]
+
+
+def parse_rule(entry: Any, release: str, path: Path | str = "<rules>") -> Rule:
+    if not isinstance(entry, dict):
+        raise _bad(path, f"every rule must be a mapping, got {entry!r}")
+    rule_id = str(entry.get("id", "?"))
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise _bad(path, f"rule {rule_id}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    required, optional = FIELDS[kind]
+    keys = set(entry)
+    missing = (COMMON | required) - keys
+    unknown = keys - COMMON - required - optional
+    if missing or unknown:
+        problems = [f"missing {', '.join(sorted(missing))}" if missing else "",
+                    f"unknown {', '.join(sorted(unknown))}" if unknown else ""]
+        raise _bad(path, f"rule {rule_id} ({kind}): " + "; ".join(p for p in problems if p))
+    _check_basics(entry, kind, path)
+    return _build(entry, kind, release, str(path))
+
+
+def _check_basics(entry: dict, kind: str, path) -> None:
+    rule_id = str(entry["id"])
+    if not ID_PATTERN.fullmatch(rule_id):
+        raise _bad(path, f"rule id '{rule_id}' must look like R516-01")
+    if not NAME_PATTERN.fullmatch(str(entry["name"])):
+        raise _bad(path, f"rule {rule_id}: name must be a lower-case slug")
+    if entry["safety"] not in SAFETIES:
+        raise _bad(path, f"rule {rule_id}: safety must be one of {', '.join(SAFETIES)}")
+    if kind in REPORT_ONLY and entry["safety"] != "manual":
+        raise _bad(path, f"rule {rule_id}: {kind} rules only report, so safety must be manual")
+    example = entry["example"]
+    if not isinstance(example, dict) or set(example) != {"before", "after"}:
+        raise _bad(path, f"rule {rule_id}: example needs exactly `before` and `after`")
+    if not str(entry["message"]).strip():
+        raise _bad(path, f"rule {rule_id}: message is empty")
+    for key in ("old", "new", "flag"):
+        if key in entry and kind not in ("rename-env",) and key in _flag_keys(kind):
+            if not str(entry[key]).startswith("--"):
+                raise _bad(path, f"rule {rule_id}: `{key}` must be a flag spelling starting with --")
+    if entry.get("transform") not in (None, *TRANSFORMS):
+        raise _bad(path, f"rule {rule_id}: transform must be one of {', '.join(TRANSFORMS)}")
+
+
+def _flag_keys(kind: str) -> tuple[str, ...]:
+    return {"rename-flag": ("old", "new"), "remove-flag": ("old",),
+            "remove-value": ("flag",), "replace-value": ("flag",)}.get(kind, ())
+
+
+def _build(entry: dict, kind: str, release: str, source: str) -> Rule:
+    rule_id = str(entry["id"])
+    return Rule(
+        id=rule_id, name=str(entry["name"]), kind=kind, release=release,
+        safety=str(entry["safety"]), message=str(entry["message"]).strip(),
+        before=str(entry["example"]["before"]).rstrip("\n"),
+        after=str(entry["example"]["after"]).rstrip("\n"),
+        old=_opt_str(entry.get("old")), new=_opt_str(entry.get("new")),
+        flag=_opt_str(entry.get("flag")), set_value=_opt_str(entry.get("set_value")),
+        value_map=_pairs(entry.get("value_map"), rule_id, source),
+        transform=_opt_str(entry.get("transform")),
+        ensure=_pairs(entry.get("ensure"), rule_id, source),
+        when=_when(entry.get("when"), rule_id, source) if "when" in entry else None,
+        env=_opt_str(entry.get("env")), value=_opt_str(entry.get("value")),
+        allowed=tuple(str(v) for v in entry.get("allowed") or ()),
+        source=source,
+    )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _pairs(value: Any, rule_id: str, source: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise _bad(source, f"rule {rule_id}: expected a non-empty mapping of old -> new")
+    return tuple((str(k), str(v)) for k, v in value.items())
+
+
+def _when(value: Any, rule_id: str, source: str) -> When:
+    if not isinstance(value, dict) or not value or set(value) - WHEN_KEYS:
+        raise _bad(source, f"rule {rule_id}: `when` is a mapping of {', '.join(sorted(WHEN_KEYS))}")
+    if "value" in value and "flag" not in value:
+        raise _bad(source, f"rule {rule_id}: `when.value` needs `when.flag`")
+    return When(flag=_opt_str(value.get("flag")), values=_strings(value.get("value")),
+                flags=_strings(value.get("flags")), env=_strings(value.get("env")))
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    return (str(value),)
+
+
+def _check_unique(rules: Iterable[Rule]) -> None:
+    seen: dict[str, str] = {}
+    for rule in rules:
+        for key in (rule.id.lower(), rule.name):
+            if key in seen:
+                raise _bad(rule.source, f"rule {rule.id}: id or name '{key}' also used in {seen[key]}")
+            seen[key] = rule.source
+
+
+def _bad(path, message: str) -> SglaunchError:
+    return SglaunchError(f"invalid migration rules in {path}: {message}",
+                         hint="fix the rule file; see docs/migrate-flags.md for the rule format")

@@ -1,0 +1,558 @@
+"""Find SGLang launch commands in shell scripts with tree-sitter-bash.
+
+Public entry point: `extract_launch_commands(text) -> list[LaunchCommand]`. The migrate
+engine uses `parse_script(text)`, which also returns editable `Site`s: every argument
+keeps its character span, so a rewrite touches exactly the bytes of that argument.
+
+Recognised: `python[3] [-u ...] -m sglang.launch_server`, `sglang serve`, behind env
+prefixes (`X=1 cmd`), `env X=1`, wrappers (`nohup`, `exec`, `srun`, `numactl`, `torchrun`,
+`docker run ... IMAGE cmd`, ...), backslash continuations, quoting, `--flag=value`,
+bash arrays expanded as `"${args[@]}"` and `"$@"` passthrough. Heredoc bodies, comments,
+strings given to `echo` and unrelated commands are never launch commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, shell_quote
+
+LAUNCH_MODULE = "sglang.launch_server"
+
+# Programs that run the command given after their own options. Anything else in front of a
+# launcher (echo, printf, grep, ...) means the launcher text is just data.
+WRAPPERS = frozenset({
+    "env", "nohup", "exec", "time", "command", "builtin", "sudo", "srun", "salloc", "sbatch",
+    "numactl", "taskset", "torchrun", "docker", "podman", "nvidia-docker", "singularity",
+    "apptainer", "enroot", "timeout", "stdbuf", "nice", "ionice", "chrt", "uv", "conda",
+    "mamba", "micromamba", "pixi", "poetry", "pipenv", "mpirun", "mpiexec", "ray", "setsid",
+    "unbuffer", "catchsegv", "flock", "xargs", "watch", "rocprof", "nsys", "ncu", "perf",
+    "py-spy", "cset", "pdm", "hatch", "rye",
+})
+DOCKER = frozenset({"docker", "podman", "nvidia-docker"})
+ARG_NODES = frozenset({
+    "word", "string", "raw_string", "number", "concatenation", "simple_expansion", "expansion",
+    "command_substitution", "ansi_c_string", "arithmetic_expansion", "translated_string",
+    "process_substitution", "brace_expression",
+})
+DYNAMIC_NODES = frozenset({
+    "simple_expansion", "expansion", "command_substitution", "arithmetic_expansion",
+    "process_substitution",
+})
+PASSTHROUGH = re.compile(r'^"?\$(\{)?[@*](?(1)\})"?$')
+ARRAY_USE = re.compile(r'^"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?$')
+DOUBLE_QUOTE_ESCAPES = re.compile(r'\\([\\"$`])|\\\n')
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """One SGLang launch command in a shell script (arguments shell-unquoted)."""
+
+    args: tuple[str, ...]  # SGLang arguments after the launcher
+    dynamic: tuple[bool, ...]  # per arg: contains unexpanded shell syntax ($TP, $(...))
+    line: int  # 1-based line where the command starts
+    env: dict[str, str] = field(hash=False)  # exports before it, X=1 prefixes, docker -e
+    passthrough: bool  # "$@" / "$*" forwards unknown arguments
+    launcher: str  # "python -m sglang.launch_server", "sglang serve", ...
+    end_line: int = 0
+    arg_lines: tuple[int, ...] = ()  # per arg: its 1-based line (array elements: the array's line)
+    env_dynamic: frozenset[str] = frozenset()  # env names whose value is unexpanded shell syntax
+    in_docker: bool = False  # runs inside `docker run`; host exports do not reach it
+
+
+@dataclass(frozen=True)
+class ParsedScript:
+    commands: tuple[LaunchCommand, ...]
+    sites: tuple[Site, ...]
+    error_lines: tuple[int, ...]  # lines tree-sitter could not parse (commands there are skipped)
+
+
+def extract_launch_commands(text: str) -> list[LaunchCommand]:
+    """Every SGLang launch command in a shell script, in document order."""
+    return list(parse_script(text).commands)
+
+
+def parse_script(text: str, mapper: "Mapper | None" = None, fmt: str = "shell") -> ParsedScript:
+    """Launch commands plus editable sites. `mapper` moves edits from script offsets into an
+    enclosing file (a shell script embedded in YAML or a Dockerfile)."""
+    return _Script(text, mapper or _identity, fmt).parse()
+
+
+Mapper = Callable[[TextEdit], "TextEdit | None"]
+
+
+def _identity(edit: TextEdit) -> TextEdit | None:
+    return edit
+
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    import tree_sitter_bash
+    from tree_sitter import Language, Parser
+
+    return Parser(Language(tree_sitter_bash.language()))
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True)
+class ShellToken:
+    value: str  # shell-unquoted text; unexpanded parts kept as written
+    dynamic: bool
+    start: int  # character offsets of the token's source text
+    end: int
+    line: int
+
+
+def node_value(node, src: str) -> tuple[str, bool]:
+    """Unquote one argument node; expansions stay as written and mark the value dynamic."""
+    kind = node.type
+    text = src
+    if kind == "raw_string":
+        return text[1:-1], False
+    if kind == "string" or kind == "translated_string":
+        inner = text[1:-1] if kind == "string" else text[2:-1]
+        dynamic = any(_has_dynamic(child) for child in node.children)
+        return DOUBLE_QUOTE_ESCAPES.sub(lambda m: m.group(1) or "", inner), dynamic
+    if kind == "ansi_c_string":
+        return _ansi_c(text[2:-1]), False
+    if kind in DYNAMIC_NODES:
+        return text, True
+    if kind == "concatenation":
+        return "", True  # filled in by the caller from the children's own sources
+    return re.sub(r"\\(.)", r"\1", text.replace("\\\n", "")), False
+
+
+def _has_dynamic(node) -> bool:
+    return node.type in DYNAMIC_NODES or any(_has_dynamic(c) for c in node.children)
+
+
+def _ansi_c(body: str) -> str:
+    try:
+        return body.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        return body
+
+
+# --------------------------------------------------------------------------- container
+
+
+class ShellContainer:
+    """Tokens on one shell command line or in one bash array assignment."""
+
+    def __init__(self, text: str, tokens: Sequence[ShellToken], mapper: Mapper):
+        self.text = text
+        self.tokens = tuple(tokens)
+        self.mapper = mapper
+
+    def _src(self, i: int) -> str:
+        token = self.tokens[i]
+        return self.text[token.start:token.end]
+
+    def _map(self, edits: list[TextEdit]) -> list[TextEdit] | None:
+        mapped = [self.mapper(e) for e in edits]
+        return None if any(m is None for m in mapped) else mapped  # type: ignore[return-value]
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        token, src = self.tokens[i], self._src(i)
+        for skip in (0, 1):
+            if skip and src[:1] not in ("'", '"'):
+                break
+            if src[skip:].startswith(old):
+                start = token.start + skip
+                return self._map([TextEdit(start, start + len(old), new)])
+        return None
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        token, src = self.tokens[i], self._src(i)
+        closing = src[-1:] if src[-1:] in ("'", '"') and len(src) > 1 else ""
+        body_end = len(src) - len(closing)
+        if src[:body_end].endswith(old) and _safe_inside(new, closing):
+            end = token.start + body_end
+            return self._map([TextEdit(end - len(old), end, new)])
+        if token.dynamic:
+            return None
+        prefix = token.value[: len(token.value) - len(old)]
+        return self.replace(i, i + 1, [prefix + new])
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        first, last = self.tokens[i], self.tokens[j - 1]
+        if not new_tokens:
+            start, end = _deletion_span(self.text, first.start, last.end)
+            return self._map([TextEdit(start, end, "")])
+        if j - i == 1 and len(new_tokens) == 1:
+            text = _quote_like(self._src(i), new_tokens[0])
+        else:
+            text = " ".join(shell_quote(t) for t in new_tokens)
+        return self._map([TextEdit(first.start, last.end, text)])
+
+
+def _safe_inside(value: str, quote: str) -> bool:
+    if quote == "'":
+        return "'" not in value
+    if quote == '"':
+        return not re.search(r'[\\"$`]', value)
+    return bool(re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]*", value))
+
+
+def _quote_like(original: str, value: str) -> str:
+    """Write `value` with the quoting style of the token it replaces."""
+    if original[:1] == '"' and _safe_inside(value, '"'):
+        return f'"{value}"'
+    if original[:1] == "'" and _safe_inside(value, "'"):
+        return f"'{value}'"
+    return shell_quote(value)
+
+
+def _skip_blanks(text: str, pos: int, step: int) -> int:
+    """Move over spaces, tabs and backslash-newline continuations in direction `step`."""
+    while True:
+        if step > 0:
+            if text[pos:pos + 1] in (" ", "\t"):
+                pos += 1
+            elif text[pos:pos + 2] == "\\\n":
+                pos += 2
+            else:
+                return pos
+        else:
+            if pos > 0 and text[pos - 1] in (" ", "\t"):
+                pos -= 1
+            elif pos > 1 and text[pos - 2:pos] == "\\\n":
+                pos -= 2
+            else:
+                return pos
+
+
+def _deletion_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """Span to delete for tokens start..end, taking the whitespace and continuations with them."""
+    after = _skip_blanks(text, end, +1)
+    if after < len(text) and text[after] not in "\n;&|)#":
+        return start, after  # another token follows on this logical line
+    line_start = text.rfind("\n", 0, start) + 1
+    alone = not text[line_start:start].strip(" \t") and (after >= len(text) or text[after] == "\n")
+    continued = line_start >= 2 and text[line_start - 2] == "\\"
+    if alone and not continued:
+        return line_start, min(after + 1, len(text))
+    return _skip_blanks(text, start, -1), end
+
+
+# --------------------------------------------------------------------------- script walk
+
+
+@dataclass
+class _Array:
+    tokens: list[tuple[ShellContainer, int]]
+
+
+@dataclass
+class _State:
+    exports: dict[str, str] = field(default_factory=dict)
+    export_dynamic: set[str] = field(default_factory=set)
+    shell_vars: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    arrays: dict[str, _Array] = field(default_factory=dict)
+    has_export: bool = False
+
+
+class _Script:
+    def __init__(self, text: str, mapper: Mapper, fmt: str):
+        self.text = text
+        self.mapper = mapper
+        self.fmt = fmt
+        data = text.encode("utf-8", "surrogatepass")
+        self.data = data
+        self.ascii = len(data) == len(text)
+        self.char_at: list[int] | None = None if self.ascii else _byte_to_char(text)
+
+    def pos(self, byte: int) -> int:
+        return byte if self.char_at is None else self.char_at[byte]
+
+    def src(self, node) -> str:
+        return self.text[self.pos(node.start_byte):self.pos(node.end_byte)]
+
+    def line(self, node) -> int:
+        return node.start_point[0] + 1
+
+    def parse(self) -> ParsedScript:
+        tree = _parser().parse(self.data)
+        state = _State()
+        commands: list[LaunchCommand] = []
+        sites: list[Site] = []
+        errors: list[int] = []
+        for node, in_error in _walk(tree.root_node):
+            if node.type == "ERROR" or node.is_missing:
+                errors.append(self.line(node))
+                continue
+            if in_error:
+                continue
+            if node.type in ("declaration_command", "variable_assignment") and _is_statement(node):
+                self._record_assignment(node, state)
+            elif node.type == "command":
+                self._record_unset(node, state)
+                built = self._launch(node, state)
+                if built is not None:
+                    commands.append(built[0])
+                    sites.append(built[1])
+        return ParsedScript(tuple(commands), tuple(sites), tuple(sorted(set(errors))))
+
+    # -- assignments -------------------------------------------------------------
+
+    def _record_assignment(self, node, state: _State) -> None:
+        if node.type == "variable_assignment":
+            self._assign(node, state, export=False)
+            return
+        keyword = node.children[0].type if node.children else ""
+        flags = [self.src(c) for c in node.children if c.type == "word"]
+        export = keyword == "export" or any(f.startswith("-") and "x" in f for f in flags)
+        if export:
+            state.has_export = True
+        for child in node.children:
+            if child.type == "variable_assignment":
+                self._assign(child, state, export)
+            elif child.type == "variable_name" and export:
+                name = self.src(child)
+                if name in state.shell_vars:
+                    value, dynamic = state.shell_vars[name]
+                    _set_export(state, name, value, dynamic)
+
+    def _assign(self, node, state: _State, export: bool) -> None:
+        name_node = node.child_by_field_name("name")
+        value_node = node.child_by_field_name("value")
+        if name_node is None or name_node.type != "variable_name":
+            return
+        name = self.src(name_node)
+        appending = any(c.type == "+=" for c in node.children)
+        if value_node is not None and value_node.type == "array":
+            self._record_array(name, value_node, state, appending)
+            return
+        value, dynamic = self._value(value_node) if value_node is not None else ("", False)
+        state.shell_vars[name] = (value, dynamic)
+        if export or name in state.exports:
+            _set_export(state, name, value, dynamic)
+
+    def _record_array(self, name: str, node, state: _State, appending: bool) -> None:
+        tokens = [self._token(c) for c in node.children if c.type in ARG_NODES]
+        container = ShellContainer(self.text, tokens, self.mapper)
+        refs = [(container, i) for i in range(len(tokens))]
+        if appending and name in state.arrays:
+            state.arrays[name].tokens.extend(refs)
+        else:
+            state.arrays[name] = _Array(refs)
+
+    def _record_unset(self, node, state: _State) -> None:
+        words = [c for c in node.children if c.type in ARG_NODES or c.type == "command_name"]
+        if words and self.src(words[0]) == "unset":
+            for word in words[1:]:
+                name = self.src(word)
+                state.exports.pop(name, None)
+                state.arrays.pop(name, None)
+                state.shell_vars.pop(name, None)
+
+    def _value(self, node) -> tuple[str, bool]:
+        if node.type == "concatenation":
+            parts = [self._value(c) for c in node.children]
+            return "".join(p for p, _ in parts), any(d for _, d in parts)
+        return node_value(node, self.src(node))
+
+    def _token(self, node) -> ShellToken:
+        value, dynamic = self._value(node)
+        return ShellToken(value, dynamic, self.pos(node.start_byte), self.pos(node.end_byte),
+                          self.line(node))
+
+    # -- launch commands ---------------------------------------------------------
+
+    def _launch(self, node, state: _State) -> tuple[LaunchCommand, Site] | None:
+        prefixes = [c for c in node.children if c.type == "variable_assignment"]
+        name = node.child_by_field_name("name")
+        if name is None:
+            return None
+        words = [name.children[0] if name.children else name]
+        words += [c for c in node.children if c.type in ARG_NODES and c.start_byte > name.start_byte]
+        tokens = [self._token(w) for w in words]
+        found = _find_launcher([t.value for t in tokens])
+        if found is None:
+            return None
+        prog, end, launcher = found
+        docker_run = _docker_run_index([t.value for t in tokens[:prog]])
+        env: dict[str, str] = {}
+        env_dynamic: set[str] = set()
+        if docker_run is None:  # host exports and prefixes do not reach a container
+            env, env_dynamic = dict(state.exports), set(state.export_dynamic)
+            for prefix in prefixes:
+                self._prefix_env(prefix, env, env_dynamic)
+        _wrapper_env([t.value for t in tokens[:prog]], docker_run, env)
+        return self._build(node, state, tokens[end:], words[end:], launcher, env, env_dynamic,
+                           docker_run, tokens)
+
+    def _prefix_env(self, node, env: dict[str, str], env_dynamic: set[str]) -> None:
+        name_node = node.child_by_field_name("name")
+        value_node = node.child_by_field_name("value")
+        if name_node is None:
+            return
+        value, dynamic = self._value(value_node) if value_node is not None else ("", False)
+        env[self.src(name_node)] = value
+        if dynamic:
+            env_dynamic.add(self.src(name_node))
+
+    def _build(self, node, state, arg_tokens, arg_nodes, launcher, env, env_dynamic,
+               docker_run, all_tokens) -> tuple[LaunchCommand, Site]:
+        line_container = ShellContainer(self.text, arg_tokens, self.mapper)
+        refs: list[tuple[ShellContainer, int]] = []
+        passthrough = False
+        for index, token in enumerate(arg_tokens):
+            raw = self.src(arg_nodes[index])
+            array = ARRAY_USE.match(raw)
+            if PASSTHROUGH.match(raw):
+                passthrough = True
+            elif array and array.group(1) in state.arrays:
+                refs.extend(state.arrays[array.group(1)].tokens)
+            else:
+                refs.append((line_container, index))
+        values = [c.tokens[i] for c, i in refs]
+        in_docker = docker_run is not None
+        command = LaunchCommand(
+            args=tuple(t.value for t in values), dynamic=tuple(t.dynamic for t in values),
+            line=self.line(node), env=env, passthrough=passthrough, launcher=launcher,
+            end_line=node.end_point[0] + 1, arg_lines=tuple(t.line for t in values),
+            env_dynamic=frozenset(env_dynamic), in_docker=in_docker,
+        )
+        setter = self._env_setter(node, state, all_tokens, docker_run)
+        site = Site(
+            args=command.args, dynamic=command.dynamic,
+            refs=tuple(TokenRef(c, i, c.tokens[i].line) for c, i in refs),
+            line=command.line, launcher=launcher, env=dict(env), env_dynamic=frozenset(env_dynamic),
+            passthrough=passthrough, set_env=setter, fmt=self.fmt,
+            env_hint="add `-e NAME=VALUE` to docker run" if in_docker else "export NAME=VALUE before the command",
+        )
+        return command, site
+
+    def _env_setter(self, node, state: _State, tokens: list[ShellToken], docker_run: int | None):
+        text, mapper = self.text, self.mapper
+        if docker_run is not None:
+            at = tokens[docker_run].end
+
+            def set_docker_env(name: str, value: str) -> list[TextEdit] | None:
+                edit = mapper(TextEdit(at, at, f" -e {name}={shell_quote(value)}"))
+                return None if edit is None else [edit]
+
+            return set_docker_env
+        start = self.pos(node.start_byte)
+        line_start = text.rfind("\n", 0, start) + 1
+        indent = text[line_start:start]
+        own_line = not indent.strip(" \t") and not _continues(text, line_start)
+
+        def set_env(name: str, value: str) -> list[TextEdit] | None:
+            if own_line and state.has_export:
+                edit = TextEdit(line_start, line_start, f"{indent}export {name}={shell_quote(value)}\n")
+            else:
+                edit = TextEdit(start, start, f"{name}={shell_quote(value)} ")
+            mapped = mapper(edit)
+            return None if mapped is None else [mapped]
+
+        return set_env
+
+
+def _continues(text: str, line_start: int) -> bool:
+    return line_start >= 2 and text[line_start - 2] == "\\"
+
+
+def _set_export(state: _State, name: str, value: str, dynamic: bool) -> None:
+    state.exports[name] = value
+    if dynamic:
+        state.export_dynamic.add(name)
+    else:
+        state.export_dynamic.discard(name)
+
+
+def _is_statement(node) -> bool:
+    """Assignments that stand alone (not `X=1 cmd` prefixes, which belong to their command)."""
+    parent = node.parent
+    return parent is None or parent.type not in ("command", "declaration_command")
+
+
+def _walk(root) -> Iterator[tuple[object, bool]]:
+    """Pre-order (document order) walk, skipping heredoc bodies; flags nodes under ERROR."""
+    stack = [(root, False)]
+    while stack:
+        node, in_error = stack.pop()
+        yield node, in_error
+        if node.type in ("heredoc_body", "comment", "heredoc_redirect"):
+            continue
+        below = in_error or node.type == "ERROR"
+        stack.extend((child, below) for child in reversed(node.children))
+
+
+def _find_launcher(values: Sequence[str]) -> tuple[int, int, str] | None:
+    """(program index, index after the launcher, launcher text) or None."""
+    if not values or not _runs_commands(values[0]):
+        return None
+    for k, value in enumerate(values):
+        base = os.path.basename(value)
+        if value in ("-m", "--module") and k + 1 < len(values) and values[k + 1] == LAUNCH_MODULE:
+            prog = _program_index(values, k)
+            return prog, k + 2, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
+        if value == "-m" + LAUNCH_MODULE:
+            prog = _program_index(values, k)
+            return prog, k + 1, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
+        if base == "sglang" and k + 1 < len(values) and values[k + 1] == "serve":
+            return k, k + 2, "sglang serve"
+    return None
+
+
+def _runs_commands(first: str) -> bool:
+    base = os.path.basename(first)
+    return base.startswith("python") or base in ("sglang", "pypy3") or base in WRAPPERS
+
+
+def _program_index(values: Sequence[str], module_flag: int) -> int:
+    for k in range(module_flag - 1, -1, -1):
+        base = os.path.basename(values[k])
+        if base.startswith("python") or base in ("torchrun", "pypy3"):
+            return k
+    return max(module_flag - 1, 0)
+
+
+def _docker_run_index(values: Sequence[str]) -> int | None:
+    for k, value in enumerate(values[:-1]):
+        if os.path.basename(value) in DOCKER and values[k + 1] in ("run", "create"):
+            return k + 1
+    return None
+
+
+def _wrapper_env(values: Sequence[str], docker_run: int | None, env: dict[str, str]) -> None:
+    """`env X=1 ...` assignments and `docker run -e X=1 / --env X=1 / --env=X=1`."""
+    for k, value in enumerate(values):
+        if os.path.basename(value) == "env":
+            for item in values[k + 1:]:
+                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item):
+                    name, _, val = item.partition("=")
+                    env[name] = val
+                elif not item.startswith("-"):
+                    break
+    if docker_run is None:
+        return
+    for k in range(docker_run + 1, len(values)):
+        value = values[k]
+        item = None
+        if value in ("-e", "--env") and k + 1 < len(values):
+            item = values[k + 1]
+        elif value.startswith("--env="):
+            item = value[len("--env="):]
+        elif value.startswith("-e") and len(value) > 2 and "=" in value:
+            item = value[2:]
+        if item and "=" in item:
+            name, _, val = item.partition("=")
+            env[name] = val
+
+
+def _byte_to_char(text: str) -> list[int]:
+    """Map every UTF-8 byte offset (plus the end) to its character offset."""
+    table: list[int] = []
+    for index, char in enumerate(text):
+        table.extend([index] * len(char.encode("utf-8", "surrogatepass")))
+    table.append(len(text))
+    return table

@@ -1,0 +1,236 @@
+"""`run_server`: boot the engine behind the HTTP server and run until SIGINT/SIGTERM.
+
+Order on node 0: bind the port (fail fast before loading weights), serve HTTP at once
+(/health answers 503), start the engine, attach it (routes go live), log the URL, then wait for
+a signal or an engine failure; on the way out stop HTTP first, then shut the engine down.
+Nodes with `node_rank > 0` only host engine ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from sglaunch.config import EngineConfig
+from sglaunch.errors import SglaunchError
+from sglaunch.server.app import create_app
+from sglaunch.server.generation import ServerContext
+from sglaunch.server.metrics import PrometheusMetrics, ServerMetrics
+from sglaunch.server.state import ServerState
+from sglaunch.server.tokenizer import ServerTokenizer, load_tokenizer
+
+logger = logging.getLogger("sglaunch.server")
+
+GRACEFUL_HTTP_SECONDS = 5  # in-flight requests get this long after a signal
+ENGINE_SHUTDOWN_SECONDS = 60
+DEFAULT_CONTEXT_LENGTH = 4096  # only when neither the config nor the checkpoint says
+
+
+def run_server(config: EngineConfig) -> int:
+    """Serve `config`'s model over HTTP (node 0) or host its engine ranks (other nodes)."""
+    _configure_logging(config.log_level)
+    if config.node_rank > 0:
+        from sglaunch.engine.launch import run_worker_node
+
+        return run_worker_node(config)
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: EngineConfig) -> int:
+    tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
+    state = _initial_state(config)
+    server = _HttpServer(uvicorn.Config(
+        create_app(state), log_level=config.log_level, lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_HTTP_SECONDS, access_log=config.log_level == "debug"))
+    stop = _StopSignal(server, state)
+    sock = _bind(config.host, config.port)
+    http_task = asyncio.create_task(server.serve(sockets=[sock]))
+    with stop.installed():
+        engine = await _start_engine(config, stop, http_task)
+        if engine is None:
+            await _stop_http(server, http_task)
+            return 0
+        state.ctx = _server_context(engine, tokenizer, config, state.metrics)
+        logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
+        exit_code = await _wait_until_stopped(engine, stop, http_task)
+        state.shutting_down = True
+        await _stop_http(server, http_task)
+        return max(exit_code, await _shutdown_engine(engine))
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without its own signal handlers.
+
+    NOTE: uvicorn re-raises captured signals when `serve` returns (SIGTERM would then kill the
+    process before the engine is shut down), so `_StopSignal` owns SIGINT/SIGTERM instead.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM: stop serving; a second SIGINT forces uvicorn to drop open streams."""
+
+    def __init__(self, server: uvicorn.Server, state: ServerState):
+        self._server = server
+        self._state = state
+        self.event = asyncio.Event()
+
+    def trigger(self, sig: signal.Signals) -> None:
+        if self.event.is_set():
+            self._server.force_exit = True
+            return
+        logger.info("Received %s; shutting down.", sig.name)
+        self._state.shutting_down = True
+        self._server.should_exit = True
+        self.event.set()
+
+    @contextlib.contextmanager
+    def installed(self):
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        try:
+            for sig in signals:
+                loop.add_signal_handler(sig, self.trigger, sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread (e.g. tests), or Windows
+            signals = ()
+        try:
+            yield self
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+
+def _initial_state(config: EngineConfig) -> ServerState:
+    metrics = PrometheusMetrics(config.served_model_name) if config.enable_metrics else ServerMetrics()
+    return ServerState(served_model_name=config.served_model_name, model_path=config.model_path,
+                       api_key=config.api_key, metrics=metrics, static_info=config.to_dict())
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket now, so a busy port fails before any weights load."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SglaunchError(f"Cannot listen on {host}:{port}: {exc.strerror}",
+                            hint="Pick a free port with --port, or stop the process using it.") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyncio.Task):
+    """The started engine, or None when a signal (or the HTTP server ending) came first."""
+    from sglaunch.engine.launch import start_engine  # launch-time: imports torch
+
+    engine_task = asyncio.create_task(start_engine(config))
+    stop_task = asyncio.create_task(stop.event.wait())
+    await asyncio.wait({engine_task, stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    if engine_task.done():
+        return engine_task.result()  # raises what start_engine raised
+    engine_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        engine = await engine_task
+        await engine.shutdown()
+    if http_task.done() and not stop.event.is_set():
+        http_task.result()  # re-raise why uvicorn stopped
+        raise SglaunchError("The HTTP server stopped while the engine was starting.")
+    return None
+
+
+async def _wait_until_stopped(engine, stop: _StopSignal, http_task: asyncio.Task) -> int:
+    """Block until a signal (exit 0), the HTTP server ends, or the engine reports a failure (1)."""
+    waits = {asyncio.create_task(stop.event.wait()), http_task}
+    engine_failure = _engine_failure_waiter(engine)
+    if engine_failure is not None:
+        waits.add(engine_failure)
+    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in waits - {http_task}:
+        task.cancel()
+    if engine_failure in done and not engine_failure.cancelled():
+        logger.error("The engine failed: %s", engine_failure.result())
+        return 1
+    if http_task in done and not stop.event.is_set():
+        logger.error("The HTTP server stopped unexpectedly.")
+        return 1
+    return 0
+
+
+def _engine_failure_waiter(engine) -> asyncio.Task | None:
+    """A task that ends when the engine reports a fatal failure, if the engine can report one."""
+    wait_failure = getattr(engine, "wait_failure", None)
+    return asyncio.create_task(wait_failure()) if callable(wait_failure) else None
+
+
+async def _stop_http(server: uvicorn.Server, http_task: asyncio.Task) -> None:
+    server.should_exit = True
+    try:
+        await asyncio.wait_for(http_task, GRACEFUL_HTTP_SECONDS + 5)
+    except asyncio.TimeoutError:
+        server.force_exit = True
+        logger.warning("HTTP server did not stop in time; dropping open connections.")
+    except Exception:  # noqa: BLE001 - shutting down anyway; keep going to stop the engine
+        logger.exception("HTTP server failed while stopping")
+
+
+async def _shutdown_engine(engine) -> int:
+    try:
+        await asyncio.wait_for(engine.shutdown(), ENGINE_SHUTDOWN_SECONDS)
+    except asyncio.TimeoutError:
+        logger.error("The engine did not shut down within %ss.", ENGINE_SHUTDOWN_SECONDS)
+        return 1
+    except Exception:  # noqa: BLE001 - report, and exit non-zero
+        logger.exception("Engine shutdown failed")
+        return 1
+    logger.info("Engine shut down.")
+    return 0
+
+
+def _server_context(engine, tokenizer: ServerTokenizer, config: EngineConfig,
+                    metrics: ServerMetrics) -> ServerContext:
+    info = engine.server_info() or {}
+    checkpoint = _checkpoint_config(config.model_path)
+    context_length = (info.get("context_length") or config.context_length
+                      or checkpoint.get("max_position_embeddings") or DEFAULT_CONTEXT_LENGTH)
+    vocab_size = info.get("vocab_size") or checkpoint.get("vocab_size") or tokenizer.vocab_size
+    return ServerContext(engine, tokenizer, int(context_length), metrics, int(vocab_size))
+
+
+def _checkpoint_config(model_path: str) -> dict:
+    """The checkpoint's config.json (the text config of multimodal wrappers), or {}."""
+    path = Path(model_path) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return config.get("text_config", config) if isinstance(config, dict) else {}
+
+
+def _url(config: EngineConfig) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{config.port}"
+
+
+def _configure_logging(level: str) -> None:
+    """Log lines on stderr in one format, at the configured level."""
+    root = logging.getLogger("sglaunch")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
