@@ -22,6 +22,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids
     ignore_eos: bool = False
+    min_p: float = 0.0  # 0: off; drops tokens below min_p * the most likely token's probability
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class TokenOutput:
     cached_tokens: int = 0  # prompt tokens served from the radix cache
     # speculative decoding: tokens accepted in the step that produced this increment (incl. bonus)
     accept_length: int | None = None
+    # log-probability of each of new_token_ids under the model's unmodified distribution
+    logprobs: tuple[float, ...] = ()
 
 
 class AsyncEngine(Protocol):

@@ -47,7 +47,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     rank = torch.arange(probs.shape[-1], device=device)[None, :]
     top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], device=device)[:, None]
     top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
-    min_p = torch.tensor([getattr(p, "min_p", 0.0) for p in params], device=device)[:, None]
+    min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
     # NOTE: a token is dropped when the mass *before* it already reaches top_p; the first
     # token always survives, so no row ends up empty
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs

@@ -97,7 +97,14 @@ class Scheduler:
         budget = [self.limits.chunked_prefill_size or math.inf]
         chunks = self._schedule_running(budget)
         chunks += self._admit_waiting(budget)
+        if not chunks and not self.running and self.waiting:
+            # NOTE: nothing runs and the head request still does not fit: it never will
+            self._drop(self.waiting.pop(0))
         return chunks
+
+    def _drop(self, req: Req) -> None:
+        req.status, req.finish_reason = ReqStatus.FINISHED, "length"
+        self.finished_by_pool.append(req)
 
     def _chunk_len(self, req: Req, budget: list[float]) -> int:
         if req.num_pending == 1:  # decode: not charged against the prefill budget
@@ -127,8 +134,7 @@ class Scheduler:
         if victim is req and len(self.running) == 1:
             self.running.remove(req)
             self._release(req)
-            req.status, req.finish_reason = ReqStatus.FINISHED, "length"
-            self.finished_by_pool.append(req)
+            self._drop(req)
             return
         self.preempt(victim)
 

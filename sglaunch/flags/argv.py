@@ -63,6 +63,12 @@ def unknown_flag_error(spelling: str, schema: FlagSchema, release: str = CURRENT
                 f"sglaunch never guesses: write {expansions[0]} in full")
     elif expansions:
         hint = f"it is a prefix of several flags ({', '.join(expansions[:4])}); write the one you mean in full"
+    elif len(historic := schema.prefix_expansions(spelling, None)) == 1:
+        old = schema.lookup(historic[0])
+        fate = f"renamed to {old.replaced_by}" if old.replaced_by else "removed"
+        hint = (f"older SGLang expanded it as an abbreviation of {old.name}, which was {fate} in "
+                f"{old.removed}; run `sglaunch migrate-flags FILE` or write "
+                f"{old.replaced_by or 'the launch without it'}")
     else:
         close = schema.suggest(spelling, release)
         hint = f"did you mean {' or '.join(close)}?" if close else "see `sglaunch serve --help` for every flag"

@@ -32,6 +32,7 @@ def load_config_file(path_text: str, schema: FlagSchema, release: str) -> Config
     path = Path(path_text)
     text = _read(path)
     root = _compose(text, path)
+    data = yaml.load(text, Loader=_Loader) if root is not None else {}
     occurrences: list[Occurrence] = []
     diagnostics: list[Diagnostic] = []
     seen: dict[str, int] = {}
@@ -44,7 +45,7 @@ def load_config_file(path_text: str, schema: FlagSchema, release: str) -> Config
         seen[key] = line
         origin = Origin("config", f"{path}:{line}")
         flag = _flag_for_key(key, schema, release, origin, diagnostics)
-        value = yaml.load(yaml.serialize(value_node), Loader=_Loader)
+        value = data[key_node.value] if key_node.value in data else data.get(_scalar_key(key_node))
         occurrence = _occurrence(flag, key, value, origin, diagnostics)
         if occurrence is not None:
             occurrences.append(occurrence)
@@ -81,6 +82,11 @@ def _compose(text: str, path: Path):
         raise SglaunchError(f"{path}: the YAML root is {kind}, not a mapping of flags",
                             hint="write one flag per line, e.g. 'tp-size: 2'")
     return root
+
+
+def _scalar_key(node):
+    """The key as the YAML loader typed it (e.g. `1: x` gives the int 1)."""
+    return yaml.load(node.value, Loader=_Loader) if node.value else node.value
 
 
 def _key(node, path: Path, line: int) -> str:

@@ -182,9 +182,12 @@ class FlagSchema:
         candidates = _spellings(self.at(release))
         return difflib.get_close_matches(spelling, candidates, n=n, cutoff=0.6)
 
-    def prefix_expansions(self, spelling: str, release: str = CURRENT_RELEASE) -> list[str]:
-        """Flags that argparse's prefix abbreviation would have matched (SGLang allows it)."""
-        return sorted(s for s in _spellings(self.at(release)) if s.startswith(spelling) and s != spelling)
+    def prefix_expansions(self, spelling: str, release: str | None = CURRENT_RELEASE) -> list[str]:
+        """Flags that argparse's prefix abbreviation would have matched (SGLang allows it).
+
+        `release=None` searches every flag the timeline knows, removed ones included."""
+        flags = self.flags if release is None else self.at(release)
+        return sorted(s for s in _spellings(flags) if s.startswith(spelling) and s != spelling)
 
 
 def _spellings(flags: Iterable[Flag]) -> list[str]:

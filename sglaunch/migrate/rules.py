@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from sglaunch.errors import SglaunchError
-from sglaunch.releases import KNOWN_RELEASES, at_or_after, release_key
+from sglaunch.releases import KNOWN_RELEASES, release_key
 
 KINDS = ("rename-flag", "remove-flag", "remove-value", "replace-value", "require-env",
          "rename-env", "notice")
@@ -85,10 +85,8 @@ class RuleSet:
 
     def between(self, from_release: str, to_release: str) -> tuple[Rule, ...]:
         """Rules of releases after `from_release` up to and including `to_release`, oldest first."""
-        return tuple(r for r in self.rules
-                     if at_or_after(r.release, _next_key_bound(from_release)) is False
-                     and release_key(r.release) > release_key(from_release)
-                     and at_or_after(to_release, r.release))
+        low, high = release_key(from_release), release_key(to_release)
+        return tuple(r for r in self.rules if low < release_key(r.release) <= high)
 
     def find(self, key: str) -> Rule | None:
         key = key.strip()
@@ -96,10 +94,6 @@ class RuleSet:
             if rule.id.lower() == key.lower() or rule.name == key:
                 return rule
         return None
-
-
-def _next_key_bound(release: str) -> None:
-    return None  # `at_or_after(x, None)` is False: no lower bound beyond release_key below
 
 
 def rules_dir() -> Path:

@@ -1,0 +1,79 @@
+"""The model on one tensor-parallel rank: weights, KV pool, attention backend, forward pass.
+
+Every rank runs the same ModelRunner; rank 0 additionally samples from the returned logits.
+This is the only engine module that owns device tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from sglaunch.config import EngineConfig
+from sglaunch.engine.attention import attention_backend_class
+from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
+from sglaunch.engine.loader import load_checkpoint
+from sglaunch.engine.model_spec import ModelSpec, find_weight_files, resolve_context_length
+from sglaunch.engine.models import CausalLM
+from sglaunch.engine.step import StepInput
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
+    if config.device == "cuda":
+        return torch.device("cuda", config.base_gpu_id + local_rank)
+    return torch.device("cpu")
+
+
+def set_cpu_threads(ranks_on_this_node: int) -> None:
+    """Split the cores between the ranks sharing this machine (oversubscription is slow)."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_on_this_node))
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, tp: TPGroup, device: torch.device, show_progress: bool):
+        self.config, self.spec, self.tp, self.device = config, spec, tp, device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.context_length = resolve_context_length(spec, config.context_length)
+        max_positions = max(self.context_length, spec.max_position_embeddings)
+        self.model = CausalLM(spec, max_positions, tp, DTYPES[config.dtype], device).eval()
+        load_checkpoint(self.model, find_weight_files(config.model_path), show_progress)
+        self.kv_pool = self._allocate_kv_pool()
+        backend_cls = attention_backend_class(config.attention_backend)
+        heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
+        self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
+
+    def _allocate_kv_pool(self) -> KVPool:
+        kv_heads = self.spec.num_kv_heads // self.tp.size
+        kv_dtype = DTYPES[self.config.kv_cache_dtype]
+        per_token = kv_bytes_per_token(self.spec.num_layers, kv_heads, self.spec.head_dim, kv_dtype)
+        # NOTE: every rank must use the same page ids, so all agree on the smallest pool
+        tokens = self.tp.min_int(plan_kv_tokens(self.config, per_token, self.device))
+        page_size = self.config.page_size
+        num_pages = max(1, tokens // page_size)
+        logger.info("KV pool: %d pages x %d tokens (%.1f MiB per rank)", num_pages, page_size,
+                    num_pages * page_size * per_token / 2**20)
+        return KVPool(self.spec.num_layers, num_pages, page_size, kv_heads, self.spec.head_dim, kv_dtype, self.device)
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_pool.num_pages
+
+    @torch.inference_mode()
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """Run one ragged step; returns logits [len(step.sample_indices), vocab] in float32
+        (identical on every rank)."""
+        input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
+        meta = self.attn.prepare(step)
+        hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+        if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
+            return torch.empty(0, self.spec.vocab_size, device=self.device)
+        rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
+        return self.model.compute_logits(hidden[rows]).float()  # [num_samples, vocab]
