@@ -17,8 +17,11 @@ def settings_rows(report: Report, show_all: bool):
     schema = report.settings.schema
     for flag in schema.at(report.release):
         setting = report.settings.values.get(flag.dest)
+        unexpanded = report.settings.unexpanded.get(flag.dest)
         if setting is not None:
             yield flag.name, setting.value, str(setting.origin)
+        elif unexpanded is not None:
+            yield flag.name, unexpanded.value, f"{unexpanded.origin} (unexpanded shell text, not checked)"
         elif show_all and flag.status_at(report.release).value == "active":
             yield flag.name, flag.default, "default"
 

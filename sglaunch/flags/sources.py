@@ -36,6 +36,8 @@ class Settings:
     values: dict[str, Setting] = field(default_factory=dict)
     env: dict[str, tuple[str, Origin]] = field(default_factory=dict)
     config_path: str | None = None
+    # values left as shell text in a script ($TP): shown, never type-checked, defaults apply
+    unexpanded: dict[str, Setting] = field(default_factory=dict)
 
     def get(self, dest: str) -> Any:
         if dest in self.values:
@@ -119,7 +121,8 @@ def _admit(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
     if status is Status.REMOVED:
         return [_removed_flag(occ, release)]
     if occ.dynamic:
-        return []  # unexpanded shell text: nothing to type-check
+        settings.unexpanded[flag.dest] = Setting(flag, occ.raw, occ.origin, occ.spelling)
+        return []
     value = convert(flag, occ.raw, occ.spelling)
     if status is Status.DEPRECATED and flag.replaced_by:
         return _deprecated_flag(occ, value, settings)

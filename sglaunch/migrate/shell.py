@@ -556,3 +556,26 @@ def _byte_to_char(text: str) -> list[int]:
         table.extend([index] * len(char.encode("utf-8", "surrogatepass")))
     table.append(len(text))
     return table
+
+
+def split_words(text: str, mapper: Mapper | None = None) -> ShellContainer | None:
+    """Split one command string (a compose `command:`) into shell words with spans, or None
+    when it is not a single simple command."""
+    lead = "_ "
+    script = _Script(lead + text, _shifted(mapper or _identity, len(lead)), "shell")
+    tree = _parser().parse(script.data)
+    root = tree.root_node
+    if root.has_error or len(root.named_children) != 1 or root.named_children[0].type != "command":
+        return None
+    node = root.named_children[0]
+    words = [c for c in node.children if c.type in ARG_NODES]
+    tokens = [script._token(w) for w in words]
+    shifted = [ShellToken(t.value, t.dynamic, t.start - len(lead), t.end - len(lead), t.line) for t in tokens]
+    return ShellContainer(text, shifted, mapper or _identity)
+
+
+def _shifted(mapper: Mapper, by: int) -> Mapper:
+    def shifted(edit: TextEdit) -> TextEdit | None:
+        return mapper(TextEdit(edit.start - by, edit.end - by, edit.text))
+
+    return shifted

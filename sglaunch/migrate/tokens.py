@@ -106,3 +106,44 @@ def _overlaps(a: TextEdit, b: TextEdit) -> bool:
 
 def line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
+
+
+def align(source: str, offset: int, value: str) -> list[int] | None:
+    """Positions in the file of each character of `value`, a scalar decoded from `source`
+    (which starts at file offset `offset`): greedy, skipping quotes, indentation and escapes.
+    None when the value cannot be lined up with its source."""
+    positions: list[int] = []
+    pos = 0
+    for char in value:
+        found = source.find(char, pos) if char not in "\n " else _find_blank(source, pos, char)
+        if found < 0:
+            return None
+        positions.append(offset + found)
+        pos = found + 1
+    return positions
+
+
+def _find_blank(source: str, pos: int, char: str) -> int:
+    # A space or newline of a decoded scalar may come from a folded newline in the source.
+    hits = [i for i in (source.find(" ", pos), source.find("\n", pos)) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def scalar_mapper(positions: list[int], end: int, forbidden: str = "") -> Callable[[TextEdit], "TextEdit | None"]:
+    """Move an edit in decoded-value coordinates to file coordinates (None if it cannot be)."""
+
+    def to_file(index: int, is_end: bool) -> int:
+        if not positions:
+            return end
+        if is_end:
+            return positions[index - 1] + 1 if index > 0 else positions[0]
+        return positions[index] if index < len(positions) else positions[-1] + 1
+
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        if any(ch in edit.text for ch in forbidden):
+            return None
+        start = to_file(edit.start, False)
+        stop = to_file(edit.end, True) if edit.end > edit.start else start
+        return TextEdit(start, max(start, stop), edit.text)
+
+    return mapper

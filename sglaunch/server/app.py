@@ -81,12 +81,16 @@ async def health(request: Request) -> Response:
 async def get_server_info(request: Request) -> JSONResponse:
     """The resolved configuration plus the engine's live state (KV usage, queue, ...)."""
     state = server_state(request)
-    info: dict[str, Any] = {k: v for k, v in state.static_info.items() if k not in SECRET_CONFIG_KEYS}
+    info = _without_secrets(state.static_info)
     info["version"] = sglaunch.__version__
     info["sglang_version"] = sglaunch.SGLANG_RELEASE
     info["status"] = "ready" if state.ready else ("shutting_down" if state.shutting_down else "starting")
-    info["internal_states"] = [state.ctx.engine.server_info()] if state.ctx else []
+    info["internal_states"] = [_without_secrets(state.ctx.engine.server_info())] if state.ctx else []
     return JSONResponse(info)
+
+
+def _without_secrets(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in info.items() if k not in SECRET_CONFIG_KEYS}
 
 
 async def deprecated_get_server_info(request: Request) -> JSONResponse:

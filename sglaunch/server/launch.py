@@ -60,7 +60,7 @@ async def _serve(config: EngineConfig) -> int:
             return 0
         state.ctx = _server_context(engine, tokenizer, config, state.metrics)
         logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
-        exit_code = await _wait_until_stopped(engine, stop, http_task)
+        exit_code = await _wait_until_stopped(stop, http_task)
         state.shutting_down = True
         await _stop_http(server, http_task)
         return max(exit_code, await _shutdown_engine(engine))
@@ -141,7 +141,10 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
     await asyncio.wait({engine_task, stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
     stop_task.cancel()
     if engine_task.done():
-        return engine_task.result()  # raises what start_engine raised
+        try:
+            return engine_task.result()
+        except ValueError as exc:  # start_engine's refusal of a checkpoint or configuration
+            raise SglaunchError(f"The engine cannot start: {exc}") from exc
     engine_task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         engine = await engine_task
@@ -152,28 +155,19 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
     return None
 
 
-async def _wait_until_stopped(engine, stop: _StopSignal, http_task: asyncio.Task) -> int:
-    """Block until a signal (exit 0), the HTTP server ends, or the engine reports a failure (1)."""
-    waits = {asyncio.create_task(stop.event.wait()), http_task}
-    engine_failure = _engine_failure_waiter(engine)
-    if engine_failure is not None:
-        waits.add(engine_failure)
-    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for task in waits - {http_task}:
-        task.cancel()
-    if engine_failure in done and not engine_failure.cancelled():
-        logger.error("The engine failed: %s", engine_failure.result())
-        return 1
-    if http_task in done and not stop.event.is_set():
+async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task) -> int:
+    """Block until a signal (exit 0) or the HTTP server ending on its own (exit 1).
+
+    NOTE: a dead tensor-parallel rank ends the whole process from the engine's watchdog
+    (os._exit(1) naming the rank), so there is no engine failure to wait for here.
+    """
+    signal_task = asyncio.create_task(stop.event.wait())
+    await asyncio.wait({signal_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    signal_task.cancel()
+    if not stop.event.is_set():
         logger.error("The HTTP server stopped unexpectedly.")
         return 1
     return 0
-
-
-def _engine_failure_waiter(engine) -> asyncio.Task | None:
-    """A task that ends when the engine reports a fatal failure, if the engine can report one."""
-    wait_failure = getattr(engine, "wait_failure", None)
-    return asyncio.create_task(wait_failure()) if callable(wait_failure) else None
 
 
 async def _stop_http(server: uvicorn.Server, http_task: asyncio.Task) -> None:

@@ -19,7 +19,7 @@ ENGINE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "token_usage": ("KV cache usage: used tokens / pool size (0..1).",
                     ("token_usage", "kv_usage", "kv_cache_usage")),
     "num_queue_reqs": ("Requests waiting in the scheduler queue.",
-                       ("num_queue_reqs", "queue_length", "num_waiting_reqs")),
+                       ("num_queue_reqs", "num_waiting_requests", "queue_length")),
     "num_running_reqs": ("Requests in the running batch.",
                          ("num_running_reqs", "num_running_requests")),
     "num_used_tokens": ("KV cache slots in use.", ("num_used_tokens", "kv_used_tokens")),
