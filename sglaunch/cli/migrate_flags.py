@@ -1,11 +1,189 @@
-"""`sglaunch migrate-flags` (built in the migrate-flags issue)."""
+"""`sglaunch migrate-flags`: find and fix launch flags that a newer SGLang release rejects.
+
+Modes: default prints findings and a unified diff and writes nothing; `--check` prints the
+findings only and exits 1 when anything would change or needs a person; `--write` applies
+the fixes atomically. Exit codes: 0 clean, 1 findings, 2 usage error or unreadable input.
+With `-` the file is read from stdin; `--write` then prints the migrated text on stdout.
+"""
 
 from __future__ import annotations
 
-from sglaunch.cli.common import funnel
-from sglaunch.errors import SglaunchError
+import json
+import re
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from sglaunch import SGLANG_RELEASE
+from sglaunch.cli.common import JsonOption, funnel, stdout_console
+from sglaunch.errors import EXIT_FINDINGS, EXIT_USAGE, SglaunchError
+from sglaunch.migrate.engine import FORMATS
+from sglaunch.migrate.evaluate import ERROR, FIX, INFO, MANUAL, UNSAFE
+from sglaunch.migrate.files import STDIN, FileReport, iter_files, process_file, write_atomic
+from sglaunch.migrate.rules import load_rules
+from sglaunch.releases import check_release, release_key
+
+DEFAULT_FROM = "0.5.15"
+LEVEL_STYLE = {FIX: "green", UNSAFE: "yellow", MANUAL: "red", INFO: "cyan", ERROR: "bold red"}
 
 
 @funnel
-def migrate_flags() -> None:
-    raise SglaunchError("migrate-flags is not built yet", hint="see the migrate-flags issue", exit_code=3)
+def migrate_flags(
+    paths: Annotated[list[str], typer.Argument(
+        help="Launch scripts, YAML configs, manifests, Dockerfiles or folders; '-' reads stdin.",
+        show_default=False)],
+    from_release: Annotated[str, typer.Option("--from", help="SGLang release the files target now.")] = DEFAULT_FROM,
+    to_release: Annotated[str, typer.Option("--to", help="SGLang release to migrate to.")] = SGLANG_RELEASE,
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 if anything would change "
+                                        "or needs manual action.")] = False,
+    write: Annotated[bool, typer.Option("--write", help="Apply the fixes in place (atomically).")] = False,
+    unsafe_fixes: Annotated[bool, typer.Option("--unsafe-fixes", help="Also apply fixes that change "
+                                               "behaviour (see `sglaunch rules list`).")] = False,
+    fmt: Annotated[Optional[str], typer.Option("--format", help=f"Force the format: {', '.join(FORMATS)}.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Rewrite launch scripts and configs for a newer SGLang release."""
+    options = _options(from_release, to_release, check, write, fmt)
+    rules = load_rules().between(options["from"], options["to"])
+    stdin_text = sys.stdin.read() if STDIN in paths else None
+    reports = []
+    for path, explicit in iter_files(paths):
+        report = process_file(path, explicit, rules, options["to"], unsafe_fixes, fmt, stdin_text)
+        if report is not None:
+            reports.append(report)
+    if write:
+        _write(reports)
+    code = exit_code(reports)
+    if as_json:
+        print(json.dumps(_json(reports, options, code, check, write), indent=2))
+    else:
+        _print(reports, check, write, unsafe_fixes, len(rules))
+    raise typer.Exit(code)
+
+
+def _options(from_release: str, to_release: str, check: bool, write: bool, fmt: str | None) -> dict:
+    if check and write:
+        raise SglaunchError("--check and --write exclude each other",
+                            hint="use --check in CI, --write to apply the fixes")
+    if fmt is not None and fmt not in FORMATS:
+        raise SglaunchError(f"unknown format '{fmt}'", hint=f"choose one of: {', '.join(FORMATS)}")
+    start, end = check_release(from_release), check_release(to_release)
+    if release_key(start) >= release_key(end):
+        raise SglaunchError(f"--from {start} is not older than --to {end}",
+                            hint="migrations run forwards, e.g. --from 0.5.15 --to 0.5.16")
+    return {"from": start, "to": end}
+
+
+def _write(reports: list[FileReport]) -> None:
+    for report in reports:
+        if not report.changed or report.error:
+            continue
+        if report.path == STDIN:
+            sys.stdout.write(report.migrated)
+            report.written = True
+            continue
+        try:
+            write_atomic(report.path, report.migrated)
+            report.written = True
+        except OSError as exc:
+            report.error = f"cannot write {report.path}: {exc.strerror or exc}"
+
+
+def exit_code(reports: list[FileReport]) -> int:
+    """2 when any input was unreadable, 1 when anything changed or needs action, else 0."""
+    if any(r.error for r in reports):
+        return EXIT_USAGE
+    if any(r.changed for r in reports) or any(f.level in (FIX, UNSAFE, MANUAL) for r in reports for f in r.findings):
+        return EXIT_FINDINGS
+    return 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _print(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: bool, rule_count: int) -> None:
+    from rich.markup import escape
+
+    console = stdout_console()
+    err = _stderr() if write and any(r.path == STDIN for r in reports) else console
+    for report in reports:
+        for line in _finding_lines(report, write):
+            err.print(line, soft_wrap=True)
+        if report.note:
+            err.print(f"[dim]{escape(report.path)}: {escape(report.note)}[/]")
+        if report.error:
+            err.print(f"[bold red]{escape(report.path)}: {escape(report.error)}[/]")
+        if report.changed and not check and not write:
+            sys.stdout.flush()
+            console.file.write(report.diff())
+            console.file.flush()
+    err.print(_summary(reports, check, write, unsafe_fixes, rule_count))
+
+
+def _stderr():
+    from sglaunch.cli.common import stderr_console
+
+    return stderr_console()
+
+
+def _finding_lines(report: FileReport, write: bool) -> list[str]:
+    from rich.markup import escape
+
+    lines = []
+    for f in report.findings:
+        label = {FIX: "fixed" if write and report.written else "fix"}.get(f.level, f.level)
+        style = LEVEL_STYLE.get(f.level, "")
+        more = f" [dim](sglaunch rules explain {f.rule_id})[/]" if f.rule is not None else ""
+        lines.append(f"{escape(report.path)}:{f.line}: [bold]{escape(f.rule_id)}[/] "
+                     f"[{style}]{label}[/] {escape(headline(f.message))}{more}")
+    return lines
+
+
+def _short(message: str) -> str:
+    return " ".join(message.split())
+
+
+def headline(message: str) -> str:
+    """First sentence of a finding's message (the full text is in `rules explain` and --json)."""
+    text = _short(message)
+    match = re.match(r"(.+?[.)])(?=\s+[A-Z(`-]|$)", text)
+    return match.group(1) if match else text
+
+
+def _summary(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: bool, rule_count: int) -> str:
+    findings = [f for r in reports for f in r.findings]
+    counts = {level: sum(1 for f in findings if f.level == level) for level in (FIX, UNSAFE, MANUAL, INFO, ERROR)}
+    changed = sum(1 for r in reports if r.changed)
+    verb = "rewritten" if write else "would change"
+    parts = [f"{len(reports)} file(s) checked against {rule_count} rule(s)", f"{changed} {verb}"]
+    parts.append(f"{counts[FIX]} fix(es)")
+    if counts[UNSAFE]:
+        parts.append(f"{counts[UNSAFE]} unsafe fix(es) not applied (use --unsafe-fixes)")
+    if counts[MANUAL]:
+        parts.append(f"{counts[MANUAL]} need manual action")
+    if counts[INFO]:
+        parts.append(f"{counts[INFO]} notice(s)")
+    if counts[ERROR]:
+        parts.append(f"{counts[ERROR]} error(s)")
+    return ", ".join(parts)
+
+
+def _json(reports: list[FileReport], options: dict, code: int, check: bool, write: bool) -> dict:
+    return {
+        "from": options["from"], "to": options["to"],
+        "mode": "write" if write else "check" if check else "diff",
+        "exit_code": code,
+        "files": [_file_json(r, check) for r in reports],
+    }
+
+
+def _file_json(report: FileReport, check: bool) -> dict:
+    return {
+        "path": report.path, "format": report.fmt, "changed": report.changed,
+        "written": report.written, "skipped": report.note, "error": report.error,
+        "findings": [{"rule": f.rule_id, "level": f.level, "line": f.line, "token": f.token,
+                      "message": _short(f.message), "fixable": f.level in (FIX, UNSAFE)}
+                     for f in report.findings],
+        "diff": report.diff() if not check else "",
+    }

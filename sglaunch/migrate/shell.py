@@ -291,6 +291,8 @@ class _Script:
                 continue
             if node.type in ("declaration_command", "variable_assignment") and _is_statement(node):
                 self._record_assignment(node, state)
+            elif node.type == "unset_command":
+                self._unset(node, state)
             elif node.type == "command":
                 self._record_unset(node, state)
                 built = self._launch(node, state)
@@ -351,6 +353,12 @@ class _Script:
                 state.exports.pop(name, None)
                 state.arrays.pop(name, None)
                 state.shell_vars.pop(name, None)
+
+    def _unset(self, node, state: _State) -> None:
+        for child in node.children[1:]:
+            name = self.src(child)
+            for table in (state.exports, state.arrays, state.shell_vars):
+                table.pop(name, None)
 
     def _value(self, node) -> tuple[str, bool]:
         if node.type == "concatenation":

@@ -1,0 +1,238 @@
+"""Launch commands in Dockerfiles: `CMD` / `ENTRYPOINT` in exec (JSON) and shell form, `ENV`.
+
+dockerfile-parse splits the file into instructions with their lines; exec-form arrays are
+edited string literal by string literal, shell forms are parsed with the shell reader.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Sequence
+
+from sglaunch.migrate import shell
+from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, align, line_of, scalar_mapper
+from sglaunch.migrate.yamlfmt import SHELL_C, SHELLS, Document
+
+JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+
+
+class DockerfileError(Exception):
+    pass
+
+
+@dataclass
+class _Instruction:
+    keyword: str
+    start: int  # offset of the instruction's first line
+    body: int  # offset where the arguments start
+    end: int  # offset after the instruction's content
+    value: str  # arguments as dockerfile-parse joined them
+    line: int  # 1-based
+
+    def exec_items(self, text: str) -> list[str] | None:
+        raw = text[self.body:self.end].strip()
+        if not raw.startswith("["):
+            return None
+        try:
+            items = json.loads(self.value)
+        except ValueError:
+            return None
+        return items if isinstance(items, list) and all(isinstance(i, str) for i in items) else None
+
+
+class JsonArrayContainer:
+    """String literals of a JSON exec-form array."""
+
+    def __init__(self, text: str, spans: list[tuple[int, int]]):
+        self.text = text
+        self.spans = spans
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        start, _ = self.spans[i]
+        if self.text[start + 1:].startswith(old):
+            return [TextEdit(start + 1, start + 1 + len(old), new)]
+        return None
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        start, end = self.spans[i]
+        value = json.loads(self.text[start:end])
+        if not value.endswith(old):
+            return None
+        return self.replace(i, i + 1, [value[: len(value) - len(old)] + new])
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        start, end = self.spans[i][0], self.spans[j - 1][1]
+        if new_tokens:
+            return [TextEdit(start, end, ", ".join(json.dumps(t) for t in new_tokens))]
+        if j < len(self.spans):
+            return [TextEdit(start, self.spans[j][0], "")]
+        if i > 0:
+            return [TextEdit(self.spans[i - 1][1], end, "")]
+        return [TextEdit(start, end, "")]
+
+
+def read_dockerfile(text: str) -> Document:
+    doc = Document()
+    for stage in _stages(_instructions(text)):
+        doc.sites.extend(_stage_sites(text, stage))
+    return doc
+
+
+def _instructions(text: str) -> list[_Instruction]:
+    from dockerfile_parse import DockerfileParser
+
+    try:
+        parser = DockerfileParser(fileobj=io.BytesIO(b""))
+        parser.content = text
+        structure = parser.structure
+    except Exception as exc:  # dockerfile-parse raises assorted errors on odd input
+        raise DockerfileError(f"cannot parse Dockerfile ({type(exc).__name__})") from None
+    offsets = _line_offsets(text)
+    found = []
+    for item in structure:
+        start = offsets[item["startline"]] if item["startline"] < len(offsets) else len(text)
+        content = item["content"]
+        if text[start:start + len(content)] != content:
+            continue  # dockerfile-parse normalised something; do not edit what we cannot place
+        match = re.match(r"\s*\S+\s*", content)
+        body = start + (match.end() if match else 0)
+        found.append(_Instruction(item["instruction"].upper(), start, body, start + len(content),
+                                  item["value"], item["startline"] + 1))
+    return found
+
+
+def _line_offsets(text: str) -> list[int]:
+    offsets = [0]
+    for index, char in enumerate(text):
+        if char == "\n":
+            offsets.append(index + 1)
+    return offsets
+
+
+def _stages(instructions: list[_Instruction]) -> list[list[_Instruction]]:
+    stages: list[list[_Instruction]] = [[]]
+    for instruction in instructions:
+        if instruction.keyword == "FROM":
+            stages.append([])
+        stages[-1].append(instruction)
+    return [s for s in stages if s]
+
+
+def _stage_env(stage: list[_Instruction], before: int) -> tuple[dict[str, str], set[str]]:
+    env: dict[str, str] = {}
+    dynamic: set[str] = set()
+    for instruction in stage:
+        if instruction.keyword != "ENV" or instruction.start >= before:
+            continue
+        for name, value in _env_pairs(instruction.value):
+            env[name] = value
+            (dynamic.add if "$" in value else dynamic.discard)(name)
+    return env, dynamic
+
+
+def _env_pairs(value: str) -> list[tuple[str, str]]:
+    try:
+        words = shlex.split(value, posix=True)
+    except ValueError:
+        return []
+    if words and "=" not in words[0]:
+        return [(words[0], " ".join(words[1:]))]  # legacy `ENV NAME value`
+    return [tuple(w.split("=", 1)) for w in words if "=" in w]  # type: ignore[misc]
+
+
+def _stage_sites(text: str, stage: list[_Instruction]) -> list[Site]:
+    entry = _last(stage, "ENTRYPOINT")
+    cmd = _last(stage, "CMD")
+    first = min((i for i in (entry, cmd) if i is not None), key=lambda i: i.start, default=None)
+    if first is None:
+        return []
+    env, dynamic = _stage_env(stage, first.start)
+    setter = _env_setter(first)
+    parts = [i for i in (entry, cmd) if i is not None]
+    if entry is not None and entry.exec_items(text) is None:
+        parts = [entry]  # a shell-form ENTRYPOINT ignores CMD
+    if len(parts) == 1 and parts[0].exec_items(text) is None:
+        return _shell_form(text, parts[0], env, dynamic, setter)
+    return _exec_form(text, [p for p in parts if p.exec_items(text) is not None], env, dynamic, setter)
+
+
+def _last(stage: list[_Instruction], keyword: str) -> _Instruction | None:
+    found = [i for i in stage if i.keyword == keyword]
+    return found[-1] if found else None
+
+
+def _env_setter(instruction: _Instruction):
+    def set_env(name: str, value: str) -> list[TextEdit]:
+        return [TextEdit(instruction.start, instruction.start, f"ENV {name}={shlex.quote(value)}\n")]
+
+    return set_env
+
+
+def _offset_mapper(offset: int):
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        return TextEdit(edit.start + offset, edit.end + offset, edit.text)
+
+    return mapper
+
+
+def _shell_form(text, instruction, env, dynamic, setter) -> list[Site]:
+    body = text[instruction.body:instruction.end]
+    parsed = shell.parse_script(body, _offset_mapper(instruction.body), fmt="dockerfile")
+    return [_adopt(site, text, instruction.body, env, dynamic, setter) for site in parsed.sites]
+
+
+def _adopt(site: Site, text: str, offset: int, env, dynamic, setter, line_base: int | None = None) -> Site:
+    base = line_of(text, offset) - 1 if line_base is None else line_base
+    site.refs = tuple(TokenRef(r.container, r.index, base + r.line) for r in site.refs)
+    site.line = base + site.line
+    site.env = {**env, **site.env}
+    site.env_dynamic = frozenset((set(dynamic) - set(site.env)) | set(site.env_dynamic))
+    site.set_env = setter
+    site.env_hint = "add `ENV NAME=VALUE` before CMD/ENTRYPOINT"
+    return site
+
+
+def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Site]:
+    values: list[str] = []
+    refs: list[TokenRef] = []
+    literals: list[tuple[str, int, int, int]] = []  # value, start, end, line
+    for instruction in parts:
+        items = instruction.exec_items(text) or []
+        spans = [(m.start() + instruction.body, m.end() + instruction.body)
+                 for m in JSON_STRING.finditer(text[instruction.body:instruction.end])]
+        if len(spans) != len(items) or any(json.loads(text[s:e]) != v for (s, e), v in zip(spans, items)):
+            return []
+        container = JsonArrayContainer(text, spans)
+        for k, ((start, end), value) in enumerate(zip(spans, items)):
+            line = line_of(text, start)
+            values.append(value)
+            refs.append(TokenRef(container, k, line))
+            literals.append((value, start, end, line))
+    script = _script_index(values)
+    if script is not None:
+        value, start, end, _ = literals[script]
+        positions = align(text[start:end], start, value)
+        if positions is None:
+            return []
+        parsed = shell.parse_script(value, scalar_mapper(positions, end, '"\\\n'), fmt="dockerfile")
+        return [_adopt(site, text, start, env, dynamic, setter, line_of(text, start) - 1) for site in parsed.sites]
+    found = shell._find_launcher(values)
+    if found is None:
+        return []
+    _, stop, launcher = found
+    return [Site(args=tuple(values[stop:]), dynamic=tuple(False for _ in values[stop:]),
+                 refs=tuple(refs[stop:]), line=line_of(text, parts[0].start), launcher=launcher,
+                 env=env, env_dynamic=frozenset(dynamic), set_env=setter,
+                 env_hint="add `ENV NAME=VALUE` before CMD/ENTRYPOINT", fmt="dockerfile")]
+
+
+def _script_index(values: Sequence[str]) -> int | None:
+    for k, value in enumerate(values[:-2]):
+        if os.path.basename(value) in SHELLS and SHELL_C.fullmatch(values[k + 1]):
+            return k + 2
+    return None

@@ -1,0 +1,276 @@
+"""The one edit engine: read a file's launch commands, apply rule edits back to front,
+re-run until nothing changes (bounded), verify the rewrite re-reads as intended and
+re-validate the migrated commands against the flag schema of the target release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Callable, Sequence
+
+from sglaunch.migrate.evaluate import (ERROR, FIX, INFO, MANUAL, UNSAFE, Finding, Op, Rename,
+                                       Replace, SetEnv, Suffix, evaluate, validate)
+from sglaunch.migrate.rules import Rule
+from sglaunch.migrate.tokens import Site, TextEdit, apply_edits, drop_overlaps
+
+MAX_ROUNDS = 8
+FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml")
+
+
+class UnreadableError(Exception):
+    """The text cannot be parsed in its format; the file is left alone."""
+
+
+class ConvergenceError(Exception):
+    """Rules kept changing the text: a rule bug, reported loudly."""
+
+
+@dataclass
+class Result:
+    text: str  # migrated text (== original when nothing applies or on error)
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None
+    sites: int = 0  # launch commands found
+
+
+def read_sites(text: str, fmt: str) -> tuple[list[Site], list[tuple[int, str]]]:
+    """Launch commands of `text` in format `fmt`, plus non-fatal read problems (line, message)."""
+    from sglaunch.migrate import dockerfile, shell, yamlfmt
+
+    try:
+        if fmt == "shell":
+            parsed = shell.parse_script(text)
+            return list(parsed.sites), [(line, "shell syntax tree-sitter could not parse; "
+                                         "commands there are left alone") for line in parsed.error_lines]
+        if fmt == "config":
+            doc = yamlfmt.read_config(text)
+        elif fmt in ("k8s", "compose", "yaml"):
+            doc = yamlfmt.read_manifest(text, fmt)
+        elif fmt == "dockerfile":
+            doc = dockerfile.read_dockerfile(text)
+        else:
+            raise UnreadableError(f"unknown format {fmt}")
+    except (yamlfmt.YamlError, dockerfile.DockerfileError) as exc:
+        raise UnreadableError(str(exc)) from None
+    return doc.sites, doc.errors
+
+
+def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
+                 unsafe_fixes: bool = False) -> Result:
+    """Migrate one file's text. Never raises for bad input: problems become findings/errors."""
+    try:
+        sites, problems = read_sites(text, fmt)
+    except UnreadableError as exc:
+        return Result(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
+    findings = [Finding("parse", INFO, line, message) for line, message in _unique(problems)]
+    current, count = text, len(sites)
+    seen: set[tuple[str, str, int]] = set()
+    for round_no in range(MAX_ROUNDS):
+        planned = _plan(current, sites, rules, unsafe_fixes)
+        for finding in planned.findings:
+            key = (finding.rule_id, finding.token, finding.line)
+            if round_no == 0 or (finding.level in (FIX, UNSAFE) and key not in seen):
+                findings.append(finding)
+            seen.add(key)
+        if not planned.edits:
+            break
+        updated = apply_edits(current, planned.edits)
+        problem = _verify(updated, fmt, count, planned.expected)
+        if problem:
+            return _refused(text, findings, problem)
+        current = updated
+        sites, _ = read_sites(current, fmt)
+    else:
+        raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
+    findings.extend(_revalidate(sites, to_release, findings))
+    return Result(current, findings, sites=count)
+
+
+def _unique(items):
+    return list(dict.fromkeys(items))
+
+
+@dataclass
+class _Plan:
+    edits: list[TextEdit] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    expected: list[tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=list)
+
+
+def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: bool) -> _Plan:
+    plan = _Plan()
+    for site in sites:
+        args, env = list(site.args), dict(site.env)
+        applied: list[Op] = []
+        own: list[TextEdit] = []  # edits of this site (identical edits from another site are fine)
+        for finding in evaluate(site, rules, unsafe_fixes):
+            if not finding.ops:
+                plan.findings.append(finding)
+                continue
+            edits = _edits_for(site, finding.ops)
+            if edits is None:
+                plan.findings.append(_downgrade(finding))
+                continue
+            if _conflicts(edits, plan.edits) or any(e in own for e in edits):
+                continue  # re-evaluated next round, reported then if it still applies
+            own.extend(edits)
+            plan.edits.extend(e for e in edits if e not in plan.edits)
+            applied.extend(finding.ops)
+            plan.findings.append(finding)
+        plan.expected.append((_expected_args(args, applied), _expected_env(env, applied)))
+    return plan
+
+
+def _downgrade(finding: Finding) -> Finding:
+    return Finding(finding.rule_id, MANUAL, finding.line,
+                   "this spot cannot be rewritten safely (quoting or shell syntax); change it by hand. "
+                   + finding.message, (), finding.rule, finding.token)
+
+
+def _conflicts(edits: Sequence[TextEdit], accepted: Sequence[TextEdit]) -> bool:
+    kept, dropped = drop_overlaps([*accepted, *edits])
+    return bool(dropped)
+
+
+def _edits_for(site: Site, ops: Sequence[Op]) -> list[TextEdit] | None:
+    ops = _merge_token_ops(site, ops)
+    edits: list[TextEdit] = []
+    for op in ops:
+        made = _edit_for(site, op)
+        if made is None:
+            return None
+        edits.extend(made)
+    kept, dropped = drop_overlaps(edits)
+    return None if dropped else kept
+
+
+def _merge_token_ops(site: Site, ops: Sequence[Op]) -> list[Op]:
+    """A rename and a value change on one `--flag=value` token become one token rewrite."""
+    suffixed = {op.index for op in ops if isinstance(op, Suffix)}
+    renamed = {op.index for op in ops if isinstance(op, Rename)}
+    merged: list[Op] = [op for op in ops if not (isinstance(op, (Rename, Suffix)) and op.index in suffixed & renamed)]
+    for index in sorted(suffixed & renamed):
+        args = list(site.args)
+        for op in ops:
+            if isinstance(op, (Rename, Suffix)) and op.index == index:
+                op.apply(args)
+        merged.append(Replace(index, index + 1, (args[index],)))
+    return merged
+
+
+def _edit_for(site: Site, op: Op) -> list[TextEdit] | None:
+    if isinstance(op, SetEnv):
+        return site.set_env(op.name, op.value) if site.set_env else None
+    if isinstance(op, Rename):
+        ref = site.refs[op.index]
+        return ref.container.rename_prefix(ref.index, op.old, op.new)
+    if isinstance(op, Suffix):
+        ref = site.refs[op.index]
+        return ref.container.replace_suffix(ref.index, op.old, op.new)
+    refs = site.refs[op.start:op.end]
+    if not refs or any(r.container is not refs[0].container for r in refs):
+        return None
+    if [r.index for r in refs] != list(range(refs[0].index, refs[0].index + len(refs))):
+        return None
+    return refs[0].container.replace(refs[0].index, refs[-1].index + 1, op.tokens)
+
+
+def _expected_args(args: list[str], ops: Sequence[Op]) -> tuple[str, ...]:
+    out = list(args)
+    for op in sorted((o for o in ops if not isinstance(o, SetEnv)), key=_op_position, reverse=True):
+        op.apply(out)
+    return tuple(out)
+
+
+def _op_position(op: Op) -> int:
+    return op.start if isinstance(op, Replace) else op.index  # type: ignore[union-attr]
+
+
+def _expected_env(env: dict[str, str], ops: Sequence[Op]) -> dict[str, str]:
+    out = dict(env)
+    for op in ops:
+        if isinstance(op, SetEnv):
+            out[op.name] = op.value
+    return out
+
+
+def _verify(text: str, fmt: str, count: int, expected) -> str:
+    """'' when the rewritten text re-reads as exactly the intended commands."""
+    try:
+        sites, _ = read_sites(text, fmt)
+    except UnreadableError as exc:
+        return f"the rewrite would not parse any more ({exc})"
+    if len(sites) != count:
+        return f"the rewrite changed the number of launch commands ({count} -> {len(sites)})"
+    for site, (args, env) in zip(sites, expected):
+        if site.args != args:
+            return f"line {site.line}: the rewrite reads back as {' '.join(site.args)!r}"
+        missing = [k for k, v in env.items() if site.env.get(k) != v and k not in site.env_dynamic]
+        if missing:
+            return f"line {site.line}: the rewrite lost environment variable(s) {', '.join(missing)}"
+    return ""
+
+
+def _refused(text: str, findings: list[Finding], problem: str) -> Result:
+    kept = [f if f.level != FIX else _downgrade(f) for f in findings]
+    kept.append(Finding("engine", ERROR, 1, f"left unchanged: {problem}"))
+    return Result(text, kept, error=problem)
+
+
+def _revalidate(sites: list[Site], release: str, findings: list[Finding]) -> list[Finding]:
+    """Schema check of the migrated commands; skips what a rule finding already explains."""
+    # NOTE: lines may have shifted since the rule findings were made; match on the token.
+    explained = {f.token for f in findings if f.level in (MANUAL, UNSAFE, INFO)}
+    extra = []
+    for site in sites:
+        for finding in validate(site, release):
+            if finding.token not in explained:
+                extra.append(finding)
+    return extra
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def detect_format(name: str, text: str, loose: bool = True) -> str | None:
+    """Format from the file name, then the content; None when it is not a launch file."""
+    path = PurePath(name)
+    lower = path.name.lower()
+    if lower in ("dockerfile", "containerfile") or lower.startswith("dockerfile.") \
+            or lower.endswith((".dockerfile", ".containerfile")):
+        return "dockerfile"
+    if lower.endswith((".yaml", ".yml")):
+        from sglaunch.migrate.yamlfmt import detect_yaml
+
+        return detect_yaml(text)
+    if lower.endswith((".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")):
+        return "shell"
+    return sniff(text, loose)
+
+
+def sniff(text: str, loose: bool = True) -> str | None:
+    """Content-only detection (stdin, files without a telling name)."""
+    head = text.lstrip()[:4096]
+    first = head.splitlines()[0] if head else ""
+    if first.startswith("#!") and any(s in first for s in ("sh", "bash", "zsh")):
+        return "shell"
+    if any(line.upper().startswith("FROM ") for line in head.splitlines()[:40]) and \
+            any(k in head.upper() for k in ("CMD", "ENTRYPOINT")):
+        return "dockerfile"
+    if first.startswith("#!"):
+        return None
+    if first in ("---",) or ":" in first and not first.startswith(("python", "sglang", "export")):
+        from sglaunch.migrate.yamlfmt import YamlError, compose, detect_yaml
+
+        try:
+            if compose(text):
+                return detect_yaml(text)
+        except YamlError:
+            pass
+    # NOTE: only files named on the command line (or stdin) fall back to shell on content alone;
+    # a directory walk must not treat READMEs and notes as scripts.
+    return "shell" if loose and "sglang" in text else None
+
+
+FormatReader = Callable[[str], list[Site]]

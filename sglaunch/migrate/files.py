@@ -1,0 +1,144 @@
+"""Files in and out: walk paths, skip what is not text, migrate each file, write atomically."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from sglaunch.migrate.engine import ConvergenceError, Result, detect_format, migrate_text
+from sglaunch.migrate.evaluate import ERROR, Finding
+from sglaunch.migrate.rules import Rule
+
+MAX_BYTES = 4 * 1024 * 1024
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__",
+                       ".mypy_cache", ".pytest_cache", ".tox", "site-packages"})
+BOM = "\ufeff"
+STDIN = "-"
+
+
+@dataclass
+class FileReport:
+    path: str
+    fmt: str | None = None
+    original: str = ""
+    migrated: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    note: str | None = None  # skipped: why
+    error: str | None = None  # unreadable or left unchanged on purpose
+    written: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.migrated != self.original
+
+    def diff(self) -> str:
+        if not self.changed:
+            return ""
+        name = self.path
+        lines = difflib.unified_diff(self.original.splitlines(keepends=True),
+                                     self.migrated.splitlines(keepends=True),
+                                     fromfile=name if name != STDIN else "<stdin>",
+                                     tofile=name if name != STDIN else "<stdout>")
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                       for line in lines)
+
+
+def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
+    """(path, named explicitly) for every file under `paths`, in a stable order."""
+    for raw in paths:
+        if raw == STDIN:
+            yield raw, True
+            continue
+        path = Path(raw)
+        if path.is_dir():
+            for found in _walk(path):
+                yield str(found), False
+        else:
+            yield raw, True
+
+
+def _walk(root: Path) -> Iterable[Path]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        for name in sorted(files):
+            yield Path(folder) / name
+
+
+def read_text(path: str, stdin_text: str | None = None) -> tuple[str | None, str | None]:
+    """(text, None) or (None, why it is skipped)."""
+    if path == STDIN:
+        return stdin_text or "", None
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_BYTES:
+            return None, f"skipped: {size // 1024} KiB is larger than the {MAX_BYTES // 1024 // 1024} MiB limit"
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise OSError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"\x00" in data[:8192]:
+        return None, "skipped: binary file"
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "skipped: not UTF-8 text"
+
+
+def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: str,
+                 unsafe_fixes: bool, forced_format: str | None = None,
+                 stdin_text: str | None = None) -> FileReport | None:
+    """Migrate one file in memory; None for files a directory walk should not mention."""
+    report = FileReport(path)
+    try:
+        text, note = read_text(path, stdin_text)
+    except OSError as exc:
+        report.error = str(exc)
+        report.findings.append(Finding("read", ERROR, 0, str(exc)))
+        return report
+    if text is None:
+        report.note = note
+        return report if explicit else None
+    report.original = report.migrated = text
+    fmt = forced_format or detect_format(path if path != STDIN else "", text, loose=explicit)
+    if fmt is None:
+        if not explicit:
+            return None
+        fmt = "shell"
+    report.fmt = fmt
+    bom = text.startswith(BOM)
+    try:
+        result: Result = migrate_text(text[1:] if bom else text, fmt, rules, to_release, unsafe_fixes)
+    except ConvergenceError as exc:
+        report.error = str(exc)
+        report.findings.append(Finding("engine", ERROR, 0, str(exc)))
+        return report
+    report.migrated = (BOM if bom else "") + result.text
+    report.findings = result.findings
+    report.error = result.error
+    if not explicit and not result.sites and not report.findings:
+        return None
+    return report
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temp file in the same folder, keep the permissions, then rename over."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target) or "."
+    mode = stat.S_IMODE(os.stat(target).st_mode)
+    fd, temp = tempfile.mkstemp(prefix=".sglaunch-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise

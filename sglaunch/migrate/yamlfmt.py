@@ -1,0 +1,608 @@
+"""Launch commands in YAML: SGLang `--config` files, Kubernetes manifests, docker-compose.
+
+ruamel.yaml composes the documents into nodes that carry exact character positions; every
+change is a small text edit at those positions, so comments, key order, quoting and
+indentation elsewhere stay byte-identical (a full round-trip dump would reflow them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from sglaunch.flags.registry import SCHEMA
+from sglaunch.flags.spec import Kind
+from sglaunch.migrate import shell
+from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, align, line_of, scalar_mapper
+
+STR_TAG = "tag:yaml.org,2002:str"
+BOOL_TAG = "tag:yaml.org,2002:bool"
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash"})
+SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
+PLAIN_SAFE = re.compile(r"[A-Za-z0-9_./@%+-][A-Za-z0-9_./@%+=:,-]*")
+RESOLVES = re.compile(r"(?i)(true|false|yes|no|on|off|null|~|[-+]?[0-9][0-9_.eE+-]*)")
+
+
+class YamlError(Exception):
+    pass
+
+
+@dataclass
+class Document:
+    sites: list[Site] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)  # non-fatal problems
+
+
+def compose(text: str) -> list:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        return [doc for doc in YAML(typ="safe", pure=True).compose_all(text) if doc is not None]
+    except YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        mark = getattr(exc, "problem_mark", None)
+        raise YamlError(f"{problem} (line {mark.line + 1})" if mark else problem) from None
+    except Exception as exc:  # ruamel raises assorted errors on hostile input
+        raise YamlError(f"invalid YAML ({type(exc).__name__})") from None
+
+
+def kind_of(node) -> str:
+    return type(node).__name__
+
+
+def is_scalar(node) -> bool:
+    return kind_of(node) == "ScalarNode"
+
+
+def is_seq(node) -> bool:
+    return kind_of(node) == "SequenceNode"
+
+
+def is_map(node) -> bool:
+    return kind_of(node) == "MappingNode"
+
+
+def get(mapping, key: str):
+    for k, v in mapping.value:
+        if is_scalar(k) and k.value == key:
+            return k, v
+    return None, None
+
+
+def detect_yaml(text: str) -> str:
+    """'k8s', 'compose', 'config' or 'yaml' (anything else: scanned for launch commands)."""
+    try:
+        docs = compose(text)
+    except YamlError:
+        return "yaml"
+    for doc in docs:
+        if is_map(doc):
+            keys = {k.value for k, _ in doc.value if is_scalar(k)}
+            if {"apiVersion", "kind"} <= keys:
+                return "k8s"
+            if "services" in keys:
+                return "compose"
+            if any(SCHEMA.lookup("--" + str(k)) for k in keys) and not keys & {"command", "args"}:
+                return "config"
+    return "yaml"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_scalar(value: str, like: str | None = None, typed: bool = False) -> str:
+    """A YAML scalar for `value` in the style of the node it replaces."""
+    if like == "'" and "\n" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    if like in (None, "") and PLAIN_SAFE.fullmatch(value) and (typed or not RESOLVES.fullmatch(value)):
+        return value
+    return json.dumps(value)
+
+
+# --------------------------------------------------------------------------- containers
+
+
+class SeqContainer:
+    """A YAML sequence of scalars used as an argument list (k8s `args`, compose `command`)."""
+
+    def __init__(self, text: str, node):
+        self.text = text
+        self.node = node
+        self.items = list(node.value)
+
+    def _scalar(self, i: int):
+        item = self.items[i]
+        return item if is_scalar(item) and item.style not in ("|", ">") else None
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        item = self._scalar(i)
+        if item is None:
+            return None
+        src = self.text[item.start_mark.index:item.end_mark.index]
+        skip = 1 if item.style in ('"', "'") else 0
+        if src[skip:].startswith(old):
+            start = item.start_mark.index + skip
+            return [TextEdit(start, start + len(old), new)]
+        return None
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        item = self._scalar(i)
+        if item is None or not item.value.endswith(old):
+            return None
+        return self.replace(i, i + 1, [item.value[: len(item.value) - len(old)] + new])
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        if any(self._scalar(k) is None for k in range(i, j)):
+            return None
+        if self.node.flow_style:
+            return self._replace_flow(i, j, new_tokens)
+        return self._replace_block(i, j, new_tokens)
+
+    def _replace_flow(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit]:
+        first, last = self.items[i], self.items[j - 1]
+        style = first.style if first.style in ('"', "'") else None
+        if new_tokens:
+            text = ", ".join(render_scalar(t, style) for t in new_tokens)
+            return [TextEdit(first.start_mark.index, last.end_mark.index, text)]
+        if j < len(self.items):
+            return [TextEdit(first.start_mark.index, self.items[j].start_mark.index, "")]
+        if i > 0:
+            return [TextEdit(self.items[i - 1].end_mark.index, last.end_mark.index, "")]
+        return [TextEdit(first.start_mark.index, last.end_mark.index, "")]
+
+    def _replace_block(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        first, last = self.items[i], self.items[j - 1]
+        if j - i == 1 and len(new_tokens) == 1:
+            text = render_scalar(new_tokens[0], first.style)
+            return [TextEdit(first.start_mark.index, first.end_mark.index, text)]
+        dash = _dash_start(self.text, first.start_mark.index)
+        if dash is None:
+            return None
+        line_start, indent = dash
+        end = _line_end(self.text, last.end_mark.index)
+        style = first.style if first.style in ('"', "'") else None
+        if not new_tokens:
+            return [TextEdit(line_start, end, "")]
+        # Keep the first item's line (and its comment); extra tokens go on new lines after the last.
+        head = [TextEdit(first.start_mark.index, last.end_mark.index, render_scalar(new_tokens[0], first.style))]
+        rest = "".join(f"{indent}- {render_scalar(t, style)}\n" for t in new_tokens[1:])
+        return head + ([TextEdit(end, end, rest)] if rest else [])
+
+
+def _dash_start(text: str, item_start: int) -> tuple[int, str] | None:
+    """(line start, indentation) of a block-sequence item whose `- ` is on its own line start."""
+    line_start = text.rfind("\n", 0, item_start) + 1
+    prefix = text[line_start:item_start]
+    match = re.fullmatch(r"( *)- +", prefix)
+    return (line_start, match.group(1)) if match else None
+
+
+def content_end(node) -> int:
+    """End of a node's own text: block collections end where the next token starts, so use
+    the end of their last scalar or flow child instead."""
+    if is_scalar(node) or node.flow_style or not node.value:
+        return node.end_mark.index
+    last = node.value[-1]
+    return content_end(last[1] if is_map(node) else last)
+
+
+def _line_end(text: str, pos: int) -> int:
+    """Offset just after the newline that ends the line containing `pos` (keeps comments)."""
+    if pos > 0 and text[pos - 1] == "\n":
+        return pos
+    newline = text.find("\n", pos)
+    return len(text) if newline < 0 else newline + 1
+
+
+class ConfigContainer:
+    """An SGLang `--config` mapping: keys are flags (kebab-case, no dashes)."""
+
+    def __init__(self, text: str, mapping, entries: list[tuple[object, object, int]]):
+        self.text = text
+        self.mapping = mapping
+        # per token: (key node, value node or item node or None, role) role: 'key' | 'value'
+        self.slots: list[tuple[object, object, str]] = []
+        self.entries = entries
+
+    def add(self, key, node, role: str) -> int:
+        self.slots.append((key, node, role))
+        return len(self.slots) - 1
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        key, _, role = self.slots[i]
+        if role != "key" or not old.startswith("--") or not new.startswith("--"):
+            return None
+        src = self.text[key.start_mark.index:key.end_mark.index]
+        skip = 1 if key.style in ('"', "'") else 0
+        if not src[skip:].startswith(old[2:]):
+            return None
+        start = key.start_mark.index + skip
+        return [TextEdit(start, start + len(old) - 2, new[2:])]
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        return None
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        roles = [self.slots[k][2] for k in range(i, j)]
+        if all(r == "value" for r in roles) and j - i == 1 and len(new_tokens) == 1:
+            _, node, _ = self.slots[i]
+            typed = node.tag != STR_TAG
+            return [TextEdit(node.start_mark.index, node.end_mark.index,
+                             render_scalar(new_tokens[0], node.style, typed))]
+        if roles[0] != "key" or (j < len(self.slots) and self.slots[j][2] != "key"):
+            return None
+        return self._rewrite_entries(i, j, new_tokens)
+
+    def _rewrite_entries(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        first_key = self.slots[i][0]
+        last_key = self.slots[j - 1][0]
+        last_value = next(v for k, v in self.mapping.value if k is last_key)
+        line_start = self.text.rfind("\n", 0, first_key.start_mark.index) + 1
+        indent = self.text[line_start:first_key.start_mark.index]
+        if indent.strip() or self.mapping.flow_style:
+            return None
+        end = _line_end(self.text, content_end(last_value))
+        return [TextEdit(line_start, end, "".join(indent + line + "\n" for line in config_lines(new_tokens)))]
+
+
+def config_lines(tokens: Sequence[str]) -> list[str]:
+    """`--flag v` groups as `flag: v` lines (switches as `flag: true`, lists as flow lists)."""
+    lines: list[str] = []
+    groups: list[list[str]] = []
+    for token in tokens:
+        if token.startswith("--"):
+            groups.append([token])
+        elif groups:
+            groups[-1].append(token)
+    for flag, *values in groups:
+        key = flag[2:]
+        if not values:
+            lines.append(f"{key}: true")
+        elif len(values) == 1:
+            lines.append(f"{key}: {render_scalar(values[0], None, typed=True)}")
+        else:
+            lines.append(f"{key}: [{', '.join(render_scalar(v, None, typed=True) for v in values)}]")
+    return lines
+
+
+# --------------------------------------------------------------------------- config files
+
+
+def read_config(text: str) -> Document:
+    """An SGLang `--config` file as one site (environment cannot be set there)."""
+    doc = Document()
+    for root in compose(text):
+        if not is_map(root):
+            doc.errors.append((root.start_mark.line + 1, "config root is not a mapping"))
+            continue
+        doc.sites.append(_config_site(text, root))
+    return doc
+
+
+def _config_site(text: str, root) -> Site:
+    container = ConfigContainer(text, root, [])
+    args: list[str] = []
+    refs: list[TokenRef] = []
+
+    def push(value: str, key, node, role: str) -> None:
+        index = container.add(key, node, role)
+        args.append(value)
+        refs.append(TokenRef(container, index, (node or key).start_mark.line + 1))
+
+    for key, value in root.value:
+        if not is_scalar(key):
+            continue
+        flag = SCHEMA.lookup("--" + str(key.value))
+        if is_scalar(value) and value.tag == BOOL_TAG and (flag is None or flag.kind is Kind.BOOL):
+            if value.value.lower() in ("true", "yes", "on"):
+                push("--" + key.value, key, None, "key")
+        elif is_seq(value) and value.value and all(is_scalar(v) for v in value.value):
+            push("--" + key.value, key, None, "key")
+            for item in value.value:
+                push(str(item.value), key, item, "value")
+        elif is_scalar(value) and value.tag != "tag:yaml.org,2002:null":
+            push("--" + key.value, key, None, "key")
+            push(str(value.value), key, value, "value")
+    return Site(args=tuple(args), dynamic=tuple(False for _ in args), refs=tuple(refs),
+                line=root.start_mark.line + 1, launcher="sglang serve --config", fmt="config",
+                env_hint="export the variable in the script or manifest that runs `sglang serve --config FILE`")
+
+
+# --------------------------------------------------------------------------- k8s / compose / any YAML
+
+
+def read_manifest(text: str, fmt: str) -> Document:
+    """Kubernetes manifests, compose files and other YAML: every launch command inside."""
+    doc = Document()
+    consumed: set[int] = set()
+    for root in compose(text):
+        for mapping in _mappings(root):
+            if _has_command_keys(mapping):
+                doc.sites.extend(_container_sites(text, mapping, fmt, consumed))
+        for node in _nodes(root):
+            if id(node) not in consumed:
+                doc.sites.extend(_loose_sites(text, node, fmt))
+    return doc
+
+
+def _nodes(node) -> Iterator:
+    yield node
+    if is_map(node):
+        for key, value in node.value:
+            yield from _nodes(key)
+            yield from _nodes(value)
+    elif is_seq(node):
+        for item in node.value:
+            yield from _nodes(item)
+
+
+def _mappings(node) -> Iterator:
+    return (n for n in _nodes(node) if is_map(n))
+
+
+def _has_command_keys(mapping) -> bool:
+    return any(get(mapping, key)[1] is not None for key in ("command", "args", "entrypoint"))
+
+
+@dataclass
+class _Part:
+    """One piece of a container's argv: a YAML list or a command string."""
+
+    container: object
+    values: list[str]
+    dynamic: list[bool]
+    nodes: list  # per value: the scalar node it came from (a string part repeats its node)
+    lines: list[int]
+
+
+def _container_sites(text: str, mapping, fmt: str, consumed: set[int]) -> list[Site]:
+    parts: list[_Part] = []
+    for key in ("entrypoint", "command", "args"):
+        _, node = get(mapping, key)
+        if node is None:
+            continue
+        part = _part(text, node)
+        if part is None:
+            return []
+        consumed.update(id(n) for n in _nodes(node))
+        parts.append(part)
+    values = [v for p in parts for v in p.values]
+    env, env_dynamic = _container_env(mapping)
+    setter = _env_setter(text, mapping, fmt)
+    hint = "add it to `env:`" if fmt == "k8s" else "add it to `environment:`"
+    script = _shell_script(values)
+    if script is not None:
+        return _script_sites(text, parts, script, env, env_dynamic, setter, fmt)
+    found = shell._find_launcher(values)
+    if found is None:
+        return []
+    _, end, launcher = found
+    refs: list[TokenRef] = []
+    flat = [(p, k) for p in parts for k in range(len(p.values))]
+    for part, k in flat[end:]:
+        refs.append(TokenRef(part.container, k, part.lines[k]))
+    dynamic = [d for p in parts for d in p.dynamic][end:]
+    return [Site(args=tuple(values[end:]), dynamic=tuple(dynamic), refs=tuple(refs),
+                 line=mapping.start_mark.line + 1, launcher=launcher, env=env,
+                 env_dynamic=frozenset(env_dynamic), set_env=setter, env_hint=hint, fmt=fmt)]
+
+
+def _part(text: str, node) -> _Part | None:
+    if is_seq(node):
+        if not all(is_scalar(item) for item in node.value):
+            return None
+        values = [str(item.value) for item in node.value]
+        return _Part(SeqContainer(text, node), values, [_is_dynamic(v) for v in values],
+                     list(node.value), [item.start_mark.line + 1 for item in node.value])
+    if is_scalar(node) and node.tag == STR_TAG:
+        mapper = _mapper_for(text, node)
+        if mapper is None:
+            return None
+        container = shell.split_words(str(node.value), mapper)
+        if container is None:
+            return None
+        values = [t.value for t in container.tokens]
+        lines = [_line(text, mapper, t.start) for t in container.tokens]
+        return _Part(container, values, [t.dynamic for t in container.tokens], [node] * len(values), lines)
+    return None
+
+
+def _is_dynamic(value: str) -> bool:
+    return "$(" in value or "${" in value
+
+
+def _line(text: str, mapper, start: int) -> int:
+    edit = mapper(TextEdit(start, start, ""))
+    return line_of(text, edit.start) if edit else 1
+
+
+def _mapper_for(text: str, node, forbidden: str | None = None):
+    start, end = node.start_mark.index, node.end_mark.index
+    positions = align(text[start:end], start, str(node.value))
+    if positions is None:
+        return None
+    if forbidden is None:
+        forbidden = {'"': '"\\\n', "'": "'\n", None: "\n#", "|": "", ">": "\n"}.get(node.style, "\n")
+    return scalar_mapper(positions, end, forbidden)
+
+
+def _shell_script(values: Sequence[str]) -> int | None:
+    """Index of the script in `sh -c SCRIPT` argv lists."""
+    for k, value in enumerate(values[:-1]):
+        if os.path.basename(value) in SHELLS and k + 2 < len(values) and SHELL_C.fullmatch(values[k + 1]):
+            return k + 2
+    return None
+
+
+def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter, fmt) -> list[Site]:
+    flat = [(p, k) for p in parts for k in range(len(p.values))]
+    part, k = flat[index]
+    node = part.nodes[k]
+    if not isinstance(part.container, SeqContainer):
+        return []  # `sh -c "..."` inside a command string: quoting nests twice; left alone
+    mapper = _mapper_for(text, node)
+    if mapper is None:
+        return []
+    parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
+    first_line = node.start_mark.line
+    sites = []
+    for site in parsed.sites:
+        merged = {**env, **site.env}
+        dyn = (set(env_dynamic) - set(site.env)) | set(site.env_dynamic)
+        refs = tuple(TokenRef(r.container, r.index, _script_line(node, first_line, r.line)) for r in site.refs)
+        sites.append(Site(args=site.args, dynamic=site.dynamic, refs=refs,
+                          line=_script_line(node, first_line, site.line), launcher=site.launcher,
+                          env=merged, env_dynamic=frozenset(dyn), passthrough=site.passthrough,
+                          set_env=setter or site.set_env, env_hint=site.env_hint, fmt=fmt))
+    return sites
+
+
+def _script_line(node, first_line: int, line_in_script: int) -> int:
+    offset = 1 if node.style in ("|", ">") else 0
+    return first_line + offset + line_in_script
+
+
+def _loose_sites(text: str, node, fmt: str) -> list[Site]:
+    """Launch commands outside container specs: argv lists and embedded shell scripts."""
+    if is_seq(node) and node.value and all(is_scalar(i) for i in node.value):
+        part = _part(text, node)
+        if part is None:
+            return []
+        found = shell._find_launcher(part.values)
+        if found is None:
+            return []
+        _, end, launcher = found
+        refs = tuple(TokenRef(part.container, k, part.lines[k]) for k in range(end, len(part.values)))
+        return [Site(args=tuple(part.values[end:]), dynamic=tuple(part.dynamic[end:]), refs=refs,
+                     line=node.start_mark.line + 1, launcher=launcher, fmt=fmt,
+                     env_hint="set it in the environment of the process that runs this command")]
+    if is_scalar(node) and node.tag == STR_TAG and _mentions_launch(str(node.value)):
+        mapper = _mapper_for(text, node)
+        if mapper is None:
+            return []
+        parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
+        first = node.start_mark.line
+        return [_relined(site, node, first) for site in parsed.sites]
+    return []
+
+
+def _relined(site: Site, node, first_line: int) -> Site:
+    refs = tuple(TokenRef(r.container, r.index, _script_line(node, first_line, r.line)) for r in site.refs)
+    site.refs = refs
+    site.line = _script_line(node, first_line, site.line)
+    return site
+
+
+def _mentions_launch(value: str) -> bool:
+    return shell.LAUNCH_MODULE in value or "sglang serve" in value
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _container_env(mapping) -> tuple[dict[str, str], set[str]]:
+    env: dict[str, str] = {}
+    dynamic: set[str] = set()
+    for key in ("env", "environment"):
+        _, node = get(mapping, key)
+        if node is None:
+            continue
+        if is_map(node):  # compose map form
+            for k, v in node.value:
+                if is_scalar(k):
+                    env[str(k.value)] = "" if not is_scalar(v) or v.value is None else str(v.value)
+        elif is_seq(node):
+            for item in node.value:
+                _env_item(item, env, dynamic)
+    return env, dynamic
+
+
+def _env_item(item, env: dict[str, str], dynamic: set[str]) -> None:
+    if is_scalar(item):  # compose list form NAME=VALUE
+        name, _, value = str(item.value).partition("=")
+        env[name] = value
+        return
+    if not is_map(item):
+        return
+    _, name = get(item, "name")
+    _, value = get(item, "value")
+    if name is None or not is_scalar(name):
+        return
+    if value is not None and is_scalar(value):
+        env[str(name.value)] = str(value.value)
+    else:
+        env[str(name.value)] = ""
+        dynamic.add(str(name.value))  # valueFrom: a secret or config map
+
+
+def _env_setter(text: str, mapping, fmt: str):
+    if mapping.flow_style:
+        return None
+    key_name = "env" if fmt == "k8s" else "environment"
+
+    def set_env(name: str, value: str) -> list[TextEdit] | None:
+        _, node = get(mapping, key_name)
+        if fmt != "k8s" and node is None:
+            _, node = get(mapping, "env")
+        if node is None:
+            return _add_env_key(text, mapping, key_name, name, value, fmt)
+        return _append_env(text, node, name, value, fmt)
+
+    return set_env
+
+
+def _append_env(text: str, node, name: str, value: str, fmt: str) -> list[TextEdit] | None:
+    rendered = render_scalar(value)
+    if node.flow_style:
+        close = node.end_mark.index - 1
+        if text[close:close + 1] not in ("]", "}"):
+            return None
+        if is_map(node):
+            item = f"{name}: {rendered}"
+        elif fmt == "k8s":
+            item = f"{{name: {name}, value: {json.dumps(value)}}}"
+        else:
+            item = json.dumps(f"{name}={value}")
+        sep = ", " if node.value else ""
+        return [TextEdit(close, close, sep + item)]
+    if not node.value:
+        return None
+    last = node.value[-1]
+    at = _line_end(text, content_end(node))
+    if is_map(node):
+        key = last[0]
+        indent = text[text.rfind("\n", 0, key.start_mark.index) + 1:key.start_mark.index]
+        return [TextEdit(at, at, f"{indent}{name}: {rendered}\n")] if not indent.strip() else None
+    first_item = node.value[0]
+    dash = _dash_start(text, first_item.start_mark.index)
+    if dash is None:
+        return None
+    indent = dash[1]
+    if fmt == "k8s":
+        lines = f"{indent}- name: {name}\n{indent}  value: {json.dumps(value)}\n"
+    else:
+        lines = f"{indent}- {name}={value}\n"
+    return [TextEdit(at, at, lines)]
+
+
+def _add_env_key(text: str, mapping, key_name: str, name: str, value: str, fmt: str) -> list[TextEdit] | None:
+    anchor = None
+    for key in ("command", "entrypoint", "args"):
+        anchor = get(mapping, key)[0]
+        if anchor is not None:
+            break
+    if anchor is None:
+        return None
+    line_start = text.rfind("\n", 0, anchor.start_mark.index) + 1
+    indent = text[line_start:anchor.start_mark.index]
+    if indent.strip(" "):
+        return None  # the key shares its line with a `- `: report instead of guessing indentation
+    if fmt == "k8s":
+        body = f"{indent}env:\n{indent}- name: {name}\n{indent}  value: {json.dumps(value)}\n"
+    else:
+        body = f"{indent}{key_name}:\n{indent}  {name}: {render_scalar(value)}\n"
+    return [TextEdit(line_start, line_start, body)]

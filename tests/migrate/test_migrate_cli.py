@@ -1,0 +1,163 @@
+"""`sglaunch migrate-flags` and `sglaunch rules` through Typer's runner and a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sglaunch.cli.app import app
+from sglaunch.migrate import files
+
+OLD = "#!/bin/bash\npython -m sglang.launch_server --model-path /m --enable-deepep-waterfill\n"
+NEW = "#!/bin/bash\npython -m sglang.launch_server --model-path /m --enable-waterfill --moe-a2a-backend deepep\n"
+CLEAN = "#!/bin/bash\npython -m sglang.launch_server --model-path /m\n"
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(app, list(args), input=input)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "serve.sh"
+    path.write_text(OLD)
+    path.chmod(0o750)
+    return path
+
+
+def test_default_mode_prints_diff_and_writes_nothing(script):
+    result = invoke("migrate-flags", str(script))
+    assert result.exit_code == 1
+    assert "R516-01" in result.output and "+python -m sglang.launch_server" in result.output
+    assert script.read_text() == OLD
+
+
+def test_check_mode_exits_1_without_diff(script):
+    result = invoke("migrate-flags", "--check", str(script))
+    assert result.exit_code == 1 and "+++" not in result.output
+    assert script.read_text() == OLD
+
+
+def test_write_mode_rewrites_atomically_and_keeps_permissions(script):
+    result = invoke("migrate-flags", "--write", str(script))
+    assert result.exit_code == 1
+    assert script.read_text() == NEW
+    assert stat.S_IMODE(script.stat().st_mode) == 0o750
+    assert [p.name for p in script.parent.iterdir()] == ["serve.sh"]  # no temp file left
+    again = invoke("migrate-flags", "--check", str(script))
+    assert again.exit_code == 0
+
+
+def test_clean_file_exits_0(tmp_path):
+    path = tmp_path / "ok.sh"
+    path.write_text(CLEAN)
+    assert invoke("migrate-flags", "--check", str(path)).exit_code == 0
+
+
+def test_json_output(script):
+    result = invoke("migrate-flags", "--json", str(script))
+    data = json.loads(result.output)
+    assert data["exit_code"] == 1 and data["to"] == "0.5.16" and data["mode"] == "diff"
+    finding = data["files"][0]["findings"][0]
+    assert finding["rule"] == "R516-01" and finding["line"] == 2 and finding["level"] == "fix"
+
+
+def test_directories_are_walked_and_bad_files_do_not_stop_others(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.sh").write_text(OLD)
+    (tmp_path / "broken.yaml").write_text("services: [\n")
+    (tmp_path / "notes.txt").write_text("python -m sglang.launch_server --enable-deepep-waterfill\n")
+    (tmp_path / "blob.sh").write_bytes(b"\x00\x01binary")
+    result = invoke("migrate-flags", "--write", "--json", str(tmp_path))
+    data = json.loads(result.output)
+    by_name = {Path(f["path"]).name: f for f in data["files"]}
+    assert result.exit_code == 2  # the broken YAML is unreadable input
+    assert by_name["broken.yaml"]["error"]
+    assert (tmp_path / "sub" / "a.sh").read_text() == NEW
+    assert "notes.txt" not in by_name and "blob.sh" not in by_name  # not launch files
+    assert (tmp_path / "broken.yaml").read_text() == "services: [\n"
+
+
+def test_binary_and_huge_named_files_are_skipped_with_a_note(tmp_path, monkeypatch):
+    blob = tmp_path / "blob.sh"
+    blob.write_bytes(b"\x00\x01binary")
+    big = tmp_path / "big.sh"
+    big.write_text(OLD)
+    monkeypatch.setattr(files, "MAX_BYTES", 10)
+    result = invoke("migrate-flags", "--json", str(blob), str(big))
+    data = json.loads(result.output)
+    notes = [f["skipped"] for f in data["files"]]
+    assert "binary" in notes[0] and "larger" in notes[1]
+    assert result.exit_code == 0
+
+
+def test_stdin_with_write_prints_migrated_text(tmp_path):
+    result = invoke("migrate-flags", "--write", "-", input=OLD)
+    assert NEW in result.stdout
+
+
+def test_usage_errors_exit_2(script):
+    assert invoke("migrate-flags", "--check", "--write", str(script)).exit_code == 2
+    assert invoke("migrate-flags", "--from", "0.5.16", "--to", "0.5.16", str(script)).exit_code == 2
+    assert invoke("migrate-flags", "--to", "9.9.9", str(script)).exit_code == 2
+    assert invoke("migrate-flags", str(script.parent / "missing.sh")).exit_code == 2
+
+
+def test_unsafe_fixes_flag(tmp_path):
+    path = tmp_path / "u.sh"
+    path.write_text("sglang serve --fp4-gemm-backend cutlass\n")
+    invoke("migrate-flags", "--write", str(path))
+    assert "cutlass" in path.read_text()
+    invoke("migrate-flags", "--write", "--unsafe-fixes", str(path))
+    assert path.read_text() == "sglang serve --fp4-gemm-backend auto\n"
+
+
+def test_to_later_release(tmp_path):
+    path = tmp_path / "x.sh"
+    path.write_text("sglang serve --cuda-graph-max-bs 8\n")
+    assert invoke("migrate-flags", "--check", str(path)).exit_code == 0
+    invoke("migrate-flags", "--write", "--to", "0.5.20", str(path))
+    assert path.read_text() == "sglang serve --cuda-graph-max-bs-decode 8\n"
+
+
+def test_failed_write_leaves_the_file(script, monkeypatch):
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    result = invoke("migrate-flags", "--write", str(script))
+    assert result.exit_code == 2
+    assert script.read_text() == OLD
+    assert [p.name for p in script.parent.iterdir()] == ["serve.sh"]
+
+
+def test_rules_list_and_explain():
+    listed = invoke("rules", "list", "--to", "0.5.16", "--json")
+    ids = [r["id"] for r in json.loads(listed.output)]
+    assert ids[0] == "R516-01" and all(i.startswith("R516") for i in ids)
+    table = invoke("rules", "list")
+    assert table.exit_code == 0 and "R520-22" in table.output
+    explained = invoke("rules", "explain", "R516-02")
+    assert explained.exit_code == 0 and "--unsafe-fixes" in explained.output
+    assert invoke("rules", "explain", "rename-enable-deepep-waterfill").exit_code == 0
+    missing = invoke("rules", "explain", "R999-01")
+    assert missing.exit_code == 2 and "no migration rule" in missing.output
+
+
+def test_subprocess_module_entry_point(script):
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "sglaunch", "migrate-flags", "--check", str(script)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "R516-01" in done.stdout
+    assert "torch" not in subprocess.run(
+        [sys.executable, "-c", "import sys, sglaunch.cli.migrate_flags, sglaunch.migrate.engine,"
+         " sglaunch.migrate.yamlfmt, sglaunch.migrate.dockerfile; print(sorted(sys.modules))"],
+        capture_output=True, text=True, timeout=60).stdout.replace("'", " ").split()

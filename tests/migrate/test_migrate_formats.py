@@ -1,0 +1,155 @@
+"""Every format: fixtures rewritten as expected, DSpark env insertion, unparseable input, robustness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglaunch.migrate.engine import detect_format, migrate_text
+from sglaunch.migrate.rules import load_rules
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RULES_16 = load_rules().between("0.5.15", "0.5.16")
+RULES_20 = load_rules().between("0.5.15", "0.5.20")
+
+
+def migrate(text: str, fmt: str, to: str = "0.5.16", unsafe: bool = False):
+    rules = RULES_16 if to == "0.5.16" else RULES_20
+    return migrate_text(text, fmt, rules, to, unsafe)
+
+
+@pytest.mark.parametrize("name, fmt, unsafe", [
+    ("launch.sh", "shell", True),
+    ("deployment.yaml", "k8s", False),
+    ("docker-compose.yaml", "compose", False),
+    ("sglang-config.yaml", "config", True),
+    ("Dockerfile", "dockerfile", True),
+])
+def test_fixture_is_rewritten_as_expected_and_idempotent(name, fmt, unsafe):
+    text = (FIXTURES / name).read_text()
+    assert detect_format(name, text) == fmt
+    result = migrate(text, fmt, "0.5.20", unsafe)
+    assert result.error is None
+    assert result.text == (FIXTURES / "expected" / name).read_text()
+    assert migrate(result.text, fmt, "0.5.20", unsafe).text == result.text
+
+
+DSPARK = "--speculative-algorithm DSPARK --speculative-draft-model-path /d"
+
+
+@pytest.mark.parametrize("fmt, text, expected", [
+    ("shell", f"python -m sglang.launch_server {DSPARK}\n",
+     f"SGLANG_RAGGED_VERIFY_MODE=compact python -m sglang.launch_server {DSPARK}\n"),
+    ("shell", f"export HF_HOME=/c\npython -m sglang.launch_server {DSPARK}\n",
+     f"export HF_HOME=/c\nexport SGLANG_RAGGED_VERIFY_MODE=compact\npython -m sglang.launch_server {DSPARK}\n"),
+    ("shell", f"docker run img python -m sglang.launch_server {DSPARK}\n",
+     f"docker run -e SGLANG_RAGGED_VERIFY_MODE=compact img python -m sglang.launch_server {DSPARK}\n"),
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: x\n"
+            "    command: [python3, -m, sglang.launch_server, --speculative-algorithm, DSPARK]\n",
+     "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: x\n"
+     "    env:\n    - name: SGLANG_RAGGED_VERIFY_MODE\n      value: \"compact\"\n"
+     "    command: [python3, -m, sglang.launch_server, --speculative-algorithm, DSPARK]\n"),
+    ("compose", "services:\n  s:\n    environment:\n      - A=1\n"
+                "    command: python -m sglang.launch_server --speculative-algorithm DSPARK\n",
+     "services:\n  s:\n    environment:\n      - A=1\n      - SGLANG_RAGGED_VERIFY_MODE=compact\n"
+     "    command: python -m sglang.launch_server --speculative-algorithm DSPARK\n"),
+    ("dockerfile", 'FROM x\nCMD ["sglang", "serve", "--speculative-algorithm", "DSPARK"]\n',
+     'FROM x\nENV SGLANG_RAGGED_VERIFY_MODE=compact\nCMD ["sglang", "serve", "--speculative-algorithm", "DSPARK"]\n'),
+])
+def test_dspark_gets_compact_verify_mode_in_the_fitting_form(fmt, text, expected):
+    result = migrate(text, fmt)
+    assert result.text == expected
+    assert migrate(result.text, fmt).text == expected
+
+
+def test_dspark_in_config_yaml_is_reported_not_rewritten():
+    text = "speculative-algorithm: DSPARK\n"
+    result = migrate(text, "config")
+    assert result.text == text
+    assert [f.level for f in result.findings if f.rule_id == "R516-07"] == ["manual"]
+
+
+@pytest.mark.parametrize("value, level", [("static", "info"), ("cap-accept", "info"), ("fast", "manual")])
+def test_explicit_verify_mode_is_kept_and_invalid_values_reported(value, level):
+    text = f"SGLANG_RAGGED_VERIFY_MODE={value} python -m sglang.launch_server {DSPARK}\n"
+    result = migrate(text, "shell")
+    assert result.text == text
+    found = [f for f in result.findings if f.rule_id == "R516-07"]
+    assert [f.level for f in found] == [level]
+    if level == "manual":
+        assert "invalid" in found[0].message
+
+
+def test_compact_already_set_is_clean():
+    text = f"export SGLANG_RAGGED_VERIFY_MODE=compact\nsglang serve {DSPARK}\n"
+    assert migrate(text, "shell").findings == []
+
+
+@pytest.mark.parametrize("name, fmt", [("broken.yaml", "compose")])
+def test_unparseable_file_is_reported_and_left_alone(name, fmt):
+    text = (FIXTURES / name).read_text()
+    result = migrate(text, fmt)
+    assert result.error and result.text == text
+    assert result.findings[0].level == "error"
+
+
+def test_unparseable_dockerfile_exec_form_is_left_alone():
+    text = 'FROM x\nCMD ["python", "-m", "sglang.launch_server", "--enable-deepep-waterfill"\n'
+    assert migrate(text, "dockerfile").text == text
+
+
+@pytest.mark.parametrize("name", ["messy_slurm.sh", "messy_array.sh", "messy_docker.sh", "launch.sh"])
+def test_messy_scripts_keep_every_non_launch_line(name):
+    text = (FIXTURES / name).read_text()
+    result = migrate(text, "shell", "0.5.20", unsafe=True)
+    assert result.error is None
+    before, after = text.splitlines(), result.text.splitlines()
+    untouched = [line for line in before if line.lstrip().startswith(("#", "echo", "grep", "e.g."))
+                 or "bench_serving" in line]
+    for line in untouched:
+        assert line in after, f"non-launch line changed: {line!r}"
+    assert migrate(result.text, "shell", "0.5.20", unsafe=True).text == result.text
+
+
+def test_slurm_fixture_renames_only_inside_the_launch():
+    text = (FIXTURES / "messy_slurm.sh").read_text()
+    result = migrate(text, "shell", "0.5.20")
+    assert result.text.count("--enable-deepep-waterfill") == text.count("--enable-deepep-waterfill") - 1
+    assert "--cuda-graph-max-bs-decode=128" in result.text
+
+
+def test_config_yaml_keeps_comments_and_order():
+    text = "# top\nmodel-path: /m   # keep me\nenable-deepep-waterfill: true\nmoe-a2a-backend: mooncake\n"
+    result = migrate(text, "config")
+    assert result.text == "# top\nmodel-path: /m   # keep me\nenable-waterfill: true\nmoe-a2a-backend: mooncake\n"
+
+
+def test_k8s_shell_script_in_block_scalar():
+    text = ("apiVersion: batch/v1\nkind: Job\nspec:\n  template:\n    spec:\n      containers:\n"
+            "      - name: s\n        image: x\n        command: [/bin/bash, -c]\n        args:\n"
+            "        - |\n          set -e\n          python3 -m sglang.launch_server \\\n"
+            "            --enable-deepep-waterfill --moe-a2a-backend deepep\n")
+    result = migrate(text, "k8s")
+    assert result.text == text.replace("--enable-deepep-waterfill", "--enable-waterfill")
+    assert result.findings[0].line == 14
+
+
+def test_both_old_and_new_flag_present_is_manual():
+    text = "sglang serve --enable-deepep-waterfill --enable-waterfill\n"
+    result = migrate(text, "shell")
+    assert result.text == text
+    assert result.findings[0].level == "manual"
+
+
+def test_dynamic_value_is_not_guessed():
+    text = "sglang serve --optimistic-prefill-retries $N\n"
+    result = migrate(text, "shell", unsafe=True)
+    assert result.text == text and result.findings[0].level == "manual"
+
+
+def test_revalidation_reports_flags_unknown_at_target():
+    text = "sglang serve --incremental-streaming-output\n"
+    result = migrate(text, "shell")
+    assert [f.rule_id for f in result.findings] == ["validate"]
+    assert "0.5.20" in result.findings[0].message
