@@ -145,17 +145,16 @@ def convert(flag: Flag, raw: str | tuple[str, ...] | None, spelling: str | None 
     return value.upper() if flag.upper_case and isinstance(value, str) else value
 
 
+# kind -> (parser, what the user must give, an example value)
+_NUMBERS = {Kind.INT: (int, "an integer", "2"), Kind.FLOAT: (float, "a number", "0.85")}
+
+
 def _scalar(kind: Kind, text: str, spelling: str):
-    if kind is Kind.INT:
-        try:
-            return int(text)
-        except ValueError:
-            raise SglaunchError(f"{spelling} expects an integer, got '{text}'",
-                                hint=f"for example: {spelling} 2") from None
-    if kind is Kind.FLOAT:
-        try:
-            return float(text)
-        except ValueError:
-            raise SglaunchError(f"{spelling} expects a number, got '{text}'",
-                                hint=f"for example: {spelling} 0.85") from None
-    return text
+    if kind not in _NUMBERS:
+        return text
+    parse, what, example = _NUMBERS[kind]
+    try:
+        return parse(text)
+    except ValueError:
+        raise SglaunchError(f"{spelling} expects {what}, got '{text}'",
+                            hint=f"for example: {spelling} {example}") from None
