@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
 from typing import Any
 
@@ -23,7 +24,7 @@ SECRET_CONFIG_KEYS = frozenset({"api_key"})
 
 def create_app(state: ServerState) -> FastAPI:
     """Build the app; routes answer 503 until `state.ctx` is set (engine ready)."""
-    app = FastAPI(title="sglaunch", version=sglaunch.__version__)
+    app = FastAPI(title="sglaunch", version=sglaunch.__version__, **_lenient_json_bodies())
     app.state.sglaunch = state
     install_error_handlers(app)
     app.include_router(openai_api.router)
@@ -32,6 +33,16 @@ def create_app(state: ServerState) -> FastAPI:
     if state.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
     return app
+
+
+def _lenient_json_bodies() -> dict[str, Any]:
+    """Parse JSON bodies sent without a Content-Type header, as FastAPI (and SGLang) long did.
+
+    NOTE: newer FastAPI releases refuse them unless strict_content_type=False.
+    """
+    if "strict_content_type" in inspect.signature(FastAPI.__init__).parameters:
+        return {"strict_content_type": False}
+    return {}
 
 
 class ApiKeyMiddleware:
@@ -43,7 +54,7 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope):
@@ -56,7 +67,8 @@ class ApiKeyMiddleware:
 
     def _authorized(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers") or ())
-        return hmac.compare_digest(headers.get(b"authorization", b""), self._expected)
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
 
 
 def _add_info_routes(app: FastAPI) -> None:

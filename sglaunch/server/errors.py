@@ -26,6 +26,9 @@ ERROR_TYPES = {
     503: "service_unavailable",
 }
 
+# pydantic error types for a body that is valid JSON but not an object (or not JSON-typed)
+NOT_AN_OBJECT_ERRORS = frozenset({"model_attributes_type", "model_type", "dict_type"})
+
 
 class ApiError(Exception):
     """An error answered to the client as an OpenAI-style error body."""
@@ -82,6 +85,11 @@ def validation_error(errors: list[dict] | tuple) -> ApiError:
         return bad_request(f"Request body is not valid JSON: {first.get('msg')}", code="invalid_json")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
+    if param is None and first.get("type") == "missing":
+        return bad_request("The request body is empty; send a JSON object.", code="invalid_json")
+    if param is None and first.get("type") in NOT_AN_OBJECT_ERRORS:
+        return bad_request("The request body must be a JSON object "
+                           "(sent with Content-Type: application/json).", code="invalid_json")
     message = str(first.get("msg", "Invalid value")).removeprefix("Value error, ")
     if first.get("type") == "missing" and param:
         message = f"Missing required parameter: '{param}'."

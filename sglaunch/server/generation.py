@@ -45,6 +45,7 @@ class TextDelta:
     cached_tokens: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
     matched_stop: str | int | None = None  # the stop string or stop token id that ended it
+    logprobs: tuple[float, ...] = ()  # of token_ids, when the engine reports them
 
     @property
     def finished(self) -> bool:
@@ -146,7 +147,8 @@ async def _deltas(tokenizer: ServerTokenizer, request: PreparedRequest,
 
 def _delta(output: TokenOutput, text: str, reason: str | None, matched) -> TextDelta:
     return TextDelta(text, tuple(output.new_token_ids), output.prompt_tokens,
-                     output.completion_tokens, output.cached_tokens, reason, matched)
+                     output.completion_tokens, output.cached_tokens, reason, matched,
+                     tuple(output.logprobs))
 
 
 def _finish_reason(output: TokenOutput) -> str:
@@ -205,15 +207,16 @@ async def first_then_rest(deltas: AsyncIterator[TextDelta]) -> AsyncIterator[Tex
 
 async def collect_text(ctx: ServerContext, request: PreparedRequest) -> TextDelta:
     """Run a request to the end; one TextDelta with all text and token ids."""
-    texts, token_ids = [], []
+    texts, token_ids, logprobs = [], [], []
     async with contextlib.aclosing(stream_text(ctx, request)) as deltas:
         async for delta in deltas:
             texts.append(delta.text)
             token_ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
             if delta.finished:
                 return TextDelta("".join(texts), tuple(token_ids), delta.prompt_tokens,
                                  delta.completion_tokens, delta.cached_tokens,
-                                 delta.finish_reason, delta.matched_stop)
+                                 delta.finish_reason, delta.matched_stop, tuple(logprobs))
     raise RuntimeError("generation ended without a finished delta")
 
 

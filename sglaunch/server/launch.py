@@ -54,8 +54,12 @@ async def _serve(config: EngineConfig) -> int:
     sock = _bind(config.host, config.port)
     http_task = asyncio.create_task(server.serve(sockets=[sock]))
     with stop.installed():
-        engine = await _start_engine(config, stop, http_task)
-        if engine is None:
+        try:
+            engine = await _start_engine(config, stop, http_task)
+        except BaseException:
+            await _stop_http(server, http_task)
+            raise
+        if engine is None:  # a signal arrived while the engine was starting
             await _stop_http(server, http_task)
             return 0
         state.ctx = _server_context(engine, tokenizer, config, state.metrics)

@@ -31,9 +31,11 @@ async def generate(body: NativeGenerateRequest, request: Request):
         if is_batch:
             raise bad_request("Streaming supports one prompt per request.", param="text")
         deltas = await first_then_rest(stream_text(ctx, prepared[0]))
-        return EventStreamResponse(guarded_events(_events(deltas, prepared[0], start)))
+        events = _events(deltas, prepared[0], start, body.return_logprob)
+        return EventStreamResponse(guarded_events(events))
     results = await unless_disconnected(request, run_all(ctx, prepared))
-    bodies = [_result_body(result, req, start) for result, req in zip(results, prepared)]
+    bodies = [_result_body(result, req, start, body.return_logprob)
+              for result, req in zip(results, prepared)]
     return bodies if is_batch else bodies[0]
 
 
@@ -67,7 +69,8 @@ def _prepare(ctx: ServerContext, input_ids: list[int], params: NativeSamplingPar
     max_new_tokens = ctx.check_length(len(input_ids), params.max_new_tokens)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-        top_k=params.top_k, seed=params.seed if params.seed is not None else params.sampling_seed,
+        top_k=params.top_k, min_p=params.min_p,
+        seed=params.seed if params.seed is not None else params.sampling_seed,
         stop_token_ids=ctx.stop_token_ids(params.stop_token_ids, params.ignore_eos),
         ignore_eos=params.ignore_eos)
     return PreparedRequest(rid, tuple(input_ids), sampling, stop_strings(params.stop),
@@ -85,26 +88,38 @@ def _finish_reason(delta: TextDelta, request: PreparedRequest) -> dict[str, Any]
     return {"type": delta.finish_reason}
 
 
-def _meta_info(delta: TextDelta, request: PreparedRequest, start: float) -> dict[str, Any]:
-    return {"id": request.rid, "finish_reason": _finish_reason(delta, request),
+def _meta_info(delta: TextDelta, request: PreparedRequest, start: float,
+               logprobs: list | None) -> dict[str, Any]:
+    meta = {"id": request.rid, "finish_reason": _finish_reason(delta, request),
             "prompt_tokens": delta.prompt_tokens, "completion_tokens": delta.completion_tokens,
             "cached_tokens": delta.cached_tokens, "e2e_latency": time.perf_counter() - start}
+    if logprobs is not None:
+        meta["output_token_logprobs"] = logprobs
+    return meta
 
 
-def _result_body(result: TextDelta, request: PreparedRequest, start: float) -> dict[str, Any]:
+def _logprob_triples(delta: TextDelta) -> list[list]:
+    """SGLang's output_token_logprobs: [logprob, token_id, None] per output token."""
+    return [[logprob, token_id, None] for logprob, token_id in zip(delta.logprobs, delta.token_ids)]
+
+
+def _result_body(result: TextDelta, request: PreparedRequest, start: float,
+                 with_logprobs: bool) -> dict[str, Any]:
+    logprobs = _logprob_triples(result) if with_logprobs else None
     return {"text": result.text, "output_ids": list(result.token_ids),
-            "meta_info": _meta_info(result, request, start)}
+            "meta_info": _meta_info(result, request, start, logprobs)}
 
 
-async def _events(deltas: AsyncIterator[TextDelta], request: PreparedRequest,
-                  start: float) -> AsyncIterator[str]:
-    """SGLang streams the cumulative text and output ids in every event."""
-    text, output_ids = "", []
+async def _events(deltas: AsyncIterator[TextDelta], request: PreparedRequest, start: float,
+                  with_logprobs: bool) -> AsyncIterator[str]:
+    """SGLang streams the cumulative text, output ids (and logprobs) in every event."""
+    text, output_ids, logprobs = "", [], []
     try:
         async for delta in deltas:
             text += delta.text
             output_ids.extend(delta.token_ids)
-            yield sse({"text": text, "output_ids": list(output_ids),
-                       "meta_info": _meta_info(delta, request, start)})
+            logprobs.extend(_logprob_triples(delta))
+            meta = _meta_info(delta, request, start, list(logprobs) if with_logprobs else None)
+            yield sse({"text": text, "output_ids": list(output_ids), "meta_info": meta})
     finally:
         await deltas.aclose()

@@ -20,6 +20,7 @@ from sglaunch.server.protocol import (
 )
 from sglaunch.server.state import server_state, unless_disconnected
 from sglaunch.server.streaming import EventStreamResponse, guarded_events, sse
+from sglaunch.server.tokenizer import ServerTokenizer
 
 router = APIRouter()
 
@@ -39,6 +40,37 @@ class ResponseMeta:
     def envelope(self, object_type: str, **fields: Any) -> dict[str, Any]:
         return {"id": self.id, "object": object_type, "created": self.created,
                 "model": self.model, **fields}
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Chosen-token log-probabilities in OpenAI's completion and chat shapes (None when off).
+
+    NOTE: tokens are shown as their text decoded alone, so a token holding part of a UTF-8
+    character shows as U+FFFD; there are no top alternatives (the engine reports none).
+    """
+
+    tokenizer: ServerTokenizer
+    enabled: bool
+
+    def wanted_for(self, delta: TextDelta) -> bool:
+        return self.enabled and bool(delta.token_ids)
+
+    def completion(self, delta: TextDelta) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        return {"tokens": self._tokens(delta), "token_logprobs": list(delta.logprobs),
+                "top_logprobs": None, "text_offset": None}
+
+    def chat(self, delta: TextDelta) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        return {"content": [{"token": token, "logprob": logprob, "bytes": list(token.encode()),
+                             "top_logprobs": []}
+                            for token, logprob in zip(self._tokens(delta), delta.logprobs)]}
+
+    def _tokens(self, delta: TextDelta) -> list[str]:
+        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
 
 
 # ---------------------------------------------------------------- routes
@@ -61,16 +93,17 @@ async def create_completion(body: CompletionRequest, request: Request):
     ctx = state.context()
     meta = ResponseMeta(new_request_id("cmpl-"), state.check_model(body.model), int(time.time()))
     max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
+    logprobs = Logprobs(ctx.tokenizer, body.logprobs is not None)
     prepared = [_prepare(ctx, ids, body, max_tokens)
                 for ids in (_prompt_ids(ctx, prompt) for prompt in _split_prompts(body.prompt))]
     if body.stream:
         if len(prepared) != 1:
             raise bad_request("Streaming supports one prompt per request.", param="prompt")
         deltas = await first_then_rest(stream_text(ctx, prepared[0]))
-        events = _completion_events(deltas, meta, body.include_usage())
+        events = _completion_events(deltas, meta, logprobs, body.include_usage())
         return EventStreamResponse(guarded_events(events))
     results = await unless_disconnected(request, run_all(ctx, prepared))
-    choices = [_completion_choice(index, result) for index, result in enumerate(results)]
+    choices = [_completion_choice(index, result, logprobs) for index, result in enumerate(results)]
     return meta.envelope("text_completion", choices=choices, usage=_usage(results))
 
 
@@ -80,13 +113,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     ctx = state.context()
     meta = ResponseMeta(new_request_id("chatcmpl-"), state.check_model(body.model), int(time.time()))
     prepared = _prepare(ctx, _chat_prompt_ids(ctx, body), body, body.max_new_tokens())
+    logprobs = Logprobs(ctx.tokenizer, body.logprobs)
     if body.stream:
         deltas = await first_then_rest(stream_text(ctx, prepared))
-        events = _chat_events(deltas, meta, body.include_usage())
+        events = _chat_events(deltas, meta, logprobs, body.include_usage())
         return EventStreamResponse(guarded_events(events))
     result = await unless_disconnected(request, collect_text(ctx, prepared))
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "logprobs": None, "finish_reason": result.finish_reason,
+              "logprobs": logprobs.chat(result), "finish_reason": result.finish_reason,
               "matched_stop": result.matched_stop}
     return meta.envelope("chat.completion", choices=[choice], usage=_usage([result]))
 
@@ -135,7 +169,7 @@ def _prepare(ctx: ServerContext, input_ids: Sequence[int], body: OpenAISampling,
     max_new_tokens = ctx.check_length(len(input_ids), max_tokens)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=body.temperature, top_p=body.top_p,
-        top_k=body.top_k, seed=body.seed,
+        top_k=body.top_k, min_p=body.min_p, seed=body.seed,
         stop_token_ids=ctx.stop_token_ids(body.stop_token_ids, body.ignore_eos),
         ignore_eos=body.ignore_eos)
     return PreparedRequest(new_request_id(), tuple(input_ids), sampling, stop_strings(body.stop),
@@ -153,20 +187,21 @@ def _usage(results: Sequence[TextDelta]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)}}
 
 
-def _completion_choice(index: int, delta: TextDelta) -> dict[str, Any]:
-    return {"index": index, "text": delta.text, "logprobs": None,
+def _completion_choice(index: int, delta: TextDelta, logprobs: Logprobs) -> dict[str, Any]:
+    return {"index": index, "text": delta.text, "logprobs": logprobs.completion(delta),
             "finish_reason": delta.finish_reason,
             "matched_stop": delta.matched_stop if delta.finished else None}
 
 
 async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
-                             include_usage: bool) -> AsyncIterator[str]:
+                             logprobs: Logprobs, include_usage: bool) -> AsyncIterator[str]:
     last = None
     try:
         async for delta in deltas:
             last = delta
-            if delta.text or delta.finished:
-                yield sse(meta.envelope("text_completion", choices=[_completion_choice(0, delta)]))
+            if delta.text or delta.finished or logprobs.wanted_for(delta):
+                choice = _completion_choice(0, delta, logprobs)
+                yield sse(meta.envelope("text_completion", choices=[choice]))
     finally:
         await deltas.aclose()
     if include_usage and last is not None:
@@ -174,21 +209,21 @@ async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMet
 
 
 def _chat_chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None = None,
-                matched_stop=None) -> str:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+                matched_stop=None, logprobs: dict | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
               "matched_stop": matched_stop}
     return sse(meta.envelope("chat.completion.chunk", choices=[choice]))
 
 
-async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
+async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, logprobs: Logprobs,
                        include_usage: bool) -> AsyncIterator[str]:
     yield _chat_chunk(meta, {"role": "assistant", "content": ""})
     last = None
     try:
         async for delta in deltas:
             last = delta
-            if delta.text:
-                yield _chat_chunk(meta, {"content": delta.text})
+            if delta.text or logprobs.wanted_for(delta):
+                yield _chat_chunk(meta, {"content": delta.text}, logprobs=logprobs.chat(delta))
             if delta.finished:
                 yield _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
     finally:

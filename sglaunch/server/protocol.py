@@ -1,17 +1,19 @@
 """Request bodies of the OpenAI-compatible and SGLang-native routes (pydantic models).
 
 Fields we cannot honour are refused with a 400 naming the parameter instead of being
-silently ignored (`n` > 1, logprobs, penalties, tools, structured output).
+silently ignored (`n` > 1, top logprobs, penalties, tools, structured output).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 StopField = Union[str, list[str], None]
 MAX_STOP_STRINGS = 16
+# torch.Generator.manual_seed accepts [-2**63, 2**64)
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 
 
 def _refuse_unless(condition: bool, message: str) -> None:
@@ -33,14 +35,15 @@ class StreamOptions(BaseModel):
 class OpenAISampling(BaseModel):
     """Sampling fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1)  # SGLang extension
-    seed: int | None = None
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # SGLang extension
+    seed: Seed | None = None
     stop: StopField = None
     stop_token_ids: list[int] | None = None  # SGLang extension
     ignore_eos: bool = False  # SGLang extension
@@ -105,8 +108,9 @@ class CompletionRequest(OpenAISampling):
 
     @field_validator("logprobs")
     @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        _refuse_unless(not value, "logprobs are not supported")
+    def _chosen_token_logprobs_only(cls, value: int | None) -> int | None:
+        _refuse_unless(value in (None, 0), "only logprobs=0 (log-probabilities of the chosen "
+                       "tokens, no alternatives) is supported")
         return value
 
     @field_validator("best_of")
@@ -167,10 +171,11 @@ class ChatCompletionRequest(OpenAISampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
-    @field_validator("logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, value: bool) -> bool:
-        _refuse_unless(not value, "logprobs are not supported")
+    def _no_top_logprobs(cls, value: int | None) -> int | None:
+        _refuse_unless(not value, "top_logprobs are not supported; logprobs=true returns the "
+                       "chosen tokens' log-probabilities")
         return value
 
     @field_validator("tools")
@@ -193,15 +198,15 @@ class ChatCompletionRequest(OpenAISampling):
 class NativeSamplingParams(BaseModel):
     """`sampling_params` of SGLang's POST /generate (the subset the engine runs)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int = Field(default=128, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1)
-    min_p: float = 0.0
-    seed: int | None = None
-    sampling_seed: int | None = None  # SGLang's name for the per-request seed
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: Seed | None = None
+    sampling_seed: Seed | None = None  # SGLang's name for the per-request seed
     stop: StopField = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -212,12 +217,6 @@ class NativeSamplingParams(BaseModel):
     @classmethod
     def _only_one(cls, value: int) -> int:
         _refuse_unless(value == 1, "only n=1 is supported")
-        return value
-
-    @field_validator("min_p")
-    @classmethod
-    def _no_min_p(cls, value: float) -> float:
-        _refuse_unless(value == 0.0, "min_p is not supported")
         return value
 
     @field_validator("stop")
@@ -235,19 +234,20 @@ class NativeSamplingParams(BaseModel):
 class NativeGenerateRequest(BaseModel):
     """Body of SGLang's POST /generate: `text` or `input_ids`, one prompt or a batch."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     text: Union[str, list[str], None] = None
     input_ids: Union[list[int], list[list[int]], None] = None
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
     rid: Union[str, list[str], None] = None
-    return_logprob: bool = False
+    return_logprob: bool = False  # output tokens' log-probabilities in meta_info
+    top_logprobs_num: int = 0
 
-    @field_validator("return_logprob")
+    @field_validator("top_logprobs_num")
     @classmethod
-    def _no_logprob(cls, value: bool) -> bool:
-        _refuse_unless(not value, "return_logprob is not supported")
+    def _no_top_logprobs(cls, value: int) -> int:
+        _refuse_unless(value == 0, "top_logprobs_num is not supported")
         return value
 
 

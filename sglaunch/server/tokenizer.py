@@ -161,7 +161,21 @@ def load_tokenizer(folder: str | Path, chat_template: str | None = None) -> Serv
     tokenizer_config = _read_json(folder / "tokenizer_config.json")
     backend = _load_backend(folder)
     template = resolve_chat_template(folder, tokenizer_config, chat_template)
-    return ServerTokenizer(backend, _special_tokens(tokenizer_config), template)
+    tokenizer = ServerTokenizer(backend, _special_tokens(tokenizer_config), template)
+    if template is not None:
+        _check_template_compiles(tokenizer)
+    return tokenizer
+
+
+def _check_template_compiles(tokenizer: ServerTokenizer) -> None:
+    """A broken template fails at start-up, not on every chat request."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        tokenizer._compiled_template
+    except TemplateSyntaxError as exc:
+        raise SglaunchError(f"The chat template does not compile: {exc} (line {exc.lineno})",
+                            hint="Fix the template or pass another one with --chat-template.") from exc
 
 
 def _load_backend(folder: Path) -> TokenizerBackend:
