@@ -16,7 +16,10 @@ class FunnelGroup(TyperGroup):
     """Typer's own usage errors (unknown command, bad option) go through our Error/Hint format."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
-        from typer._click.exceptions import ClickException
+        try:  # typer >= 0.20 vendors click
+            from typer._click.exceptions import ClickException
+        except ImportError:  # pragma: no cover - older typer depends on click
+            from click.exceptions import ClickException
 
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)

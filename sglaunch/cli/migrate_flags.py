@@ -80,7 +80,7 @@ def _write(reports: list[FileReport]) -> None:
         if not report.changed or report.error:
             continue
         if report.path == STDIN:
-            sys.stdout.write(report.migrated)
+            _stdout_text(report.migrated)
             report.written = True
             continue
         try:
@@ -88,6 +88,18 @@ def _write(reports: list[FileReport]) -> None:
             report.written = True
         except OSError as exc:
             report.error = f"cannot write {report.path}: {exc.strerror or exc}"
+
+
+def _stdout_text(text: str) -> None:
+    from sglaunch.migrate.files import _has_surrogates, display
+
+    buffer = getattr(sys.stdout, "buffer", None)
+    if _has_surrogates(text) and buffer is not None:  # undecodable input bytes go out unchanged
+        sys.stdout.flush()
+        buffer.write(text.encode("utf-8", "surrogateescape"))
+        buffer.flush()
+    else:
+        sys.stdout.write(display(text))
 
 
 def exit_code(reports: list[FileReport]) -> int:

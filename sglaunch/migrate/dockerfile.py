@@ -33,6 +33,7 @@ class _Instruction:
     end: int  # offset after the instruction's content
     value: str  # arguments as dockerfile-parse joined them
     line: int  # 1-based
+    masked: str = ""  # text[body:end] with comment lines blanked out (same length)
 
     def exec_items(self, text: str) -> list[str] | None:
         raw = text[self.body:self.end].strip()
@@ -95,15 +96,32 @@ def _instructions(text: str) -> list[_Instruction]:
     offsets = _line_offsets(text)
     found = []
     for item in structure:
+        if item["instruction"].upper() == "COMMENT":
+            continue
         start = offsets[item["startline"]] if item["startline"] < len(offsets) else len(text)
-        content = item["content"]
-        if text[start:start + len(content)] != content:
-            continue  # dockerfile-parse normalised something; do not edit what we cannot place
-        match = re.match(r"\s*\S+\s*", content)
+        stop = offsets[item["endline"] + 1] if item["endline"] + 1 < len(offsets) else len(text)
+        raw = text[start:stop]
+        end = start + len(raw.rstrip("\r\n")) if raw.endswith("\n") else stop
+        if not raw.lstrip().upper().startswith(item["instruction"].upper()):
+            continue  # dockerfile-parse placed it somewhere we cannot follow; do not edit it
+        match = re.match(r"\s*\S+[ \t]*", raw)
         body = start + (match.end() if match else 0)
-        found.append(_Instruction(item["instruction"].upper(), start, body, start + len(content),
-                                  item["value"], item["startline"] + 1))
+        found.append(_Instruction(item["instruction"].upper(), start, body, end,
+                                  item["value"], item["startline"] + 1,
+                                  _mask_comment_lines(text[body:end])))
     return found
+
+
+def _mask_comment_lines(body: str) -> str:
+    """The instruction's arguments with the comment lines Docker drops from a continued
+    instruction turned into blank continuation lines of the same length (offsets stay)."""
+    lines = body.split("\n")
+    for k in range(1, len(lines)):
+        stripped = lines[k].lstrip(" \t")
+        if stripped.startswith("#") or (not stripped and k < len(lines) - 1 and lines[k - 1].endswith("\\")):
+            line = lines[k]
+            lines[k] = (" " * (len(line) - 1) + "\\") if line else line
+    return "\n".join(lines)
 
 
 def _line_offsets(text: str) -> list[int]:
@@ -146,6 +164,42 @@ def _env_pairs(value: str) -> list[tuple[str, str]]:
 
 
 def _stage_sites(text: str, stage: list[_Instruction]) -> list[Site]:
+    return _run_sites(text, stage) + _command_sites(text, stage)
+
+
+RUN_OPTION = re.compile(r"--[a-z-]+(=\S*)?[ \t]+")
+
+
+def _run_sites(text: str, stage: list[_Instruction]) -> list[Site]:
+    """`RUN` lines that start a server (warm-up or compile at build time)."""
+    sites: list[Site] = []
+    for instruction in stage:
+        if instruction.keyword != "RUN" or not _mentions_launch(instruction.value):
+            continue
+        env, dynamic = _stage_env(stage, instruction.start)
+        if instruction.exec_items(text) is not None:
+            sites.extend(_exec_form(text, [instruction], env, dynamic, _env_setter(instruction)))
+            continue
+        skip = 0
+        while True:  # RUN --mount=... --network=... options
+            option = RUN_OPTION.match(instruction.masked, skip)
+            if option is None:
+                break
+            skip = option.end()
+        body = instruction.masked[skip:]
+        if body.lstrip().startswith("<<"):
+            continue  # RUN heredocs are not read
+        parsed = shell.parse_script(body, _offset_mapper(instruction.body + skip), fmt="dockerfile")
+        # in a RUN line the variable goes in front of the command (`NAME=VALUE python ...`)
+        sites.extend(_adopt(site, text, instruction.body + skip, env, dynamic, None) for site in parsed.sites)
+    return sites
+
+
+def _mentions_launch(value: str) -> bool:
+    return shell.LAUNCH_MODULE in value or "serve" in value and "sglang" in value
+
+
+def _command_sites(text: str, stage: list[_Instruction]) -> list[Site]:
     entry = _last(stage, "ENTRYPOINT")
     cmd = _last(stage, "CMD")
     first = min((i for i in (entry, cmd) if i is not None), key=lambda i: i.start, default=None)
@@ -181,7 +235,7 @@ def _offset_mapper(offset: int):
 
 
 def _shell_form(text, instruction, env, dynamic, setter) -> list[Site]:
-    body = text[instruction.body:instruction.end]
+    body = instruction.masked
     parsed = shell.parse_script(body, _offset_mapper(instruction.body), fmt="dockerfile")
     return [_adopt(site, text, instruction.body, env, dynamic, setter) for site in parsed.sites]
 
@@ -192,8 +246,11 @@ def _adopt(site: Site, text: str, offset: int, env, dynamic, setter, line_base: 
     site.line = base + site.line
     site.env = {**env, **site.env}
     site.env_dynamic = frozenset((set(dynamic) - set(site.env)) | set(site.env_dynamic))
-    site.set_env = setter
-    site.env_hint = "add `ENV NAME=VALUE` before CMD/ENTRYPOINT"
+    if setter is not None:
+        site.set_env = setter
+        site.env_hint = "add `ENV NAME=VALUE` before CMD/ENTRYPOINT"
+    else:
+        site.env_hint = "set NAME=VALUE in front of the command in the RUN line"
     return site
 
 
@@ -204,7 +261,7 @@ def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Si
     for instruction in parts:
         items = instruction.exec_items(text) or []
         spans = [(m.start() + instruction.body, m.end() + instruction.body)
-                 for m in JSON_STRING.finditer(text[instruction.body:instruction.end])]
+                 for m in JSON_STRING.finditer(instruction.masked)]
         if len(spans) != len(items) or any(json.loads(text[s:e]) != v for (s, e), v in zip(spans, items)):
             return []
         container = JsonArrayContainer(text, spans)

@@ -5,7 +5,9 @@ re-validate the migrated commands against the flag schema of the target release.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import PurePath
 from typing import Callable, Sequence
 
@@ -63,28 +65,72 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
         sites, problems = read_sites(text, fmt)
     except UnreadableError as exc:
         return Result(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
-    findings = [Finding("parse", INFO, line, message) for line, message in _unique(problems)]
-    current, count = text, len(sites)
+    findings: list[Finding] = []
     seen: set[tuple[str, str, int]] = set()
-    for round_no in range(MAX_ROUNDS):
+
+    def report(finding: Finding, line_map: list[int]) -> None:
+        # Every finding once, at its line in the ORIGINAL file (rule id + token + place).
+        finding = replace(finding, line=_original_line(line_map, finding.line))
+        key = (finding.rule_id, finding.token, finding.line)
+        if key not in seen:
+            seen.add(key)
+            findings.append(finding)
+
+    identity = list(range(1, text.count("\n") + 2))
+    for line, message in _unique(problems):
+        report(Finding("parse", INFO, line, message), identity)
+    current, count, line_map = text, len(sites), identity
+    for _round in range(MAX_ROUNDS):
         planned = _plan(current, sites, rules, unsafe_fixes)
         for finding in planned.findings:
-            key = (finding.rule_id, finding.token, finding.line)
-            if round_no == 0 or (finding.level in (FIX, UNSAFE) and key not in seen):
-                findings.append(finding)
-            seen.add(key)
+            report(finding, line_map)
         if not planned.edits:
             break
         updated = apply_edits(current, planned.edits)
         problem = _verify(updated, fmt, count, planned.expected)
         if problem:
             return _refused(text, findings, problem)
+        line_map = _carry_lines(current, updated, planned.edits, line_map)
         current = updated
         sites, _ = read_sites(current, fmt)
     else:
         raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
-    findings.extend(_revalidate(sites, to_release, findings))
+    for finding in _revalidate(sites, to_release, findings, line_map):
+        report(finding, line_map)
     return Result(current, findings, sites=count)
+
+
+def _original_line(line_map: list[int], line: int) -> int:
+    if line < 1 or not line_map:
+        return line
+    return line_map[min(line, len(line_map)) - 1]
+
+
+def _carry_lines(old: str, new: str, edits: Sequence[TextEdit], line_map: list[int]) -> list[int]:
+    """Original line of every line of `new` (= `old` with `edits` applied): a line that starts
+    inside replacement text belongs to the line where that edit starts."""
+    ordered = sorted(drop_overlaps(edits)[0])
+    old_starts = [0] + [m.end() for m in re.finditer("\n", old)]
+    result: list[int] = []
+    shift, k = 0, 0
+    for pos in [0] + [m.end() for m in re.finditer("\n", new)]:
+        old_pos = None
+        while k < len(ordered):
+            edit = ordered[k]
+            new_start = edit.start + shift
+            new_end = new_start + len(edit.text)
+            if pos < new_start:
+                break
+            if pos < new_end:
+                old_pos = edit.start
+                break
+            shift += len(edit.text) - (edit.end - edit.start)
+            k += 1
+        if old_pos is None:
+            old_pos = pos - shift
+        old_line = bisect.bisect_right(old_starts, max(0, min(old_pos, len(old))))
+        result.append(line_map[min(old_line, len(line_map)) - 1])
+    return result
 
 
 def _unique(items):
@@ -218,14 +264,16 @@ def _refused(text: str, findings: list[Finding], problem: str) -> Result:
     return Result(text, kept, error=problem)
 
 
-def _revalidate(sites: list[Site], release: str, findings: list[Finding]) -> list[Finding]:
-    """Schema check of the migrated commands; skips what a rule finding already explains."""
-    # NOTE: lines may have shifted since the rule findings were made; match on the token.
-    explained = {f.token for f in findings if f.level in (MANUAL, UNSAFE, INFO)}
+def _revalidate(sites: list[Site], release: str, findings: list[Finding],
+                line_map: list[int]) -> list[Finding]:
+    """Schema check of the migrated commands; skips what a rule finding already explains
+    (same token on the same original line)."""
+    explained = {(f.token, f.line) for f in findings if f.level in (MANUAL, UNSAFE, INFO)}
     extra = []
     for site in sites:
         for finding in validate(site, release):
-            if finding.token not in explained:
+            line = _original_line(line_map, finding.line)
+            if (finding.token, line) not in explained:
                 extra.append(finding)
     return extra
 

@@ -44,8 +44,8 @@ class FileReport:
                                      self.migrated.splitlines(keepends=True),
                                      fromfile=name if name != STDIN else "<stdin>",
                                      tofile=name if name != STDIN else "<stdout>")
-        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                       for line in lines)
+        return display("".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                               for line in lines))
 
 
 def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
@@ -83,10 +83,9 @@ def read_text(path: str, stdin_text: str | None = None) -> tuple[str | None, str
         raise OSError(f"cannot read {path}: {exc.strerror or exc}") from None
     if b"\x00" in data[:8192]:
         return None, "skipped: binary file"
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, "skipped: not UTF-8 text"
+    # Bytes that are not UTF-8 (a Latin-1 comment, say) are carried through unchanged as
+    # surrogate escapes; the file is written back byte for byte outside the edits.
+    return data.decode("utf-8", "surrogateescape"), None
 
 
 def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: str,
@@ -111,18 +110,51 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
         fmt = "shell"
     report.fmt = fmt
     bom = text.startswith(BOM)
+    work = text[1:] if bom else text
+    crlf = "\r\n" in work and work.count("\r\n") == work.count("\n")
+    if crlf:  # every line ends in CRLF: migrate with LF, put CR back (lone CRs are kept)
+        work = work.replace("\r\n", "\n")
+    escaped = _has_surrogates(work)
+    if escaped:
+        if any(PUA_LOW <= ord(c) < PUA_LOW + 0x100 for c in work):
+            report.note = "skipped: not UTF-8 text"
+            return report if explicit else None
+        work = work.translate(_TO_PUA)
     try:
-        result: Result = migrate_text(text[1:] if bom else text, fmt, rules, to_release, unsafe_fixes)
+        result: Result = migrate_text(work, fmt, rules, to_release, unsafe_fixes)
     except ConvergenceError as exc:
         report.error = str(exc)
         report.findings.append(Finding("engine", ERROR, 0, str(exc)))
         return report
-    report.migrated = (BOM if bom else "") + result.text
+    migrated = result.text
+    if escaped:
+        migrated = migrated.translate(_FROM_PUA)
+    if crlf:
+        migrated = migrated.replace("\n", "\r\n")
+    report.migrated = (BOM if bom else "") + migrated
+
     report.findings = result.findings
     report.error = result.error
     if not explicit and not result.sites and not report.findings:
         return None
     return report
+
+
+# Undecodable bytes arrive as lone surrogates (U+DC80-U+DCFF, from surrogateescape). The
+# parsers get one private-use character per byte instead (valid UTF-8, printable YAML), so
+# offsets stay the same; the migrated text is translated back before it is written.
+PUA_LOW = 0xF700
+_TO_PUA = {0xDC00 + b: PUA_LOW + b for b in range(0x80, 0x100)}
+_FROM_PUA = {v: k for k, v in _TO_PUA.items()}
+
+
+def _has_surrogates(text: str) -> bool:
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
+def display(text: str) -> str:
+    """Text safe to print: undecodable bytes shown as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace") if _has_surrogates(text) else text
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -133,7 +165,7 @@ def write_atomic(path: str, text: str) -> None:
     fd, temp = tempfile.mkstemp(prefix=".sglaunch-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
+            handle.write(text.encode("utf-8", "surrogateescape"))
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, mode)

@@ -86,9 +86,17 @@ def detect_yaml(text: str) -> str:
                 return "k8s"
             if "services" in keys:
                 return "compose"
-            if any(SCHEMA.lookup("--" + str(k)) for k in keys) and not keys & {"command", "args"}:
+            if _looks_like_config(doc) and not keys & {"command", "args"}:
                 return "config"
     return "yaml"
+
+
+def _looks_like_config(doc) -> bool:
+    """An SGLang --config mapping: at least half of its keys are SGLang flags, and flag keys
+    hold scalars or lists (Helm values with a `port:` key are not launch configs)."""
+    entries = [(k, v) for k, v in doc.value if is_scalar(k)]
+    flags = [(k, v) for k, v in entries if SCHEMA.lookup("--" + str(k.value)) and not is_map(v)]
+    return bool(flags) and 2 * len(flags) >= len(entries)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -142,35 +150,106 @@ class SeqContainer:
             return self._replace_flow(i, j, new_tokens)
         return self._replace_block(i, j, new_tokens)
 
-    def _replace_flow(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit]:
-        first, last = self.items[i], self.items[j - 1]
-        style = first.style if first.style in ('"', "'") else None
-        if new_tokens:
-            text = ", ".join(render_scalar(t, style) for t in new_tokens)
-            return [TextEdit(first.start_mark.index, last.end_mark.index, text)]
-        if j < len(self.items):
-            return [TextEdit(first.start_mark.index, self.items[j].start_mark.index, "")]
-        if i > 0:
-            return [TextEdit(self.items[i - 1].end_mark.index, last.end_mark.index, "")]
-        return [TextEdit(first.start_mark.index, last.end_mark.index, "")]
+    def _replace_flow(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        # Item by item, so that comments between items (multi-line flow lists) stay put.
+        items = self.items
+        style = items[i].style if items[i].style in ('"', "'") else None
+        paired = min(j - i, len(new_tokens))
+        edits = [TextEdit(items[i + k].start_mark.index, items[i + k].end_mark.index,
+                          render_scalar(new_tokens[k], items[i + k].style if items[i + k].style in ('"', "'") else None))
+                 for k in range(paired)]
+        if len(new_tokens) > paired:
+            at = items[i + paired - 1].end_mark.index if paired else items[i].start_mark.index
+            extra = ", ".join(render_scalar(t, style) for t in new_tokens[paired:])
+            edits.append(TextEdit(at, at, (", " + extra) if paired else extra + ", "))
+            return edits if paired or i < len(items) else None
+        if paired == j - i:
+            return edits
+        first_gone = i + paired
+        spans = self._spans()
+        if j < len(items):  # delete up to the next item
+            start, end = items[first_gone].start_mark.index, items[j].start_mark.index
+        elif first_gone > 0:  # delete from the end of the previous item
+            start, end = items[first_gone - 1].end_mark.index, items[j - 1].end_mark.index
+        else:
+            start, end = items[first_gone].start_mark.index, items[j - 1].end_mark.index
+        edits.append(TextEdit(start, end, kept_comments(self.text, start, end, spans)))
+        return edits
+
+    def _spans(self) -> list[tuple[int, int]]:
+        return [(item.start_mark.index, item.end_mark.index) for item in self.items]
 
     def _replace_block(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
-        first, last = self.items[i], self.items[j - 1]
-        if j - i == 1 and len(new_tokens) == 1:
-            text = render_scalar(new_tokens[0], first.style)
-            return [TextEdit(first.start_mark.index, first.end_mark.index, text)]
+        # Item by item: every replaced item keeps its own line and comment; extra tokens go on
+        # new lines after the last item; removed items leave their comments behind.
+        first = self.items[i]
         dash = _dash_start(self.text, first.start_mark.index)
-        if dash is None:
+        if dash is None and (len(new_tokens) != j - i):
             return None
-        line_start, indent = dash
-        end = _line_end(self.text, last.end_mark.index)
+        indent = dash[1] if dash else ""
         style = first.style if first.style in ('"', "'") else None
-        if not new_tokens:
-            return [TextEdit(line_start, end, "")]
-        # Keep the first item's line (and its comment); extra tokens go on new lines after the last.
-        head = [TextEdit(first.start_mark.index, last.end_mark.index, render_scalar(new_tokens[0], first.style))]
-        rest = "".join(f"{indent}- {render_scalar(t, style)}\n" for t in new_tokens[1:])
-        return head + ([TextEdit(end, end, rest)] if rest else [])
+        paired = min(j - i, len(new_tokens))
+        edits = [TextEdit(self.items[i + k].start_mark.index, self.items[i + k].end_mark.index,
+                          render_scalar(new_tokens[k], self.items[i + k].style))
+                 for k in range(paired)]
+        if len(new_tokens) > paired:
+            anchor = self.items[j - 1]
+            end = _line_end(self.text, anchor.end_mark.index)
+            if end == len(self.text) and not self.text.endswith("\n"):
+                prefix, suffix = "\n", ""
+            else:
+                prefix, suffix = "", "\n"
+            rest = "\n".join(f"{indent}- {render_scalar(t, style)}" for t in new_tokens[paired:])
+            edits.append(TextEdit(end, end, prefix + rest + suffix))
+        for k in range(i + paired, j):
+            item = self.items[k]
+            item_dash = _dash_start(self.text, item.start_mark.index)
+            if item_dash is None:
+                return None
+            line_start, item_indent = item_dash
+            end = _line_end(self.text, item.end_mark.index)
+            comments = kept_comments(self.text, item.end_mark.index, end, [])
+            edits.append(TextEdit(line_start, end, f"{item_indent}{comments.lstrip()}" if comments else ""))
+        return edits
+
+
+def kept_comments(text: str, start: int, end: int, scalar_spans: Sequence[tuple[int, int]]) -> str:
+    """What must stay of text[start:end] when the YAML in it is deleted: its comments, each
+    with its newline, and the indentation after the last newline (so the next item keeps its
+    place). '' when there is no comment."""
+    found = comments_in(text, start, end, scalar_spans)
+    if not found:
+        return ""
+    out = []
+    for c_start, c_end in found:
+        piece = text[c_start:c_end]
+        if c_end < end and text[c_end:c_end + 1] == "\n":
+            piece += "\n"
+        out.append(piece)
+    last_newline = text.rfind("\n", start, end)
+    tail = text[last_newline + 1:end] if last_newline >= 0 and found[-1][1] <= last_newline else ""
+    result = "".join(out) + (tail if tail.strip() == "" else "")
+    if start > 0 and text[start - 1] not in " \t\n" and result.startswith("#"):
+        result = " " + result
+    return result
+
+
+def comments_in(text: str, start: int, end: int, scalar_spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(start, end) of each YAML comment in text[start:end], outside the given scalars."""
+    found = []
+    pos = start
+    while True:
+        hit = text.find("#", pos, end)
+        if hit < 0:
+            return found
+        inside = any(s <= hit < e for s, e in scalar_spans)
+        if not inside and (hit == 0 or text[hit - 1] in " \t\n"):
+            stop = text.find("\n", hit, end)
+            stop = end if stop < 0 else stop
+            found.append((hit, stop))
+            pos = stop
+        else:
+            pos = hit + 1
 
 
 def _dash_start(text: str, item_start: int) -> tuple[int, str] | None:
@@ -239,14 +318,35 @@ class ConfigContainer:
 
     def _rewrite_entries(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
         first_key = self.slots[i][0]
-        last_key = self.slots[j - 1][0]
-        last_value = next(v for k, v in self.mapping.value if k is last_key)
+        keys = []
+        for k in range(i, j):
+            if self.slots[k][0] not in keys:
+                keys.append(self.slots[k][0])
+        values = [next(v for k, v in self.mapping.value if k is key) for key in keys]
         line_start = self.text.rfind("\n", 0, first_key.start_mark.index) + 1
         indent = self.text[line_start:first_key.start_mark.index]
         if indent.strip() or self.mapping.flow_style:
             return None
-        end = _line_end(self.text, content_end(last_value))
-        return [TextEdit(line_start, end, "".join(indent + line + "\n" for line in config_lines(new_tokens)))]
+        end = _line_end(self.text, content_end(values[-1]))
+        spans = [(n.start_mark.index, n.end_mark.index) for node in [*keys, *values]
+                 for n in _nodes(node) if is_scalar(n)]
+        comments = comments_in(self.text, line_start, end, spans)
+        lines = [indent + line for line in config_lines(new_tokens)]
+        texts = [self.text[c_start:c_end] for c_start, c_end in comments]
+        if lines and comments:
+            # the first comment that trails a value stays on the first line, with its spacing
+            c_start, c_end = comments[0]
+            before = self.text[self.text.rfind("\n", 0, c_start) + 1:c_start]
+            if before.strip():
+                gap = len(before) - len(before.rstrip(" \t"))
+                lines[0] += self.text[c_start - gap:c_start] + texts.pop(0)
+        lines[1:1] = [indent + t for t in texts] if lines else []
+        if not lines:
+            lines = [indent + t for t in texts]
+        body = "".join(line + "\n" for line in lines)
+        if end == len(self.text) and not self.text.endswith("\n"):
+            body = body[:-1]
+        return [TextEdit(line_start, end, body)]
 
 
 def config_lines(tokens: Sequence[str]) -> list[str]:
@@ -442,23 +542,55 @@ def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter
     flat = [(p, k) for p in parts for k in range(len(p.values))]
     part, k = flat[index]
     node = part.nodes[k]
-    if not isinstance(part.container, SeqContainer):
-        return []  # `sh -c "..."` inside a command string: quoting nests twice; left alone
-    mapper = _mapper_for(text, node)
+    if isinstance(part.container, SeqContainer):
+        mapper = _mapper_for(text, node)
+        script = str(node.value)
+
+        def line_at(r_line: int, _ref=None) -> int:
+            return _script_line(node, node.start_mark.line, r_line)
+    else:
+        # `sh -c "..."` inside a command string: the script is one shell word of that string;
+        # edits go through the word's quoting, then through the YAML scalar's.
+        mapper, script = _word_mapper(part.container, k)
+
+        def line_at(r_line: int, ref=None) -> int:
+            if ref is None:
+                return part.lines[k]
+            token = ref.container.tokens[ref.index]
+            edit = ref.container.mapper(TextEdit(token.start, token.start, ""))
+            return line_of(text, edit.start) if edit else part.lines[k]
     if mapper is None:
         return []
-    parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
-    first_line = node.start_mark.line
+    parsed = shell.parse_script(script, mapper, fmt=fmt)
     sites = []
     for site in parsed.sites:
         merged = {**env, **site.env}
         dyn = (set(env_dynamic) - set(site.env)) | set(site.env_dynamic)
-        refs = tuple(TokenRef(r.container, r.index, _script_line(node, first_line, r.line)) for r in site.refs)
+        refs = tuple(TokenRef(r.container, r.index, line_at(r.line, r)) for r in site.refs)
+        first = refs[0].line if refs and not isinstance(part.container, SeqContainer) else line_at(site.line)
         sites.append(Site(args=site.args, dynamic=site.dynamic, refs=refs,
-                          line=_script_line(node, first_line, site.line), launcher=site.launcher,
+                          line=first, launcher=site.launcher,
                           env=merged, env_dynamic=frozenset(dyn), passthrough=site.passthrough,
                           set_env=setter or site.set_env, env_hint=site.env_hint, fmt=fmt))
     return sites
+
+
+def _word_mapper(container, k: int):
+    """(mapper, script) for shell word k of a command string: edits in the word's unquoted
+    value become edits of the string, then of the file (None when they cannot be lined up)."""
+    token = container.tokens[k]
+    source = container.text[token.start:token.end]
+    forbidden = {'"': '"\\$`\n', "'": "'\n"}.get(source[:1], " \t\n\"'\\$`;&|<>()#")
+    positions = align(source, token.start, token.value)
+    if positions is None:
+        return None, token.value
+    inner = scalar_mapper(positions, token.end, forbidden)
+
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        moved = inner(edit)
+        return None if moved is None else container.mapper(moved)
+
+    return mapper, token.value
 
 
 def _script_line(node, first_line: int, line_in_script: int) -> int:
@@ -576,7 +708,7 @@ def _append_env(text: str, node, name: str, value: str, fmt: str) -> list[TextEd
     if is_map(node):
         key = last[0]
         indent = text[text.rfind("\n", 0, key.start_mark.index) + 1:key.start_mark.index]
-        return [TextEdit(at, at, f"{indent}{name}: {rendered}\n")] if not indent.strip() else None
+        return [_insert_lines(text, at, f"{indent}{name}: {rendered}\n")] if not indent.strip() else None
     first_item = node.value[0]
     dash = _dash_start(text, first_item.start_mark.index)
     if dash is None:
@@ -586,7 +718,14 @@ def _append_env(text: str, node, name: str, value: str, fmt: str) -> list[TextEd
         lines = f"{indent}- name: {name}\n{indent}  value: {json.dumps(value)}\n"
     else:
         lines = f"{indent}- {name}={value}\n"
-    return [TextEdit(at, at, lines)]
+    return [_insert_lines(text, at, lines)]
+
+
+def _insert_lines(text: str, at: int, lines: str) -> TextEdit:
+    """Insert whole lines at `at` (a line start, or the end of a file without a final newline)."""
+    if at == len(text) and text and not text.endswith("\n"):
+        return TextEdit(at, at, "\n" + lines[:-1])
+    return TextEdit(at, at, lines)
 
 
 def _add_env_key(text: str, mapping, key_name: str, name: str, value: str, fmt: str) -> list[TextEdit] | None:

@@ -153,3 +153,62 @@ def test_revalidation_reports_flags_unknown_at_target():
     result = migrate(text, "shell")
     assert [f.rule_id for f in result.findings] == ["validate"]
     assert "0.5.20" in result.findings[0].message
+
+
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_compose_sh_c_inside_a_command_string_is_rewritten(quote):
+    text = ("services:\n  s:\n    environment:\n      - A=1\n"
+            f"    command: sh -c {quote}pip install x && python3 -m sglang.launch_server "
+            f"--enable-deepep-waterfill --speculative-algorithm DSPARK{quote}\n")
+    result = migrate(text, "compose")
+    assert result.text == text.replace("--enable-deepep-waterfill",
+                                       "--enable-waterfill --moe-a2a-backend deepep").replace(
+        "      - A=1\n", "      - A=1\n      - SGLANG_RAGGED_VERIFY_MODE=compact\n")
+    assert sorted((f.rule_id, f.line) for f in result.findings) == [("R516-01", 5), ("R516-07", 5)]
+    assert migrate(result.text, "compose").text == result.text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("FROM x\nRUN python3 -m sglang.launch_server --enable-deepep-waterfill & sleep 5\n",
+     "FROM x\nRUN python3 -m sglang.launch_server --enable-waterfill --moe-a2a-backend deepep & sleep 5\n"),
+    ("FROM x\nRUN --mount=type=cache,target=/c sglang serve --speculative-algorithm DSPARK\n",
+     "FROM x\nRUN --mount=type=cache,target=/c SGLANG_RAGGED_VERIFY_MODE=compact sglang serve "
+     "--speculative-algorithm DSPARK\n"),
+    ('FROM x\nRUN ["python3", "-m", "sglang.launch_server", "--enable-deepep-waterfill"]\n',
+     'FROM x\nRUN ["python3", "-m", "sglang.launch_server", "--enable-waterfill", "--moe-a2a-backend", "deepep"]\n'),
+    ("FROM x\nRUN pip install sglang && echo 'python -m sglang.launch_server --enable-deepep-waterfill'\n",
+     "FROM x\nRUN pip install sglang && echo 'python -m sglang.launch_server --enable-deepep-waterfill'\n"),
+])
+def test_dockerfile_run_lines_that_launch_sglang(text, expected):
+    result = migrate(text, "dockerfile")
+    assert result.error is None
+    assert result.text == expected
+    assert migrate(expected, "dockerfile").text == expected
+
+
+def test_helm_values_with_a_port_key_are_not_a_config_file():
+    text = "replicaCount: 1\nport: 30000\nimage:\n  tag: v1\nservice:\n  port: 80\nresources: {}\n"
+    assert detect_format("values.yaml", text) == "yaml"
+    assert detect_format("c.yaml", "model-path: /m\ntp-size: 8\nfoo: 1\n") == "config"
+
+
+def test_non_utf8_bytes_are_kept_byte_for_byte(tmp_path):
+    from sglaunch.migrate.files import process_file, write_atomic
+
+    path = tmp_path / "a.sh"
+    path.write_bytes(b"# Gr\xf6\xdfe\nsglang serve --model-path /mod\xe8le --enable-deepep-waterfill\n")
+    report = process_file(str(path), True, RULES_16, "0.5.16", False)
+    assert report.error is None and report.changed
+    write_atomic(str(path), report.migrated)
+    assert path.read_bytes() == (b"# Gr\xf6\xdfe\nsglang serve --model-path /mod\xe8le "
+                                 b"--enable-waterfill --moe-a2a-backend deepep\n")
+
+
+def test_crlf_file_keeps_crlf_in_inserted_lines(tmp_path):
+    from sglaunch.migrate.files import process_file
+
+    path = tmp_path / "a.sh"
+    path.write_bytes(b"export A=1\r\nsglang serve --speculative-algorithm DSPARK\r\n")
+    report = process_file(str(path), True, RULES_16, "0.5.16", False)
+    assert report.migrated == ("export A=1\r\nexport SGLANG_RAGGED_VERIFY_MODE=compact\r\n"
+                               "sglang serve --speculative-algorithm DSPARK\r\n")
