@@ -80,13 +80,15 @@ def _ignored_compat_flags(ctx: LaunchContext) -> list[Diagnostic]:
 def fall_back_to_engine_backends(ctx: LaunchContext) -> list[Diagnostic]:
     """Backends the engine lacks are replaced by the closest one it has, with a warning."""
     found = []
+    from sglaunch.engine.attention import IMPLEMENTED
+
     backend = ctx.get("attention_backend")
-    if backend in ENGINE_ATTENTION:
+    if ENGINE_ATTENTION.get(backend) in IMPLEMENTED:
         if ENGINE_ATTENTION[backend] != backend:
             ctx.resolve("attention_backend", ENGINE_ATTENTION[backend], f"sglaunch's name for {backend}")
     else:
         fallback = "flashinfer" if ctx.get("device") == "cuda" and ctx.env_info and \
-            ctx.env_info.packages.get("flashinfer") else "torch"
+            ctx.env_info.packages.get("flashinfer") and "flashinfer" in IMPLEMENTED else "torch"
         ctx.resolve("attention_backend", fallback, f"{backend} is not implemented by sglaunch")
         found.append(diag("ENG003", f"--attention-backend {backend} is not implemented by sglaunch; "
                           f"using {fallback}", flags=("--attention-backend",),

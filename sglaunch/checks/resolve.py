@@ -44,11 +44,14 @@ def resolve_attention(ctx: LaunchContext) -> None:
     backend = ctx.get("attention_backend")
     if backend != "auto":
         return
+    from sglaunch.engine.attention import IMPLEMENTED
+
     flashinfer = ctx.env_info and ctx.env_info.packages.get("flashinfer")
-    if ctx.get("device") == "cuda" and flashinfer:
+    if ctx.get("device") == "cuda" and flashinfer and "flashinfer" in IMPLEMENTED:
         ctx.resolve("attention_backend", "flashinfer", f"CUDA with FlashInfer {flashinfer} installed")
     else:
-        why = "CPU device" if ctx.get("device") != "cuda" else "FlashInfer not installed"
+        why = ("CPU device" if ctx.get("device") != "cuda" else
+               "FlashInfer not installed" if not flashinfer else "this build has no FlashInfer backend yet")
         ctx.resolve("attention_backend", "torch", why)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Callable, NoReturn
 
 import torch
 
@@ -39,8 +40,14 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, tp: TPGroup):
+    def __init__(
+        self, config: EngineConfig, runner: ModelRunner, tp: TPGroup,
+        on_tp_failure: Callable[[BaseException], NoReturn] | None = None,
+    ):
         self.config, self.runner, self.tp = config, runner, tp
+        # NOTE: a failed collective leaves the ranks out of step; this ends the process (naming
+        # the dead rank) instead of letting a caller carry on or hang
+        self.on_tp_failure = on_tp_failure
         self.allocator = PageAllocator(runner.num_pages)
         radix = None if config.disable_radix_cache else RadixCache(config.page_size, self.allocator.free)
         self.limits = scheduler_limits(config, runner)
@@ -89,8 +96,7 @@ class LLMEngine:
         logprobs: list[float | None] = [None] * len(chunks)
         if chunks:
             step = build_step_input(chunks, self.config.page_size)
-            self.tp.broadcast_object(("step", step))
-            logits = self.runner.forward(step)  # [num_samples, vocab]
+            logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
             self._sample(chunks, logits, sampled, logprobs)
             self.counters["steps"] += 1
         finished = self.scheduler.commit(chunks, sampled)
@@ -142,9 +148,23 @@ class LLMEngine:
         return self._token_output(req, tokens, logprobs, finished=True)
 
     # ---- driving the workers ------------------------------------------------------------
+    def _run_on_all_ranks(self, step) -> torch.Tensor:
+        try:
+            self.tp.broadcast_object(("step", step))
+            return self.runner.forward(step)
+        except Exception as exc:
+            if self.tp.size > 1 and self.on_tp_failure is not None:
+                self.on_tp_failure(exc)
+            raise
+
     def keepalive(self) -> None:
         """Tell idle workers rank 0 is alive (their step broadcast would time out)."""
-        self.tp.broadcast_object(("noop",))
+        try:
+            self.tp.broadcast_object(("noop",))
+        except Exception as exc:
+            if self.on_tp_failure is not None:
+                self.on_tp_failure(exc)
+            raise
 
     def stop_workers(self) -> None:
         self.tp.broadcast_object(("shutdown",))

@@ -16,6 +16,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_TOKENS = 16384
 DEFAULT_MEM_FRACTION_STATIC = 0.85
+# NOTE: the page allocator is a Python list; tiny models on big GPUs would otherwise ask for
+# hundreds of millions of slots
+MAX_KV_TOKENS = 1 << 22
 
 
 class KVPool:
@@ -51,6 +54,4 @@ def plan_kv_tokens(config: EngineConfig, bytes_per_token: int, device: torch.dev
             f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB at "
             f"--mem-fraction-static {fraction}); raise --mem-fraction-static or use more GPUs"
         )
-    if config.max_total_tokens:
-        tokens = min(tokens, config.max_total_tokens)
-    return tokens
+    return min(tokens, config.max_total_tokens or MAX_KV_TOKENS)

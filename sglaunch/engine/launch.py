@@ -89,8 +89,6 @@ def validate_before_spawning(config: EngineConfig):
 
     if config.node_rank != 0:
         raise ValueError(f"--node-rank {config.node_rank} hosts workers only: call run_worker_node")
-    if config.device == "cuda" and config.kv_cache_dtype not in ("bfloat16", "float16", "float32"):
-        raise ValueError(f"unsupported --kv-cache-dtype {config.kv_cache_dtype!r}")
     spec = load_model_spec(config.model_path)
     check_tp_divides(spec, config.tp_size)
     rank_layout(config)
@@ -111,7 +109,7 @@ def create_engine(config: EngineConfig):
     try:
         tp = cluster.start()
         runner = ModelRunner(config, spec, tp, rank_device(config, 0), show_progress=True)
-        return LLMEngine(config, runner, tp), cluster
+        return LLMEngine(config, runner, tp, on_tp_failure=cluster.fail), cluster
     except BaseException:
         cluster.abort_startup()
         raise
@@ -123,7 +121,7 @@ class Completion:
     final: TokenOutput  # the last output (finish_reason, token counts, cached_tokens)
 
 
-def run_requests(engine, cluster: Cluster, requests: Sequence[GenerateRequest]) -> dict[str, Completion]:
+def run_requests(engine, requests: Sequence[GenerateRequest]) -> dict[str, Completion]:
     """Run requests to completion on a booted engine (all queued at once)."""
     tokens: dict[str, list[int]] = {r.rid: [] for r in requests}
     finals: dict[str, TokenOutput] = {}
@@ -137,12 +135,7 @@ def run_requests(engine, cluster: Cluster, requests: Sequence[GenerateRequest]) 
     for request in requests:
         collect(engine.add_request(request))
     while engine.has_work:
-        try:
-            collect(engine.step())
-        except Exception as exc:
-            if cluster.tp.size == 1:
-                raise
-            cluster.fail(exc)
+        collect(engine.step())
     return {rid: Completion(tokens[rid], finals[rid]) for rid in tokens}
 
 
@@ -153,7 +146,7 @@ def generate_batch(
     engine, cluster = create_engine(config)
     try:
         requests = [GenerateRequest(f"batch-{i}", tuple(p), sampling) for i, p in enumerate(prompts)]
-        done = run_requests(engine, cluster, requests)
+        done = run_requests(engine, requests)
         return [done[r.rid].token_ids for r in requests]
     finally:
         cluster.stop(engine)

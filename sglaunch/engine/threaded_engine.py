@@ -90,8 +90,9 @@ class ThreadedEngine:
         self._inbox.put(("abort", rid))
 
     def server_info(self) -> dict:
+        config = {k: v for k, v in self.config.to_dict().items() if k != "api_key"}  # never leak it
         return {
-            **self.config.to_dict(),
+            **config,
             "version": sglaunch.__version__,
             **self._static,
             **self._live,
@@ -134,9 +135,10 @@ class ThreadedEngine:
                 if not self._handle(self._inbox.get_nowait()):
                     self.cluster.stop(self.engine)
                     return
-            if self.engine.has_work:
-                self._deliver(self.engine.step())
+            outputs = self.engine.step() if self.engine.has_work else []
+            # NOTE: stats first, so a client that sees its last token also sees the counts
             self._live = self.engine.live_stats()
+            self._deliver(outputs)
 
     def _handle(self, command: tuple[Any, ...]) -> bool:
         """Apply one queued command; False means shut down."""

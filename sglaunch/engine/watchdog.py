@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch.distributed as dist
 
 HEARTBEAT_INTERVAL_S = 0.5
-HEARTBEAT_STALE_S = 8.0
+HEARTBEAT_STALE_S = 5.0
 STORE_TIMEOUT_S = 5.0
 
 
@@ -42,16 +42,20 @@ def _store_client(host: str, port: int) -> dist.TCPStore:
 
 
 class WorkerHeartbeat(threading.Thread):
-    """Worker side: beat, and exit when rank 0 (the store's host) disappears."""
+    """Worker side: beat, and exit when rank 0 (the store's host) or the process that
+    spawned this worker disappears."""
 
     def __init__(self, host: str, port: int, rank: int):
         super().__init__(name=f"heartbeat-rank{rank}", daemon=True)
         self.host, self.port, self.rank = host, port, rank
+        self.parent_pid = os.getppid()
         self.stopping = threading.Event()
 
     def run(self) -> None:
         store = _store_client(self.host, self.port)
         while not self.stopping.wait(HEARTBEAT_INTERVAL_S):
+            if os.getppid() != self.parent_pid:  # NOTE: orphaned: nobody would reap or stop us
+                fatal(f"TP rank {self.rank}: the process that started it exited; exiting")
             try:
                 store.add(heartbeat_key(self.rank), 1)
             except Exception as exc:  # noqa: BLE001 - any failure means rank 0 is unreachable

@@ -14,13 +14,14 @@ import traceback
 from multiprocessing.process import BaseProcess
 
 from sglaunch.config import EngineConfig
-from sglaunch.engine.watchdog import WorkerHeartbeat, fatal, kill_processes
 
 
 def worker_main(config: EngineConfig, rank: int, host: str, port: int) -> None:
     """Entry point of a spawned worker process."""
     # NOTE: Ctrl+C reaches the whole process group; rank 0 orchestrates the shutdown
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from sglaunch.engine.watchdog import fatal
+
     try:
         _serve(config, rank, host, port)
     except Exception as exc:  # noqa: BLE001 - any failure ends the rank, loudly
@@ -32,6 +33,7 @@ def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
     from sglaunch.engine.distributed import connect_store, destroy_tp_group, init_tp_group, rank_layout
     from sglaunch.engine.model_runner import ModelRunner, rank_device, set_cpu_threads
     from sglaunch.engine.model_spec import load_model_spec
+    from sglaunch.engine.watchdog import WorkerHeartbeat
 
     layout = rank_layout(config)
     if config.device == "cpu":
@@ -69,6 +71,7 @@ def run_worker_node(config: EngineConfig) -> int:
     """Host this node's ranks (node_rank > 0) until rank 0 shuts them down; returns the exit
     status: 0 after a clean shutdown, 1 (naming the rank) when any rank failed."""
     from sglaunch.engine.distributed import init_address, rank_layout
+    from sglaunch.engine.watchdog import kill_processes
 
     if config.node_rank == 0:
         raise ValueError("node 0 runs the driver (start_engine); run_worker_node is for --node-rank > 0")
@@ -83,6 +86,8 @@ def run_worker_node(config: EngineConfig) -> int:
 
 
 def _wait_for_children(children: dict[int, BaseProcess]) -> int:
+    from sglaunch.engine.watchdog import kill_processes
+
     pending = dict(children)
     while pending:
         multiprocessing.connection.wait([p.sentinel for p in pending.values()])

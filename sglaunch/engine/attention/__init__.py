@@ -23,6 +23,9 @@ def _flashinfer_backend() -> type[AttentionBackend]:
     )
 
 
+# Backends this build can run; the front end reads it (torch-free) to resolve `auto`.
+IMPLEMENTED: frozenset[str] = frozenset({"torch"})
+
 ATTENTION_BACKENDS: dict[str, Callable[[], type[AttentionBackend]]] = {
     "torch": _torch_backend,
     "flashinfer": _flashinfer_backend,

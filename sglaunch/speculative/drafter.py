@@ -1,0 +1,406 @@
+"""The DSpark drafter [DSpark §2]: fused target features, a non-causal block forward over
+[anchor, MASK x (gamma - 1)] with the context injected as extra keys/values, then a sequential
+Markov head sampling the block left to right, and a confidence head.
+
+Reuses the target's tensor-parallel building blocks (engine.layers / engine.models): heads and
+MLP columns are split over ranks exactly like the target's; fc, norms, Markov and confidence
+heads are small and replicated. embed_tokens / lm_head are the target's modules when the
+checkpoint has no copy (aliased, vocab-parallel like the target).
+
+Context K/V: per draft layer, K = k_norm(k_proj(ctx)) roped at the context position, V =
+v_proj(ctx), written once into a DraftKVPool slot and reused every later step. Block K/V are
+computed per step and never stored, so "cropping" the block is free; the context length of a
+request only grows with rows the engine appends (accepted rows' features) or shrinks by crop().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    copy_full,
+    rope_inverse_frequencies,
+)
+from sglaunch.engine.model_spec import ModelSpec
+from sglaunch.engine.models import MLP
+from sglaunch.speculative.accept import inverse_cdf
+from sglaunch.speculative.drafter_config import DrafterConfig
+
+GREEDY_TEMPERATURE = 1e-5
+
+
+# ----------------------------------------------------------------------------- data passed in/out
+
+
+class DraftKVPool:
+    """Context K/V of every draft layer: [num_slots, local_kv_heads, head_dim] per layer. Slot
+    ids are the caller's (DraftContextCache, or the engine's own page tables)."""
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int, dtype, device):
+        shape = (num_slots, kv_heads, head_dim)
+        self.num_slots = num_slots
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer][slots] = k.to(self.k[layer].dtype)  # slots [N], k/v [N, kv_heads, head_dim]
+        self.v[layer][slots] = v.to(self.v[layer].dtype)
+
+
+@dataclass
+class DraftBatch:
+    """One draft step for B requests. Pending context rows are written to the pool by the forward."""
+
+    anchor_tokens: torch.Tensor  # [B] int64, last committed token x0
+    anchor_positions: torch.Tensor  # [B] int64, p (block occupies p .. p + gamma - 1)
+    ctx_features: torch.Tensor  # [N, n_features * d] new context rows (target features), request after request
+    ctx_positions: torch.Tensor  # [N] int64 position of each new row
+    ctx_slots: torch.Tensor  # [N] int64 pool slot receiving its K/V
+    slot_table: torch.Tensor  # [B, C] int64 pool slots of context positions 0 .. ctx_lens[b] - 1 (padding: any slot)
+    ctx_lens: torch.Tensor  # [B] int64 context rows visible to request b (normally == anchor_positions)
+
+
+@dataclass
+class BlockOutput:
+    hidden: torch.Tensor  # [B, gamma, d] final-normed block states h_k
+    logits: torch.Tensor  # [B, gamma, V] float32 base logits U_k (slot k predicts position p + k + 1)
+
+
+@dataclass
+class DraftBlock:
+    tokens: torch.Tensor  # [B, gamma] int64 x_0 .. x_{gamma-1}
+    probs: torch.Tensor | None  # [B, gamma, V] float32 q_k (one-hot for greedy rows); None if not asked
+    logits: torch.Tensor  # [B, gamma, V] float32 Markov-corrected l_k = U_k + B_k (before temperature)
+    conf_logits: torch.Tensor | None  # [B, gamma] float32 raw confidence-head logits (None: no head)
+
+
+# ----------------------------------------------------------------------------- replicated pieces
+
+
+class ReplicatedLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype, device):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) if bias else None
+
+    def load_weight(self, attr: str, section: int, tensor_slice: Any) -> None:
+        copy_full(getattr(self, attr), tensor_slice)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedEmbedding(nn.Module):
+    def __init__(self, num: int, dim: int, dtype, device):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim, dtype=dtype, device=device), requires_grad=False)
+
+    def load_weight(self, attr: str, section: int, tensor_slice: Any) -> None:
+        copy_full(self.weight, tensor_slice)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class MarkovHead(nn.Module):
+    """Low-rank logit bias keyed on the previous token: vanilla W2 W1[x], gated, or rnn."""
+
+    def __init__(self, c: DrafterConfig, dtype, device):
+        super().__init__()
+        d, r, V = c.hidden_size, c.markov_rank, c.vocab_size
+        self.kind, self.rank = c.markov_head_type, r
+        self.markov_w1 = ReplicatedEmbedding(V, r, dtype, device)
+        self.markov_w2 = ReplicatedLinear(r, V, False, dtype, device)
+        if self.kind == "gated":
+            self.gate_proj = ReplicatedLinear(d + r, r, True, dtype, device)
+        elif self.kind == "rnn":
+            self.joint_proj = ReplicatedLinear(2 * r + d, 3 * r, True, dtype, device)
+
+    def init_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
+        return like.new_zeros(batch, self.rank)  # s_0 = 0 (used by rnn only)
+
+    def bias(self, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """e = W1[x_{k-1}] [B, r], h = h_k [B, d] -> (B_k [B, V] float32, next state [B, r])."""
+        if self.kind == "gated":
+            z = torch.sigmoid(self.gate_proj(torch.cat([h, e], dim=-1))) * e
+        elif self.kind == "rnn":
+            g, cand, o = self.joint_proj(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
+            gate = torch.sigmoid(g)
+            state = gate * state + (1 - gate) * torch.tanh(cand)
+            z = torch.tanh(o)
+        else:
+            z = e
+        return self.markov_w2(z).float(), state
+
+
+class ConfidenceHead(nn.Module):
+    """c_k logit = proj([h_k ; W1[x_{k-1}]]) (or proj(h_k) without the Markov embedding)."""
+
+    def __init__(self, c: DrafterConfig, dtype, device):
+        super().__init__()
+        self.with_markov = c.uses_markov_in_confidence
+        width = c.hidden_size + (c.markov_rank if self.with_markov else 0)
+        self.proj = ReplicatedLinear(width, 1, True, dtype, device)
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+        x = torch.cat([h, e], dim=-1) if self.with_markov else h
+        return self.proj(x).float()[:, 0]  # [B]
+
+
+# ----------------------------------------------------------------------------- backbone
+
+
+def as_model_spec(c: DrafterConfig) -> ModelSpec:
+    """The target-shaped facts the engine's building blocks read."""
+    return ModelSpec(
+        family=c.family, vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_layers=c.num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, rope_type=c.rope_type, rope_scaling=c.rope_scaling,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False, qkv_bias=c.attention_bias,
+        o_bias=c.attention_bias, mlp_bias=c.mlp_bias, qk_norm=c.qk_norm, checkpoint_dtype="float32", eos_token_ids=(),
+    )
+
+
+class DSparkAttention(nn.Module):
+    """Block queries attend (non-causally) to the cached context K/V and to the whole block."""
+
+    def __init__(self, c: DrafterConfig, layer: int, rope: RotaryEmbedding, tp: TPGroup, dtype, device):
+        super().__init__()
+        self.layer, self.rope, self.hd = layer, rope, c.head_dim
+        self.heads, self.kv_heads = c.num_heads // tp.size, c.num_kv_heads // tp.size
+        sections = [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        self.qkv_proj = ColumnParallelLinear(c.hidden_size, sections, c.attention_bias, tp, dtype, device)
+        self.o_proj = RowParallelLinear(c.num_heads * c.head_dim, c.hidden_size, c.attention_bias, tp, dtype, device)
+        self.qk_norm = c.qk_norm
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
+        self.scale = c.head_dim**-0.5
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused context rows [N, d] -> K, V [N, local_kv_heads, head_dim] (k_norm + RoPE on K)."""
+        q_rows = self.heads * self.hd
+        w = self.qkv_proj.weight[q_rows:]
+        b = self.qkv_proj.bias[q_rows:] if self.qkv_proj.bias is not None else None
+        k, v = F.linear(ctx, w, b).view(-1, 2 * self.kv_heads, self.hd).chunk(2, dim=1)
+        if self.qk_norm:
+            k = self.k_norm(k)
+        return self.rope(positions, k, k)[1], v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor, batch: DraftBatch,
+                pool: DraftKVPool) -> torch.Tensor:
+        B, C = batch.slot_table.shape
+        G = x.shape[0] // B
+        if ctx.shape[0]:
+            pool.write(self.layer, batch.ctx_slots, *self.context_kv(ctx, batch.ctx_positions))
+        q, k, v = self.qkv_proj(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q, k, v = q.view(-1, self.heads, self.hd), k.view(-1, self.kv_heads, self.hd), v.view(-1, self.kv_heads, self.hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        flat = batch.slot_table.reshape(-1)
+        keys = torch.cat([pool.k[self.layer].index_select(0, flat).view(B, C, self.kv_heads, self.hd).to(q.dtype),
+                          k.view(B, G, self.kv_heads, self.hd)], dim=1)  # [B, C + G, kv_heads, hd]
+        values = torch.cat([pool.v[self.layer].index_select(0, flat).view(B, C, self.kv_heads, self.hd).to(q.dtype),
+                            v.view(B, G, self.kv_heads, self.hd)], dim=1)
+        # NOTE: non-causal: every block query sees context rows < ctx_len and the whole block
+        col = torch.arange(C + G, device=x.device)[None, :]
+        visible = (col < batch.ctx_lens[:, None]) | (col >= C)  # [B, C + G]
+        out = F.scaled_dot_product_attention(
+            q.view(B, G, self.heads, self.hd).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=visible[:, None, None, :], scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+        )  # [B, heads, G, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B * G, self.heads * self.hd))
+
+
+class DSparkLayer(nn.Module):
+    def __init__(self, c: DrafterConfig, layer: int, rope: RotaryEmbedding, tp: TPGroup, dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.self_attn = DSparkAttention(c, layer, rope, tp, dtype, device)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
+        self.mlp = MLP(as_model_spec(c), tp, dtype, device)
+
+    def forward(self, x, positions, ctx, batch: DraftBatch, pool: DraftKVPool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, batch, pool)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DSparkDrafter(nn.Module):
+    """The whole drafter on one TP rank. Module names equal DeepSpec checkpoint names (q/k/v and
+    gate/up are packed as in the target; engine.models.PACKED_MODULES maps them)."""
+
+    def __init__(self, c: DrafterConfig, tp: TPGroup, dtype, device, max_positions: int | None = None,
+                 embed_tokens: nn.Module | None = None, lm_head: nn.Module | None = None):
+        super().__init__()
+        self.config, self.tp, self.dtype = c, tp, dtype
+        d = c.hidden_size
+        inv_freq = rope_inverse_frequencies(c.head_dim, c.rope_theta, c.rope_type, dict(c.rope_scaling))
+        rope = RotaryEmbedding(c.head_dim, max_positions or c.max_position_embeddings, inv_freq, device)
+        self.aliased = {name for name, mod in (("embed_tokens", embed_tokens), ("lm_head", lm_head)) if mod is not None}
+        if embed_tokens is None:
+            embed_tokens = VocabParallelEmbedding(c.vocab_size, d, tp, dtype, device)
+        if lm_head is None:
+            lm_head = ParallelLMHead(c.vocab_size, d, tp, dtype, device)
+        self.embed_tokens, self.lm_head = embed_tokens, lm_head
+        self.fc = ReplicatedLinear(c.num_features * d, d, False, dtype, device)
+        self.hidden_norm = RMSNorm(d, c.rms_norm_eps, dtype, device)
+        self.layers = nn.ModuleList(DSparkLayer(c, i, rope, tp, dtype, device) for i in range(c.num_layers))
+        self.norm = RMSNorm(d, c.rms_norm_eps, dtype, device)
+        self.markov_head = MarkovHead(c, dtype, device) if c.markov_rank > 0 else None
+        self.confidence_head = ConfidenceHead(c, dtype, device) if c.enable_confidence_head else None
+
+    def make_pool(self, num_slots: int, dtype=None) -> DraftKVPool:
+        c = self.config
+        return DraftKVPool(c.num_layers, num_slots, c.num_kv_heads // self.tp.size, c.head_dim, dtype or self.dtype,
+                           self.fc.weight.device)
+
+    def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
+        """[N, n_features * d] target features (layer order of target_layer_ids) -> [N, d]."""
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
+
+    @torch.inference_mode()
+    def forward_block(self, batch: DraftBatch, pool: DraftKVPool) -> BlockOutput:
+        """Parallel stage: write the batch's new context K/V, run the block, return h_k and U_k."""
+        c = self.config
+        B, G = batch.anchor_tokens.shape[0], c.block_size
+        ids = torch.full((B, G), c.mask_token_id, dtype=torch.int64, device=batch.anchor_tokens.device)
+        ids[:, 0] = batch.anchor_tokens
+        positions = (batch.anchor_positions[:, None] + torch.arange(G, device=ids.device)[None, :]).reshape(-1)
+        x = self.embed_tokens(ids.reshape(-1))  # [B * G, d]
+        ctx = self.fuse_context(batch.ctx_features) if batch.ctx_features.shape[0] else batch.ctx_features
+        for layer in self.layers:
+            x = layer(x, positions, ctx, batch, pool)
+        hidden = self.norm(x)  # [B * G, d]
+        logits = self.lm_head(hidden).float()  # [B * G, V]
+        return BlockOutput(hidden.view(B, G, -1), logits.view(B, G, -1))
+
+    @torch.inference_mode()
+    def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
+                     uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                     return_probs: bool = True) -> DraftBlock:
+        """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
+        softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}]."""
+        B, G, V = out.logits.shape
+        if uniforms is None:
+            uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
+        greedy = temperatures < GREEDY_TEMPERATURE  # [B]
+        temp = temperatures.float().clamp_min(GREEDY_TEMPERATURE)[:, None]
+        prev, state = anchor_tokens, None
+        tokens, probs, logits, conf = [], [], [], []
+        for k in range(G):
+            h = out.hidden[:, k]  # [B, d]
+            e = self.markov_head.markov_w1(prev) if self.markov_head is not None else None  # [B, r]
+            l_k = out.logits[:, k]
+            if self.markov_head is not None:
+                state = self.markov_head.init_state(B, e) if state is None else state
+                bias, state = self.markov_head.bias(e, h, state)
+                l_k = l_k + bias
+            if self.confidence_head is not None:
+                conf.append(self.confidence_head(h, e))
+            q = torch.softmax(l_k / temp, dim=-1)  # [B, V]
+            argmax = l_k.argmax(-1)
+            x = torch.where(greedy, argmax, inverse_cdf(q, uniforms[:, k].float()))
+            if return_probs:
+                probs.append(torch.where(greedy[:, None], F.one_hot(argmax, V).float(), q))
+            tokens.append(x)
+            logits.append(l_k)
+            prev = x
+        return DraftBlock(torch.stack(tokens, 1), torch.stack(probs, 1) if return_probs else None,
+                          torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
+
+    def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:
+        """forward_block + sample_block."""
+        return self.sample_block(self.forward_block(batch, pool), batch.anchor_tokens, temperatures, **kwargs)
+
+
+# ----------------------------------------------------------------------------- context bookkeeping
+
+
+class DraftContextCache:
+    """Per-request draft context: which pool slots hold positions 0..cached-1, and feature rows
+    appended since (written at the next draft forward). A slot free list of single tokens.
+
+    Engine protocol per request: append(prefill features of the prompt) -> each step:
+    build_batch(...) -> drafter.forward_block -> verify -> append(features of verify rows
+    0..n, i.e. positions p..p+n) -> repeat. crop(length) drops context beyond `length`."""
+
+    def __init__(self, pool: DraftKVPool, device=None):
+        self.pool = pool
+        self.device = device if device is not None else pool.k[0].device
+        self.free_slots = list(range(pool.num_slots - 1, -1, -1))
+        self.slots: dict[Any, list[int]] = {}
+        self.pending: dict[Any, list[torch.Tensor]] = {}
+
+    def add(self, rid: Any) -> None:
+        self.slots[rid], self.pending[rid] = [], []
+
+    def release(self, rid: Any) -> None:
+        self.free_slots.extend(reversed(self.slots.pop(rid)))
+        self.pending.pop(rid)
+
+    def length(self, rid: Any) -> int:
+        """Context rows known for rid (cached + pending) = the next row's position."""
+        return len(self.slots[rid]) + sum(f.shape[0] for f in self.pending[rid])
+
+    def append(self, rid: Any, features: torch.Tensor) -> None:
+        """features [n, n_features * d] for positions length(rid) .. length(rid) + n - 1."""
+        if features.shape[0]:
+            self.pending[rid].append(features)
+
+    def crop(self, rid: Any, length: int) -> None:
+        """Forget context at positions >= length (e.g. rows that must not have been appended)."""
+        pend = torch.cat(self.pending[rid]) if self.pending[rid] else None
+        cached = self.slots[rid]
+        if length < len(cached):
+            self.free_slots.extend(reversed(cached[length:]))
+            del cached[length:]
+            pend = None
+        elif pend is not None:
+            pend = pend[: length - len(cached)]
+        self.pending[rid] = [pend] if pend is not None and pend.shape[0] else []
+
+    def build_batch(self, rids: list[Any], anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor) -> DraftBatch:
+        """Allocate slots for pending rows (they are cached once the forward has run)."""
+        feats, positions, new_slots = [], [], []
+        for rid in rids:
+            rows = torch.cat(self.pending[rid]) if self.pending[rid] else None
+            if rows is None:
+                continue
+            if len(self.free_slots) < rows.shape[0]:
+                raise RuntimeError("draft context pool is full; size it like the target KV pool")
+            start = len(self.slots[rid])
+            slots = [self.free_slots.pop() for _ in range(rows.shape[0])]
+            self.slots[rid].extend(slots)
+            self.pending[rid] = []
+            feats.append(rows)
+            positions.extend(range(start, start + rows.shape[0]))
+            new_slots.extend(slots)
+        lens = [len(self.slots[rid]) for rid in rids]
+        width = max(lens, default=0)
+        table = [self.slots[rid] + [0] * (width - len(self.slots[rid])) for rid in rids]
+        dev, width_feat = self.device, self.pool_feature_width(feats)
+        return DraftBatch(
+            anchor_tokens=anchor_tokens.to(dev), anchor_positions=anchor_positions.to(dev),
+            ctx_features=torch.cat(feats).to(dev) if feats else torch.empty(0, width_feat, device=dev),
+            ctx_positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            ctx_slots=torch.tensor(new_slots, dtype=torch.int64, device=dev),
+            slot_table=torch.tensor(table, dtype=torch.int64, device=dev).view(len(rids), width),
+            ctx_lens=torch.tensor(lens, dtype=torch.int64, device=dev),
+        )
+
+    @staticmethod
+    def pool_feature_width(feats: list[torch.Tensor]) -> int:
+        return feats[0].shape[1] if feats else 0

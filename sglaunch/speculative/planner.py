@@ -1,0 +1,148 @@
+"""How many drafted tokens each request verifies [DSpark §3.2.2, Algorithm 1; production §5.2].
+
+Survival a_{r,j} = prod_{i<=j} c_{r,i} of calibrated confidences; a verify batch of B tokens
+(each request's anchor plus its window) is worth Theta = tau * SPS(B), tau = sum_r (1 + sum_{j <
+window_r} a_{r,j}) expected committed tokens.
+
+- `greedy_admission`: the paper's Algorithm 1. Admit candidates by survival, stop at the FIRST
+  non-improvement of Theta, so no admission looks at a draft's own value through later
+  survivals (App. A).
+- Production form (`DSparkPlanner`): the batch budget K comes from an unconstrained argmax of
+  Theta over confidences lagged N steps (default 2), so it cannot depend on the current drafts;
+  then each request gets its share of a top-K by *current* survival, ties broken by position
+  then request (value-independent). Windows are prefixes because survival is non-increasing.
+- Without an SPS table nothing is trimmed: every request verifies its whole block.
+
+Host parts are torch-free; `DSparkPlanner.allocate` runs on the device (kernels.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+from sglaunch.speculative.sps import SpsTable
+
+DEFAULT_LAG_STEPS = 2
+
+
+def theta(tau: float, batch_tokens: int, sps: SpsTable) -> float:
+    return tau * sps.sps(batch_tokens)
+
+
+def greedy_admission(survivals: Sequence[Sequence[float]], sps: SpsTable | None, extra_tokens: int = 0) -> list[int]:
+    """Algorithm 1 -> windows [R] (draft tokens to verify per request). `extra_tokens`: other
+    tokens in the same forward (prefill chunks) that cost time but add nothing to tau."""
+    R = len(survivals)
+    if sps is None:
+        return [len(row) for row in survivals]
+    candidates = sorted(((-a, j, r) for r, row in enumerate(survivals) for j, a in enumerate(row) if a > 0))
+    windows, batch, tau = [0] * R, extra_tokens + R, float(R)
+    best = theta(tau, batch, sps)
+    for neg_a, j, r in candidates:
+        if j != windows[r]:  # NOTE: cannot happen for non-increasing rows; keeps prefixes regardless
+            break
+        trial = theta(tau - neg_a, batch + 1, sps)
+        if trial <= best:
+            break  # first non-improvement: stop (non-anticipating)
+        windows[r], batch, tau, best = j + 1, batch + 1, tau - neg_a, trial
+    return windows
+
+
+def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable | None,
+                  extra_tokens: int = 0) -> int:
+    """Total draft tokens K to verify: argmax_k tau(k) * SPS(extra + R + k) over the k best lagged
+    survivals (smallest k among equal maxima). Without a table: all of them."""
+    values = sorted((float(a) for a in lagged_survivals), reverse=True)
+    if sps is None:
+        return len(values)
+    best_k, tau = 0, float(num_requests)
+    best = theta(tau, extra_tokens + num_requests, sps)
+    for k, a in enumerate(values, start=1):
+        tau += a
+        value = theta(tau, extra_tokens + num_requests + k, sps)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+class ConfidenceRelay:
+    """Per-request survivals of past steps, served `lag` steps later by request identity.
+
+    push() once per step with that step's request ids and survival rows (host lists or tensors
+    whose device->host copy was started non-blocking); lagged() returns, for the given ids, the
+    rows pushed `lag` steps ago, or [1.0] * G (verify all) for requests unknown then (new,
+    recycled, or not decoding at that step)."""
+
+    def __init__(self, block_size: int, lag: int = DEFAULT_LAG_STEPS):
+        if lag < 1:
+            raise ValueError("the confidence lag must be >= 1 step; the budget may not see the current draft")
+        self.block_size, self.lag = block_size, lag
+        self.history: deque[dict[Any, list[float]] | tuple[list, Any]] = deque(maxlen=lag)
+
+    def push(self, request_ids: Sequence[Any], survival_rows: Any) -> None:
+        self.history.append((list(request_ids), survival_rows))
+
+    def lagged(self, request_ids: Sequence[Any]) -> list[list[float]]:
+        old = self._materialise(0) if len(self.history) == self.lag else {}
+        return [old.get(rid, [1.0] * self.block_size) for rid in request_ids]
+
+    def forget(self, request_id: Any) -> None:
+        """A finished request's id may be reused: drop its rows so a newcomer starts at survival 1."""
+        for i in range(len(self.history)):
+            self._materialise(i).pop(request_id, None)
+
+    def _materialise(self, index: int) -> dict[Any, list[float]]:
+        entry = self.history[index]
+        if isinstance(entry, tuple):
+            ids, rows = entry
+            rows = rows.tolist() if hasattr(rows, "tolist") else [list(r) for r in rows]
+            entry = dict(zip(ids, rows))
+            self.history[index] = entry
+        return entry
+
+
+class DSparkPlanner:
+    """The production planner: lagged host budget + device top-K. One per engine."""
+
+    def __init__(self, block_size: int, mode: str, sps: SpsTable | None = None,
+                 sts_temperatures: Sequence[float] | None = None, lag_steps: int = DEFAULT_LAG_STEPS,
+                 has_confidence_head: bool = True):
+        if mode not in ("static", "cap-accept", "compact"):
+            raise ValueError(f"unknown ragged verify mode {mode!r}; choose static, cap-accept or compact")
+        if mode != "static" and not has_confidence_head:
+            raise ValueError(f"SGLANG_RAGGED_VERIFY_MODE={mode} needs a drafter with a confidence head "
+                             "(enable_confidence_head=true); use static")
+        if sts_temperatures is not None and len(sts_temperatures) != block_size:
+            raise ValueError(f"STS has {len(sts_temperatures)} temperatures, the block size is {block_size}")
+        self.block_size, self.mode, self.sps = block_size, mode, sps
+        self.temperatures = list(sts_temperatures) if sts_temperatures is not None else [1.0] * block_size
+        self.relay = ConfidenceRelay(block_size, lag_steps)
+
+    def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int:
+        """Host: K for this step from survivals lagged N steps (no device sync)."""
+        if self.mode == "static" or self.sps is None:
+            return len(request_ids) * self.block_size
+        lagged = self.relay.lagged(request_ids)
+        return choose_budget((a for row in lagged for a in row), len(request_ids), self.sps, extra_tokens)
+
+    def allocate(self, conf_logits, budget: int, active=None):
+        """Device: current survivals [R, G] and windows [R] (int32) from raw confidence logits."""
+        import torch
+
+        from sglaunch.speculative import kernels
+
+        temps = torch.tensor(self.temperatures, dtype=torch.float32, device=conf_logits.device)
+        surv = kernels.survival(conf_logits, temps)
+        if active is None:
+            active = torch.ones(conf_logits.shape[0], dtype=torch.bool, device=conf_logits.device)
+        if self.mode == "static":
+            return surv, torch.full_like(active, self.block_size, dtype=torch.int32)
+        return surv, kernels.topk_windows(surv, active, budget)
+
+    def observe(self, request_ids: Sequence[Any], survival: Any) -> None:
+        """Record this step's survivals (copy to host non-blocking first) for use `lag` steps later."""
+        self.relay.push(request_ids, survival)
+
+    def release(self, request_id: Any) -> None:
+        self.relay.forget(request_id)

@@ -1,0 +1,114 @@
+"""Step-cost table: forward steps per second of the target at a given verify-batch size (tokens).
+
+File format (JSON; `sglaunch profile-sps` will write it):
+
+    {"version": 1,
+     "interpolation": "step",            # or "linear"; optional, default "step"
+     "points": [{"tokens": 1, "steps_per_second": 95.0},
+                {"tokens": 64, "steps_per_second": 90.1}, ...]}
+
+Column form is accepted too: {"tokens": [1, 64, ...], "steps_per_second": [95.0, 90.1, ...]}.
+
+Lookup of SPS(B) for B verify tokens:
+- monotone forcing: points are sorted by tokens and SPS made non-increasing (running minimum):
+  more tokens never run faster, so a noisy profile cannot make extra tokens look free;
+- "step" (default): B runs as the smallest profiled size >= B (the captured graph tier it pads
+  to), so the curve is a staircase;
+- "linear": step *time* (1/SPS) interpolated linearly between neighbouring points;
+- below the first point: the first point's SPS; above the last: step time extrapolated linearly
+  from the last two points (slope >= 0).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+INTERPOLATIONS = ("step", "linear")
+
+
+@dataclass(frozen=True)
+class SpsTable:
+    tokens: tuple[int, ...]  # strictly increasing
+    steps_per_second: tuple[float, ...]  # non-increasing after monotone forcing
+    interpolation: str = "step"
+
+    @classmethod
+    def from_points(cls, points: dict[int, float] | list[tuple[int, float]], interpolation: str = "step") -> SpsTable:
+        """Sort, de-duplicate (the slowest measurement of a size wins), force monotone."""
+        items = sorted(dict(points).items() if isinstance(points, dict) else points)
+        if not items:
+            raise ValueError("an SPS table needs at least one (tokens, steps_per_second) point")
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"SPS interpolation {interpolation!r} is not one of {INTERPOLATIONS}")
+        merged: dict[int, float] = {}
+        for tokens, sps in items:
+            if int(tokens) < 1 or not float(sps) > 0:
+                raise ValueError(f"SPS point ({tokens}, {sps}) needs tokens >= 1 and steps_per_second > 0")
+            merged[int(tokens)] = min(float(sps), merged.get(int(tokens), float("inf")))
+        running, forced = float("inf"), []
+        for tokens in sorted(merged):
+            running = min(running, merged[tokens])
+            forced.append(running)
+        return cls(tuple(sorted(merged)), tuple(forced), interpolation)
+
+    def sps(self, tokens: int) -> float:
+        """Steps per second at a verify batch of `tokens` tokens."""
+        xs, ys = self.tokens, self.steps_per_second
+        if tokens <= xs[0]:
+            return ys[0]
+        if tokens > xs[-1]:
+            return 1.0 / self._extrapolated_time(tokens)
+        i = bisect.bisect_left(xs, tokens)  # xs[i - 1] < tokens <= xs[i]
+        if self.interpolation == "step" or xs[i] == tokens:
+            return ys[i]
+        t0, t1 = 1.0 / ys[i - 1], 1.0 / ys[i]
+        frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return 1.0 / (t0 + frac * (t1 - t0))
+
+    def _extrapolated_time(self, tokens: int) -> float:
+        xs, ys = self.tokens, self.steps_per_second
+        if len(xs) == 1:
+            return 1.0 / ys[0]
+        slope = max(0.0, (1.0 / ys[-1] - 1.0 / ys[-2]) / (xs[-1] - xs[-2]))
+        return 1.0 / ys[-1] + slope * (tokens - xs[-1])
+
+    def to_json(self) -> dict:
+        return {"version": 1, "interpolation": self.interpolation,
+                "points": [{"tokens": t, "steps_per_second": s} for t, s in zip(self.tokens, self.steps_per_second)]}
+
+
+def load_sps_table(path: str | Path) -> SpsTable:
+    """Read an SPS table file (format in the module docstring); ValueError naming the problem."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"SPS table {path} does not exist; profile one with `sglaunch profile-sps`") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"SPS table {path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"SPS table {path}: expected a JSON object with 'points'")
+    interpolation = data.get("interpolation", "step")
+    if "points" in data:
+        try:
+            points = [(int(p["tokens"]), float(p["steps_per_second"])) for p in data["points"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"SPS table {path}: every entry of 'points' needs 'tokens' and 'steps_per_second'") from None
+    elif "tokens" in data and "steps_per_second" in data:
+        if len(data["tokens"]) != len(data["steps_per_second"]):
+            raise ValueError(f"SPS table {path}: 'tokens' and 'steps_per_second' differ in length")
+        points = list(zip(map(int, data["tokens"]), map(float, data["steps_per_second"])))
+    else:
+        raise ValueError(f"SPS table {path}: needs 'points' (or 'tokens' + 'steps_per_second' columns)")
+    try:
+        return SpsTable.from_points(points, interpolation)
+    except ValueError as exc:
+        raise ValueError(f"SPS table {path}: {exc}") from None
+
+
+def save_sps_table(table: SpsTable, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(table.to_json(), indent=1) + "\n")

@@ -1,0 +1,164 @@
+"""Scheduler policy without torch: a fake model checks that every chunk sees the right KV.
+
+The fake KV pool stores, per slot, the token whose K/V would be there; before computing a
+chunk we assert the request's pages hold exactly its earlier tokens (whether computed by
+itself, borrowed from the radix cache, or recomputed after preemption).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglaunch.engine.allocator import PageAllocator
+from sglaunch.engine.interface import SamplingParams
+from sglaunch.engine.radix_cache import RadixCache
+from sglaunch.engine.request import Req
+from sglaunch.engine.scheduler import Scheduler, SchedulerLimits
+
+
+def fake_next_token(tokens: list[int]) -> int:
+    """Deterministic function of the whole history, like a greedy model."""
+    return (sum(t * (i + 1) for i, t in enumerate(tokens)) * 31 + len(tokens)) % 50 + 100
+
+
+def reference(prompt: list[int], n: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(fake_next_token(tokens))
+    return tokens[len(prompt):]
+
+
+def make_scheduler(num_pages, page_size=1, radix=True, max_running=8, chunk=None, eos=(), context=10_000):
+    alloc = PageAllocator(num_pages)
+    cache = RadixCache(page_size, alloc.free) if radix else None
+    limits = SchedulerLimits(page_size, max_running, chunk, context, tuple(eos))
+    return Scheduler(limits, alloc, cache)
+
+
+def run(sched: Scheduler, reqs: list[Req], max_steps: int = 10_000) -> list[list]:
+    ps = sched.limits.page_size
+    pool: dict[int, int] = sched.__dict__.setdefault("fake_pool", {})  # survives runs
+    steps = []
+    for req in reqs:
+        sched.add(req)
+    while sched.has_work and len(steps) < max_steps:
+        chunks = sched.schedule()
+        steps.append([(c.req.rid, c.start, c.end) for c in chunks])
+        sampled = []
+        for c in chunks:
+            req = c.req
+            for pos in range(c.end):
+                slot = req.pages[pos // ps] * ps + pos % ps
+                if pos < c.start:
+                    assert pool[slot] == req.token_ids[pos], f"{req.rid}: stale KV at position {pos}"
+                else:
+                    pool[slot] = req.token_ids[pos]
+            sampled.append(fake_next_token(req.token_ids) if c.samples else None)
+        sched.commit(chunks, sampled)
+    assert not sched.has_work
+    return steps
+
+
+def make_reqs(prompts, max_new=12, **sampling):
+    return [Req(f"r{i}", p, SamplingParams(max_new_tokens=max_new, **sampling), 0) for i, p in enumerate(prompts)]
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7] * 11, [4, 4], [1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("radix", [True, False])
+def test_outputs_match_reference_and_pages_come_back(page_size, radix):
+    sched = make_scheduler(256, page_size, radix)
+    reqs = make_reqs(PROMPTS)
+    run(sched, reqs)
+    for req, prompt in zip(reqs, PROMPTS):
+        assert req.output_ids == reference(prompt, 12) and req.finish_reason == "length"
+    held = sched.radix.cached_pages if radix else 0
+    assert sched.allocator.num_used == held
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_preemption_under_a_tiny_pool_changes_nothing(page_size):
+    sched = make_scheduler(num_pages=24 // page_size, page_size=page_size)
+    reqs = make_reqs(PROMPTS, max_new=10)
+    run(sched, reqs)
+    assert sched.num_preemptions > 0
+    for req, prompt in zip(reqs, PROMPTS):
+        assert req.output_ids == reference(prompt, 10)
+
+
+def test_chunked_prefill_respects_budget():
+    sched = make_scheduler(256, chunk=4)
+    reqs = make_reqs([list(range(1, 15)), [3, 3, 3, 3, 3, 3]], max_new=3)
+    steps = run(sched, reqs)
+    for step in steps:
+        prefill = sum(end - start for rid, start, end in step if end - start > 1)
+        assert prefill <= 4
+    assert reqs[0].output_ids == reference(list(range(1, 15)), 3)
+
+
+def test_radix_reuses_prefix_of_finished_request():
+    sched = make_scheduler(256)
+    first = make_reqs([[5, 6, 7, 8, 9, 10]], max_new=2)
+    run(sched, first)
+    second = [Req("again", [5, 6, 7, 8, 9, 10, 11], SamplingParams(max_new_tokens=2), 0)]
+    steps = run(sched, second)
+    assert second[0].cached_tokens == 6
+    assert steps[0] == [("again", 6, 7)]
+
+
+def test_max_running_requests_caps_the_batch():
+    sched = make_scheduler(256, max_running=2)
+    steps = run(sched, make_reqs(PROMPTS, max_new=3))
+    assert max(len(s) for s in steps) <= 2
+
+
+def test_stop_conditions():
+    sched = make_scheduler(256, eos=[reference([1, 2], 3)[2]])
+    eos_req, stop_req, ignore_req = make_reqs([[1, 2]] * 3, max_new=20)
+    stop_req.sampling = SamplingParams(max_new_tokens=20, stop_token_ids=(reference([1, 2], 2)[1],))
+    ignore_req.sampling = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    run(sched, [eos_req, stop_req, ignore_req])
+    assert len(eos_req.output_ids) == 3 and eos_req.finish_reason == "stop"
+    assert len(stop_req.output_ids) == 2 and stop_req.finish_reason == "stop"
+    assert len(ignore_req.output_ids) == 5 and ignore_req.finish_reason == "length"
+
+
+def test_context_length_stops_generation_and_rejects_prompts():
+    sched = make_scheduler(256, context=8)
+    with pytest.raises(ValueError, match="context length"):
+        sched.check(8, 1)
+    with pytest.raises(ValueError, match="empty"):
+        sched.check(0, 1)
+    (req,) = make_reqs([[1, 2, 3, 4, 5]], max_new=100)
+    run(sched, [req])
+    assert len(req.token_ids) == 8 and req.finish_reason == "length"
+
+
+def test_prompt_larger_than_pool_is_rejected():
+    sched = make_scheduler(4)
+    with pytest.raises(ValueError, match="KV pool"):
+        sched.check(4, 1)
+
+
+def test_request_that_outgrows_the_pool_alone_finishes_with_length():
+    sched = make_scheduler(6, radix=False)
+    (req,) = make_reqs([[1, 2, 3]], max_new=100)
+    run(sched, [req])
+    assert req.finish_reason == "length" and len(req.output_ids) >= 3
+    assert sched.allocator.num_used == 0
+
+
+def test_abort_frees_pages_wherever_the_request_is():
+    sched = make_scheduler(256, radix=False, max_running=1)
+    a, b = make_reqs([[1, 2, 3], [4, 5, 6]], max_new=50)
+    sched.add(a)
+    sched.add(b)
+    chunks = sched.schedule()
+    sched.commit(chunks, [fake_next_token(a.token_ids)])
+    assert sched.allocator.num_used > 0
+    assert sched.abort("r1").finish_reason == "abort"  # waiting
+    assert sched.abort("r0").finish_reason == "abort"  # running
+    assert sched.abort("r0") is None
+    assert sched.allocator.num_used == 0 and not sched.has_work

@@ -1,0 +1,142 @@
+"""Planner: Algorithm 1, the production budget + top-K, value-independent tie-breaks, no-table
+behaviour, SPS table interpolation/monotone forcing, the lag relay, and the paper's App. A
+counter-example (a retrospective argmax turns a (0.7, 0.3) target into (0.85, 0.15))."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels.dspark_topk import topk_windows_reference
+from sglaunch.speculative.accept import accept_draft
+from sglaunch.speculative.planner import ConfidenceRelay, DSparkPlanner, choose_budget, greedy_admission
+from sglaunch.speculative.sps import SpsTable, load_sps_table
+
+FLAT = SpsTable.from_points({1: 100.0, 64: 100.0})  # every extra token looks free: verify all
+
+
+def test_sps_step_linear_extrapolation_and_monotone(tmp_path):
+    table = SpsTable.from_points({1: 100.0, 8: 80.0, 16: 50.0})
+    assert [table.sps(t) for t in (1, 5, 8, 9, 16)] == [100.0, 80.0, 80.0, 50.0, 50.0]
+    assert table.sps(32) == pytest.approx(1 / (0.02 + 16 * (0.02 - 0.0125) / 8))
+    linear = SpsTable.from_points({1: 100.0, 8: 80.0, 16: 50.0}, "linear")
+    assert linear.sps(12) == pytest.approx(1 / (0.0125 + 0.5 * 0.0075))
+    assert SpsTable.from_points({1: 50.0, 4: 60.0, 2: 55.0}).steps_per_second == (50.0, 50.0, 50.0)
+    (tmp_path / "t.json").write_text(json.dumps({"points": [{"tokens": 8, "steps_per_second": 80},
+                                                            {"tokens": 1, "steps_per_second": 100}]}))
+    assert load_sps_table(tmp_path / "t.json").tokens == (1, 8)
+    (tmp_path / "c.json").write_text(json.dumps({"tokens": [1, 2], "steps_per_second": [3.0, 2.0],
+                                                 "interpolation": "linear"}))
+    assert load_sps_table(tmp_path / "c.json").interpolation == "linear"
+    (tmp_path / "bad.json").write_text(json.dumps({"points": [{"tokens": 0, "steps_per_second": 1}]}))
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        load_sps_table(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_sps_table(tmp_path / "none.json")
+
+
+def test_algorithm1_admits_by_survival_and_stops_at_first_non_improvement():
+    sps = SpsTable.from_points({1: 100.0, 2: 100.0, 3: 100.0, 4: 60.0, 5: 60.0})
+    surv = [[0.9, 0.8, 0.1], [0.95, 0.2, 0.1]]
+    # B=2 tau=2 -> +0.95 (B3, 100) -> +0.9 (B4, 60: 3.85*60 < 2.95*100) stop
+    assert greedy_admission(surv, sps) == [0, 1]
+    assert greedy_admission(surv, None) == [3, 3]  # no table: verify everything
+    assert greedy_admission(surv, FLAT) == [3, 3]
+
+
+def test_tie_breaks_are_position_then_request_and_deterministic():
+    surv = torch.full((3, 4), 0.5)
+    assert topk_windows_reference(surv, torch.ones(3, dtype=torch.bool), 5).tolist() == [2, 2, 1]
+    assert greedy_admission(surv.tolist(), FLAT) == [4, 4, 4]
+    steep = SpsTable.from_points({3: 100.0, 4: 90.0, 5: 80.0, 6: 70.0, 7: 30.0})
+    # theta: 300, 315, 320, then 4.5 * 70 = 315 stops: ties go to request 0, then 1
+    assert greedy_admission([[0.5] * 4] * 3, steep) == [1, 1, 0]
+    for _ in range(3):
+        assert topk_windows_reference(surv, torch.tensor([True, False, True]), 3).tolist() == [2, 0, 1]
+
+
+def test_budget_is_a_global_argmax_over_a_staircase():
+    # tiers: up to 4 tokens same cost, 5..8 cost 1.6x; first-descent would stop at 2 requests + 2
+    sps = SpsTable.from_points({4: 100.0, 8: 62.0})
+    lagged = [0.9, 0.9, 0.9, 0.9, 0.8, 0.8]
+    k = choose_budget(lagged, num_requests=2, sps=sps)
+    values = {kk: (2 + sum(sorted(lagged, reverse=True)[:kk])) * sps.sps(2 + kk) for kk in range(7)}
+    assert k == max(values, key=lambda kk: (values[kk], -kk))
+    assert choose_budget(lagged, 2, None) == 6
+    assert choose_budget(lagged, 2, sps, extra_tokens=100) <= 6
+
+
+def test_relay_serves_lagged_rows_by_request_identity():
+    relay = ConfidenceRelay(block_size=2, lag=2)
+    relay.push(["a", "b"], torch.tensor([[0.5, 0.25], [0.9, 0.8]]))
+    assert relay.lagged(["a"]) == [[1.0, 1.0]]  # not 2 steps old yet: verify all
+    relay.push(["a"], [[0.1, 0.1]])
+    assert relay.lagged(["a", "b", "c"]) == [[0.5, 0.25], [pytest.approx(0.9), pytest.approx(0.8)], [1.0, 1.0]]
+    relay.forget("a")
+    assert relay.lagged(["a"]) == [[1.0, 1.0]]
+    with pytest.raises(ValueError):
+        ConfidenceRelay(2, lag=0)
+
+
+def test_planner_modes_and_no_table():
+    logits = torch.tensor([[3.0, 1.0, -2.0], [0.0, -1.0, -3.0]])
+    static = DSparkPlanner(3, "static")
+    assert static.budget(["a", "b"]) == 6
+    assert static.allocate(logits, 6)[1].tolist() == [3, 3]
+    compact = DSparkPlanner(3, "compact", sps=None, sts_temperatures=[1.0, 2.0, 1.0])
+    assert compact.budget(["a", "b"]) == 6  # no table: verify everything
+    surv, windows = compact.allocate(logits, 2)
+    assert windows.tolist() == [2, 0] and surv[0, 1] == pytest.approx(torch.sigmoid(torch.tensor(3.0)) * torch.sigmoid(torch.tensor(0.5)))
+    with pytest.raises(ValueError, match="confidence head"):
+        DSparkPlanner(3, "compact", has_confidence_head=False)
+    with pytest.raises(ValueError, match="temperatures"):
+        DSparkPlanner(3, "cap-accept", sts_temperatures=[1.0])
+
+
+# --------------------------------------------------------------------- App. A counter-example
+
+A, B = 0, 1
+P0 = torch.tensor([0.7, 0.3])  # target distribution of the first new token
+Q0 = torch.tensor([0.5, 0.5])  # draft distribution of x_0
+SPS_A = SpsTable.from_points({1: 1.0, 2: 0.6, 3: 0.6})
+
+
+def survivals_given(x0: int) -> list[float]:
+    c1 = 1.0 if x0 == A else 0.1  # confidence of slot 1 depends on the drafted x_0
+    return [0.5, 0.5 * c1]
+
+
+def retrospective_argmax(surv: list[float]) -> int:
+    """The WRONG planner: pick the best prefix after seeing every survival."""
+    scores = [(1 + sum(surv[:L])) * SPS_A.sps(1 + L) for L in range(len(surv) + 1)]
+    return max(range(len(scores)), key=lambda L: scores[L])
+
+
+def first_token_frequency(policy, n: int = 200_000) -> float:
+    g = torch.Generator().manual_seed(0)
+    x0 = (torch.rand(n, generator=g) >= Q0[A]).long()  # ~ Q0
+    lens = torch.tensor([policy(survivals_given(int(x))) for x in (A, B)])[x0]
+    draft = torch.stack([x0, torch.zeros_like(x0)], 1)
+    q = torch.stack([Q0, torch.tensor([0.5, 0.5])])[None].expand(n, 2, 2)
+    target = torch.stack([P0, torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])])  # rows P_0, P_1, P_2
+    res = accept_draft(draft, q, target, torch.zeros(n, dtype=torch.long), lens, torch.zeros(n, dtype=torch.bool),
+                       torch.rand(n, 2, generator=g), torch.rand(n, generator=g))
+    first = torch.where(res.num_accepted > 0, x0, res.next_token)
+    return float((first == A).float().mean())
+
+
+def test_retrospective_argmax_biases_the_output():
+    assert retrospective_argmax(survivals_given(A)) == 2 and retrospective_argmax(survivals_given(B)) == 0
+    assert first_token_frequency(retrospective_argmax) == pytest.approx(0.85, abs=0.005)
+
+
+def test_algorithm1_and_production_planner_stay_lossless():
+    sigma = (0.7 * 0.3 / 200_000) ** 0.5
+    algo1 = lambda surv: greedy_admission([surv], SPS_A)[0]  # noqa: E731
+    assert abs(first_token_frequency(algo1) - 0.7) < 5 * sigma
+    for lagged in ([1.0, 1.0], [0.5, 0.05], [0.5, 0.5]):  # budget from earlier steps only
+        budget = choose_budget(lagged, 1, SPS_A)
+        prod = lambda surv: int(topk_windows_reference(torch.tensor([surv]), torch.tensor([True]), budget)[0])  # noqa: E731
+        assert abs(first_token_frequency(prod) - 0.7) < 5 * sigma
