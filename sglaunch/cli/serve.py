@@ -51,7 +51,8 @@ def _run_engine(config) -> int:
                                 "engine yet, so nothing was started",
                                 hint="use `sglaunch check-config` to validate launches until the engine lands",
                                 exit_code=EXIT_ENGINE_MISSING) from None
+        hint = ("install torch first (CPU: pip install torch==2.13.0; GPU: a CUDA build), then "
+                "pip install 'sglaunch[engine]'") if exc.name == "torch" else "pip install 'sglaunch[engine]'"
         raise SglaunchError(f"the serving engine needs the Python package '{exc.name}', which is not installed",
-                            hint="pip install torch==2.13.0 (CPU) or a CUDA build, then "
-                            "pip install 'sglaunch[engine]'", exit_code=EXIT_ENGINE_MISSING) from None
+                            hint=hint, exit_code=EXIT_ENGINE_MISSING) from None
     return run_server(config)
