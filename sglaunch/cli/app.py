@@ -7,7 +7,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from sglaunch.cli import check_config, migrate_flags, rules, serve, version
+from sglaunch.cli import bench, check_config, migrate_flags, models, rules, serve, train_draft, version
 from sglaunch.cli.common import PASSTHROUGH, print_error
 from sglaunch.errors import EXIT_USAGE
 
@@ -52,6 +52,9 @@ app.command("migrate-flags", help="Rewrite launch scripts and configs for a newe
     migrate_flags.migrate_flags)
 app.add_typer(rules.app, name="rules", help="List and explain the migration rules.")
 app.command("version", help="Print the sglaunch version and the SGLang release it follows.")(version.version)
+app.add_typer(models.app, name="models", help="Fetch and list cached models (the built-in default model).")
+app.command("train-draft", help="Train a DSpark drafter for a target model.")(train_draft.train_draft)
+app.command("bench", help="Load-test an OpenAI-compatible endpoint; compare two configurations.")(bench.bench)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import Callable, NoReturn
 
 import torch
@@ -21,7 +22,7 @@ from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req
 from sglaunch.engine.sampler import is_greedy, make_generator, sample
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits
-from sglaunch.engine.step import build_step_input
+from sglaunch.engine.step import build_step_input, sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
         chunked_prefill_size=chunk if chunk and chunk > 0 else None,
         context_length=runner.context_length,
         eos_token_ids=runner.spec.eos_token_ids,
+        spec_lookahead=runner.draft.block_size if runner.draft is not None else 0,
     )
 
 
@@ -56,6 +58,11 @@ class LLMEngine:
         self.generators: dict[str, torch.Generator] = {}
         self._seeds = random.Random(config.random_seed)
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "finished_requests": 0, "steps": 0}
+        self.spec = None  # DSparkDecoder when speculative decoding is on
+        if runner.draft is not None:
+            from sglaunch.speculative.decoder import DSparkDecoder
+
+            self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
 
     # ---- requests -----------------------------------------------------------------------
     def check(self, request: GenerateRequest) -> None:
@@ -90,27 +97,49 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
-        """Schedule, run the forward pass on every rank, sample, and report new tokens."""
+        """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
+        new tokens."""
         chunks = self.scheduler.schedule()
-        sampled: list[int | None] = [None] * len(chunks)
-        logprobs: list[float | None] = [None] * len(chunks)
+        sampled: list = [None] * len(chunks)  # per chunk: a token, a list (speculative) or None
+        logprobs: list = [None] * len(chunks)
         if chunks:
+            proposal = self._propose(chunks)
             step = build_step_input(chunks, self.config.page_size)
+            start = time.perf_counter()
             logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
-            self._sample(chunks, logits, sampled, logprobs)
+            rows = sample_rows(chunks)
+            self._sample(chunks, logits, rows, sampled, logprobs)
+            if proposal is not None:
+                self._accept(proposal, logits, rows, chunks, sampled, logprobs, time.perf_counter() - start)
             self.counters["steps"] += 1
         finished = self.scheduler.commit(chunks, sampled)
         return self._outputs(chunks, sampled, logprobs, finished)
 
-    def _sample(self, chunks: list[Chunk], logits: torch.Tensor, sampled: list, logprobs: list) -> None:
-        rows = [i for i, chunk in enumerate(chunks) if chunk.samples]
-        if not rows:
+    def _propose(self, chunks: list[Chunk]):
+        """DSpark: draft for the chunks that speculate (their draft_tokens get filled)."""
+        spec_chunks = [c for c in chunks if c.lookahead] if self.spec is not None else []
+        if not spec_chunks:
+            return None
+        extra = sum(c.end - c.start for c in chunks if not c.lookahead)
+        return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks)
+
+    def _sample(self, chunks: list[Chunk], logits: torch.Tensor, rows: list, sampled: list, logprobs: list) -> None:
+        plain = [i for i, chunk in enumerate(chunks) if chunk.samples and not chunk.lookahead]
+        if not plain:
             return
-        params = [chunks[i].req.sampling for i in rows]
-        generators = [self.generators.get(chunks[i].req.rid) for i in rows]
-        tokens, token_logprobs = sample(logits, params, generators)
-        for i, token, logprob in zip(rows, tokens, token_logprobs):
+        params = [chunks[i].req.sampling for i in plain]
+        generators = [self.generators.get(chunks[i].req.rid) for i in plain]
+        tokens, token_logprobs = sample(logits[[rows[i] for i in plain]], params, generators)
+        for i, token, logprob in zip(plain, tokens, token_logprobs):
             sampled[i], logprobs[i] = token, logprob
+
+    def _accept(self, proposal, logits, rows: list, chunks: list[Chunk], sampled: list, logprobs: list,
+                verify_seconds: float) -> None:
+        index = {id(c): i for i, c in enumerate(chunks)}
+        spec_rows = [rows[index[id(c)]] for c in proposal.chunks]
+        for chunk, accepted in zip(proposal.chunks, self.spec.accept(proposal, logits, spec_rows, verify_seconds)):
+            i = index[id(chunk)]
+            sampled[i], logprobs[i] = accepted.tokens, accepted.logprobs
 
     def _outputs(self, chunks: list[Chunk], sampled: list, logprobs: list, finished: list[Req]) -> list[TokenOutput]:
         done = {req.rid for req in finished}
@@ -119,16 +148,20 @@ class LLMEngine:
             req = chunk.req
             if token is None:
                 continue
-            self.counters["generated_tokens"] += 1
+            accept_length = len(token) if isinstance(token, list) else None
+            tokens = tuple(token[: chunk.committed]) if accept_length else (token,)
+            lps = tuple(logprob[: chunk.committed]) if accept_length else (logprob,)
+            self.counters["generated_tokens"] += len(tokens)
             if req.rid in done:
-                outputs.append(self._final_output(req, (token,), (logprob,)))
+                outputs.append(self._final_output(req, tokens, lps, accept_length))
             else:
-                outputs.append(self._token_output(req, (token,), (logprob,)))
+                outputs.append(self._token_output(req, tokens, lps, accept_length=accept_length))
         sampled_rids = {c.req.rid for c, t in zip(chunks, sampled) if t is not None}
         outputs += [self._final_output(r, ()) for r in finished if r.rid not in sampled_rids]
         return outputs
 
-    def _token_output(self, req: Req, tokens: tuple, logprobs: tuple = (), finished: bool = False) -> TokenOutput:
+    def _token_output(self, req: Req, tokens: tuple, logprobs: tuple = (), finished: bool = False,
+                      accept_length: int | None = None) -> TokenOutput:
         return TokenOutput(
             rid=req.rid,
             new_token_ids=tokens,
@@ -137,21 +170,33 @@ class LLMEngine:
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=req.num_output_tokens,
             cached_tokens=req.cached_tokens,
+            accept_length=accept_length,
             logprobs=logprobs,
         )
 
-    def _final_output(self, req: Req, tokens: tuple, logprobs: tuple = ()) -> TokenOutput:
+    def _final_output(self, req: Req, tokens: tuple, logprobs: tuple = (), accept_length: int | None = None) -> TokenOutput:
         self.requests.pop(req.rid, None)
         self.generators.pop(req.rid, None)
+        if self.spec is not None:
+            self.spec.release(req.rid)
         self.counters["finished_requests"] += 1
         self.counters["cached_tokens"] += req.cached_tokens
-        return self._token_output(req, tokens, logprobs, finished=True)
+        return self._token_output(req, tokens, logprobs, finished=True, accept_length=accept_length)
 
     # ---- driving the workers ------------------------------------------------------------
     def _run_on_all_ranks(self, step) -> torch.Tensor:
         try:
             self.tp.broadcast_object(("step", step))
             return self.runner.forward(step)
+        except Exception as exc:
+            if self.tp.size > 1 and self.on_tp_failure is not None:
+                self.on_tp_failure(exc)
+            raise
+
+    def _draft_on_all_ranks(self, step):
+        try:
+            self.tp.broadcast_object(("draft", step))
+            return self.runner.draft_block(step)
         except Exception as exc:
             if self.tp.size > 1 and self.on_tp_failure is not None:
                 self.on_tp_failure(exc)
@@ -183,7 +228,16 @@ class LLMEngine:
             "kv_usage": self.scheduler.kv_used_tokens() / total_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             **{f"total_{k}": v for k, v in self.counters.items()},
+            **self._spec_stats(),
         }
+
+    def _spec_stats(self) -> dict:
+        """DSpark statistics: a `speculative` section plus SGLang's `avg_spec_accept_length`."""
+        if self.spec is None:
+            return {}
+        stats = self.spec.stats.to_dict()
+        stats["mode"] = self.spec.mode
+        return {"speculative": stats, "avg_spec_accept_length": stats["mean_accept_length"]}
 
     def static_info(self) -> dict:
         return {

@@ -18,7 +18,7 @@ from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from sglaunch.engine.loader import load_checkpoint
 from sglaunch.engine.model_spec import ModelSpec, find_weight_files, resolve_context_length
 from sglaunch.engine.models import CausalLM
-from sglaunch.engine.step import StepInput
+from sglaunch.engine.step import DraftStepInput, StepInput
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +45,25 @@ class ModelRunner:
         max_positions = max(self.context_length, spec.max_position_embeddings)
         self.model = CausalLM(spec, max_positions, tp, DTYPES[config.dtype], device).eval()
         load_checkpoint(self.model, find_weight_files(config.model_path), show_progress)
+        self.draft = self._load_drafter(max_positions) if config.speculative is not None else None
         self.kv_pool = self._allocate_kv_pool()
+        if self.draft is not None:
+            self.draft.allocate_pool(self.kv_pool.num_pages * self.kv_pool.page_size, DTYPES[config.kv_cache_dtype])
         backend_cls = attention_backend_class(config.attention_backend)
         heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
+
+    def _load_drafter(self, max_positions: int):
+        from sglaunch.speculative.draft_runner import DraftRunner
+
+        return DraftRunner(self.config, self.model, self.tp, DTYPES[self.config.dtype], self.device, max_positions)
 
     def _allocate_kv_pool(self) -> KVPool:
         kv_heads = self.spec.num_kv_heads // self.tp.size
         kv_dtype = DTYPES[self.config.kv_cache_dtype]
         per_token = kv_bytes_per_token(self.spec.num_layers, kv_heads, self.spec.head_dim, kv_dtype)
+        if self.draft is not None:  # the draft context K/V share the target's slots
+            per_token += self.draft.bytes_per_token(kv_dtype)
         # NOTE: every rank must use the same page ids, so all agree on the smallest pool
         tokens = self.tp.min_int(plan_kv_tokens(self.config, per_token, self.device))
         page_size = self.config.page_size
@@ -72,8 +82,17 @@ class ModelRunner:
         (identical on every rank)."""
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         meta = self.attn.prepare(step)
-        hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+        if self.draft is None:
+            hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+        else:
+            hidden, features = self.model.forward_with_features(input_ids, meta.positions, self.attn,
+                                                                self.draft.layer_ids)
+            self.draft.write_context(features, meta.positions, meta.out_slots)
         if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
             return torch.empty(0, self.spec.vocab_size, device=self.device)
         rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[rows]).float()  # [num_samples, vocab]
+
+    def draft_block(self, step: DraftStepInput):
+        """DSpark's parallel draft stage (every rank: it has collectives) -> BlockOutput."""
+        return self.draft.forward(step, self.kv_pool.page_size)

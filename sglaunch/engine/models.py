@@ -99,11 +99,19 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, i, rope, tp, dtype, device) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """-> (final-normed hidden [num_tokens, hidden], residual stream after each layer id in
+        `capture`, -1 meaning the embedding output)."""
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        for layer in self.layers:
+        captured = {-1: x} if -1 in capture else {}
+        for i, layer in enumerate(self.layers):
             x = layer(positions, x, attn)
-        return self.norm(x)
+            # NOTE: DecoderLayer returns the full residual stream (no residual add fused into the
+            # next norm), i.e. HF output_hidden_states[i + 1]; a fused layer would need hidden + residual
+            if i in capture:
+                captured[i] = x
+        return self.norm(x), [captured[i] for i in capture]
 
 
 class CausalLM(nn.Module):
@@ -118,7 +126,15 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        return self.model(input_ids, positions, attn)  # [num_tokens, hidden]
+        return self.model(input_ids, positions, attn)[0]  # [num_tokens, hidden]
+
+    def forward_with_features(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+                              layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden [num_tokens, hidden], features [num_tokens, len(layer_ids) * hidden]): the
+        residual stream after each target layer in `layer_ids` (full width on every TP rank: it
+        is taken after the all-reduces), concatenated in that order (DSpark's fc input)."""
+        hidden, captured = self.model(input_ids, positions, attn, capture=tuple(layer_ids))
+        return hidden, torch.cat(captured, dim=-1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [n, vocab]

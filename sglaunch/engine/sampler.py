@@ -31,14 +31,14 @@ def sample(
     tokens = logits.argmax(dim=-1)  # [batch]
     random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
     if random_rows:
-        probs = _filtered_probs(logits[random_rows], [params[i] for i in random_rows])
+        probs = filtered_probs(logits[random_rows], [params[i] for i in random_rows])
         for row, i in enumerate(random_rows):
             tokens[i] = torch.multinomial(probs[row], 1, generator=generators[i])[0]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), logprobs.tolist()
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[n, vocab] probabilities after temperature, top-k, top-p and min-p."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]

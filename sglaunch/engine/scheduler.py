@@ -10,7 +10,7 @@ generated tokens intact; on resume it recomputes whatever KV the cache no longer
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.interface import FinishReason
@@ -25,15 +25,23 @@ class SchedulerLimits:
     chunked_prefill_size: int | None  # prefill tokens per step; None: whole prompts
     context_length: int
     eos_token_ids: tuple[int, ...]
+    spec_lookahead: int = 0  # speculative decoding: draft tokens a decoding request may verify
 
 
 @dataclass
 class Chunk:
-    """Tokens `req.token_ids[start:end]` are computed this step."""
+    """Tokens `req.token_ids[start:end]` are computed this step.
+
+    Speculative decoding: a decoding chunk (its one token is the anchor) with `lookahead` > 0
+    has KV pages reserved for `lookahead` more positions; the engine puts the drafts it verifies
+    in `draft_tokens` (computed after the anchor) and commits several tokens."""
 
     req: Req
     start: int
     end: int
+    lookahead: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
+    committed: int = 0  # tokens commit() kept (stop rules truncate a multi-token commit)
 
     @property
     def samples(self) -> bool:
@@ -97,6 +105,8 @@ class Scheduler:
         budget = [self.limits.chunked_prefill_size or math.inf]
         chunks = self._schedule_running(budget)
         chunks += self._admit_waiting(budget)
+        if self.limits.spec_lookahead:
+            self._reserve_lookahead(chunks)
         if not chunks and not self.running and self.waiting:
             # NOTE: nothing runs and the head request still does not fit: it never will
             self._drop(self.waiting.pop(0))
@@ -171,24 +181,65 @@ class Scheduler:
         spare = self.allocator.num_free + (self.radix.evictable_pages if self.radix else 0)
         return spare - need >= len(self.running)
 
+    def _reserve_lookahead(self, chunks: list[Chunk]) -> None:
+        """Pages for the drafts each running decode may verify, from what is left after
+        admission. NOTE: speculation never preempts: without pages a request verifies no drafts."""
+        for chunk in chunks:
+            req = chunk.req
+            if chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING:
+                continue
+            lookahead = self._lookahead_cap(req)
+            if lookahead > 0 and self._reserve(req, chunk.end + lookahead):
+                chunk.lookahead = lookahead
+
+    def _lookahead_cap(self, req: Req) -> int:
+        """Drafts worth verifying: a commit of n + 1 tokens stays within max_new_tokens and the
+        context length."""
+        left_new = req.sampling.max_new_tokens - req.num_output_tokens
+        left_context = self.limits.context_length - len(req.token_ids)
+        return max(0, min(self.limits.spec_lookahead, left_new - 1, left_context - 1))
+
     # ---- after the forward pass ---------------------------------------------------------
-    def commit(self, chunks: list[Chunk], sampled: list[int | None]) -> list[Req]:
-        """Record computed KV and new tokens (`sampled[i]` for chunks[i]); returns requests
+    def commit(self, chunks: list[Chunk], sampled: list[int | list[int] | None]) -> list[Req]:
+        """Record computed KV and new tokens (`sampled[i]` for chunks[i]: one token, or the
+        accepted drafts plus the correction/bonus token of a speculative chunk); returns requests
         that finished this step, including any the pool could not hold."""
         finished, self.finished_by_pool = self.finished_by_pool, []
-        for chunk, token in zip(chunks, sampled):
+        for chunk, tokens in zip(chunks, sampled):
             req = chunk.req
             req.num_computed = chunk.end
-            if token is None:
+            if tokens is None:
                 continue
-            req.token_ids.append(token)
-            reason = self._finish_reason(req, token)
+            reason = self._append_tokens(chunk, [tokens] if isinstance(tokens, int) else tokens)
+            if chunk.lookahead:
+                self._trim_pages(req)
             if reason is not None:
                 self.running.remove(req)
                 self._release(req)
                 req.status, req.finish_reason = ReqStatus.FINISHED, reason
                 finished.append(req)
         return finished
+
+    def _append_tokens(self, chunk: Chunk, tokens: list[int]) -> FinishReason | None:
+        """Append tokens until a stop rule fires (the stopping token is kept, later ones dropped)."""
+        req, reason = chunk.req, None
+        for token in tokens:
+            req.token_ids.append(token)
+            chunk.committed += 1
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                break
+        # NOTE: the verify computed KV for the anchor and the drafts after it; of the c committed
+        # tokens the first c - 1 are such drafts, the last one is the new pending token
+        req.num_computed = chunk.end + chunk.committed - (1 if chunk.committed < 3 else 0)
+        return reason
+
+    def _trim_pages(self, req: Req) -> None:
+        """Roll back: free whole pages that only held rejected drafts' KV."""
+        keep = self._pages_for(req.num_computed)
+        if len(req.pages) > keep:
+            self.allocator.free(req.pages[keep:])
+            del req.pages[keep:]
 
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
         params = req.sampling

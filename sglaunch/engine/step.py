@@ -31,14 +31,46 @@ class StepInput:
 
 
 def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
+    """Chunks back to back; a speculating chunk contributes [anchor, drafts...] and wants the
+    logits of all those rows, a sampling chunk those of its last row."""
     step = StepInput([], [], [], [], [], [])
     for chunk in chunks:
         req = chunk.req
-        step.input_ids.extend(req.token_ids[chunk.start : chunk.end])
-        step.positions.extend(range(chunk.start, chunk.end))
-        step.query_lens.append(chunk.end - chunk.start)
-        step.kv_lens.append(chunk.end)
-        step.page_tables.append(req.pages[: -(-chunk.end // page_size)])
-        if chunk.samples:
+        ids = req.token_ids[chunk.start : chunk.end] + chunk.draft_tokens
+        end = chunk.start + len(ids)
+        step.input_ids.extend(ids)
+        step.positions.extend(range(chunk.start, end))
+        step.query_lens.append(len(ids))
+        step.kv_lens.append(end)
+        step.page_tables.append(req.pages[: -(-end // page_size)])
+        if chunk.lookahead:
+            step.sample_indices.extend(range(len(step.input_ids) - len(ids), len(step.input_ids)))
+        elif chunk.samples:
             step.sample_indices.append(len(step.input_ids) - 1)
     return step
+
+
+def sample_rows(chunks: list[Chunk]) -> list[int | None]:
+    """Per chunk, the row of the logits (ordered like sample_indices) where its samples start."""
+    rows, next_row = [], 0
+    for chunk in chunks:
+        if chunk.lookahead:
+            rows.append(next_row)
+            next_row += 1 + len(chunk.draft_tokens)
+        elif chunk.samples:
+            rows.append(next_row)
+            next_row += 1
+        else:
+            rows.append(None)
+    return rows
+
+
+@dataclass
+class DraftStepInput:
+    """One DSpark draft forward: per decoding request its anchor (last committed token) at
+    position p, attending to its draft context at positions < p, whose K/V sit in the draft pool
+    at the same slots as the target's KV (the request's page table)."""
+
+    anchor_tokens: list[int]  # [batch]
+    anchor_positions: list[int]  # [batch] p: the block occupies p .. p + gamma - 1
+    page_tables: list[list[int]]  # [batch][ceil(p / page_size)] KV page ids of positions < p

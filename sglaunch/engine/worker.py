@@ -1,7 +1,7 @@
 """Tensor-parallel worker ranks (every rank but 0) and the worker-only nodes that host them.
 
 A worker loads its shard of the model, then executes whatever rank 0 broadcasts:
-("step", StepInput), ("noop",) while idle, ("shutdown",).
+("step", StepInput), ("draft", DraftStepInput) (DSpark), ("noop",) while idle, ("shutdown",).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
         command = tp.broadcast_object()
         if command[0] == "step":
             runner.forward(command[1])
+        elif command[0] == "draft":
+            runner.draft_block(command[1])
         elif command[0] == "shutdown":
             heartbeat.stopping.set()
             tp.barrier()

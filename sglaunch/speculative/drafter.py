@@ -272,6 +272,16 @@ class DSparkDrafter(nn.Module):
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     @torch.inference_mode()
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      pool: DraftKVPool) -> None:
+        """Write context K/V of every draft layer for feature rows [N, n_features * d] at their
+        positions [N] into pool slots [N] (what forward_block does for pending rows, done eagerly)."""
+        ctx = self.fuse_context(features)  # [N, d]
+        for layer in self.layers:
+            attn = layer.self_attn
+            pool.write(attn.layer, slots, *attn.context_kv(ctx, positions))
+
+    @torch.inference_mode()
     def forward_block(self, batch: DraftBatch, pool: DraftKVPool) -> BlockOutput:
         """Parallel stage: write the batch's new context K/V, run the block, return h_k and U_k."""
         c = self.config

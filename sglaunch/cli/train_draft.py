@@ -1,0 +1,117 @@
+"""`sglaunch train-draft`: train a DSpark drafter for a target (docs/train-draft.md).
+
+Torch is imported only once the options are valid; errors are `Error:` / `Hint:` lines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sglaunch.cli.common import JsonOption, funnel
+from sglaunch.errors import SglaunchError
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SglaunchError(f"{flag} {text!r} is not a comma-separated list of numbers", hint=f"e.g. {flag} 0,0.7")
+    if not values or any(v < 0 for v in values):
+        raise SglaunchError(f"{flag} needs at least one temperature >= 0", hint=f"e.g. {flag} 0,0.7")
+    return values
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SglaunchError(f"{flag} {text!r} is not a comma-separated list of integers", hint=f"e.g. {flag} 1,8,14")
+
+
+@funnel
+def train_draft(
+    prompts: Annotated[Path, typer.Option("--prompts", help="JSONL prompt file: {\"prompt\"|\"messages\"|\"input_ids\", \"type\"} per line.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output folder (responses, logs, checkpoints, drafter/).")],
+    target: Annotated[Optional[Path], typer.Option("--target", help="Target HF checkpoint folder; default: the built-in SmolLM2 (pulled if needed).")] = None,
+    eval_prompts: Annotated[Optional[Path], typer.Option(help="Held-out prompt file; default: --eval-fraction of --prompts.")] = None,
+    eval_fraction: Annotated[float, typer.Option(help="Share of --prompts held out for evaluation (per type).")] = 0.05,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="float32 | bfloat16 (default: bfloat16 on cuda, float32 on cpu).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for data order, anchors, init, generation.")] = 0,
+    num_draft_layers: Annotated[int, typer.Option(help="Draft decoder layers.")] = 3,
+    block_size: Annotated[int, typer.Option(help="gamma: draft tokens per step.")] = 7,
+    markov_rank: Annotated[int, typer.Option(help="Markov head rank r (0: pure DFlash).")] = 256,
+    markov_head_type: Annotated[str, typer.Option(help="vanilla | gated | rnn.")] = "vanilla",
+    intermediate_size: Annotated[Optional[int], typer.Option(help="Draft MLP width (default: the target's).")] = None,
+    target_layer_ids: Annotated[Optional[str], typer.Option(help="Comma-separated target layers to read (default: spread, never the last).")] = None,
+    num_feature_layers: Annotated[int, typer.Option(help="How many target layers to read when --target-layer-ids is not given.")] = 5,
+    mask_token_id: Annotated[Optional[int], typer.Option(help="MASK id (default: an unused row or special token).")] = None,
+    init_from: Annotated[Optional[Path], typer.Option(help="Start from this DSpark checkpoint (fine-tuning).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Response length the target generates per prompt.")] = 256,
+    max_length: Annotated[int, typer.Option(help="Prompt + response tokens kept per training sequence.")] = 1024,
+    gen_temperatures: Annotated[str, typer.Option(help="Generation temperatures, cycled over the prompts.")] = "0,0.7",
+    gen_top_p: Annotated[float, typer.Option(help="top-p of sampled generations.")] = 0.9,
+    epochs: Annotated[float, typer.Option(help="Passes over the responses.")] = 1.0,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (overrides --epochs).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Sequences per micro-batch.")] = 8,
+    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
+    anchors_per_seq: Annotated[int, typer.Option(help="Anchor blocks sampled per sequence.")] = 64,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (4% warmup, cosine to 0).")] = 6e-4,
+    log_every: Annotated[int, typer.Option(help="Steps between train_log.jsonl lines.")] = 10,
+    save_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 500,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint in --output.")] = False,
+    eval_temperatures: Annotated[str, typer.Option(help="Temperatures of the held-out evaluation.")] = "0,0.7",
+    eval_max_prompts: Annotated[int, typer.Option(help="Held-out prompts evaluated.")] = 64,
+    eval_max_new_tokens: Annotated[int, typer.Option(help="Tokens decoded per evaluated prompt.")] = 128,
+    fit_sts: Annotated[bool, typer.Option("--fit-sts", help="Fit the STS calibration file on the evaluation blocks.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Train a DSpark drafter on the target's own responses; write drafter/, eval.json and sts.json."""
+    if device not in ("cpu", "cuda"):
+        raise SglaunchError(f"--device {device!r} is not cpu or cuda", hint="--device cuda on GPU machines")
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise SglaunchError(f"--dtype {dtype!r} is not float32 or bfloat16", hint="bfloat16 on GPUs, float32 on CPUs")
+    if not prompts.is_file():
+        raise SglaunchError(f"prompt file {prompts} does not exist",
+                            hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
+                                 "builds one from the license-clean corpus)")
+    if target is None:
+        from sglaunch.hub.default_model import ensure_default_model
+
+        target = ensure_default_model(progress=not as_json)
+    from sglaunch.training.trainer import TrainArgs, Trainer, run_evaluation
+
+    args = TrainArgs(
+        target=target, prompts=prompts, output=output, eval_prompts=eval_prompts, eval_fraction=eval_fraction,
+        device=device, dtype=dtype, seed=seed, num_draft_layers=num_draft_layers, block_size=block_size,
+        markov_rank=markov_rank, markov_head_type=markov_head_type, intermediate_size=intermediate_size,
+        target_layer_ids=_ints(target_layer_ids, "--target-layer-ids"), num_feature_layers=num_feature_layers,
+        mask_token_id=mask_token_id, init_from=init_from, max_new_tokens=max_new_tokens, max_length=max_length,
+        gen_temperatures=_floats(gen_temperatures, "--gen-temperatures"), gen_top_p=gen_top_p, epochs=epochs,
+        max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, lr=lr,
+        log_every=log_every, save_every=save_every, resume=resume,
+        eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
+        eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
+    )
+    trainer = Trainer(args)
+    trainer.setup()
+    folder = trainer.train()
+    result = run_evaluation(trainer, folder)
+    summary = {"drafter": str(folder), "steps": trainer.step,
+               "first_loss": trainer.log_rows[0].get("loss") if trainer.log_rows else None,
+               "last_loss": trainer.log_rows[-1].get("loss") if trainer.log_rows else None,
+               "eval": {t: {k: v.get(k) for k in ("mean_accept_length", "per_type", "confidence_ece")}
+                        for t, v in result.get("temperatures", {}).items()}}
+    if as_json:
+        print(json.dumps(summary))
+        return
+    print(f"wrote the drafter to {folder} ({trainer.step} steps, loss {summary['first_loss']} -> {summary['last_loss']})")
+    for temp, figures in summary["eval"].items():
+        print(f"held-out T={temp}: mean accept length {figures['mean_accept_length']}, per type {figures['per_type']}")

@@ -1,0 +1,85 @@
+"""The DSpark drafter on one tensor-parallel rank, as the engine's ModelRunner drives it.
+
+Draft context K/V live in a DraftKVPool whose slots are the target KV pool's slots: position i
+of a request has its draft K/V at the same slot (page * page_size + offset) as its target K/V.
+Every target forward writes the draft K/V of all its rows (prefill chunks and verify rows,
+rejected ones included) from the captured target features. So at any slot the draft K/V belong
+to the same token as the target K/V, and whatever the target KV holds validly (a running
+request's accepted prefix, a page the radix cache shares, a preempted request's kept pages)
+the draft context holds too: rejected rows sit beyond the committed length, invisible, and are
+overwritten when their positions are computed again. Radix hits therefore keep a full draft
+context and need no recompute.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglaunch.config import EngineConfig
+from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.kv_pool import kv_bytes_per_token
+from sglaunch.engine.step import DraftStepInput
+from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftKVPool
+
+
+class DraftRunner:
+    def __init__(self, config: EngineConfig, target, tp: TPGroup, dtype: torch.dtype, device: torch.device,
+                 max_positions: int):
+        from sglaunch.speculative.checkpoint import load_drafter
+
+        spec = config.speculative
+        self.drafter = load_drafter(spec.draft_model_path, target, tp, dtype, device,
+                                    max_positions + _block_size(spec.draft_model_path))
+        c = self.drafter.config
+        if spec.block_size is not None and spec.block_size != c.block_size:
+            # NOTE: a runtime gamma other than the checkpoint's gives wrong drafts (spec pitfall 7)
+            raise ValueError(f"--speculative-dspark-block-size {spec.block_size} differs from the drafter's "
+                             f"block_size {c.block_size}; drop the flag or use the checkpoint's value")
+        self.tp, self.device = tp, device
+        self.layer_ids = tuple(c.target_layer_ids)
+        self.block_size = c.block_size
+        self.pool: DraftKVPool | None = None
+
+    def bytes_per_token(self, kv_dtype: torch.dtype) -> int:
+        c = self.drafter.config
+        return kv_bytes_per_token(c.num_layers, c.num_kv_heads // self.tp.size, c.head_dim, kv_dtype)
+
+    def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
+        self.pool = self.drafter.make_pool(num_slots, kv_dtype)
+
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """features [num_tokens, n * hidden] of one target forward -> draft K/V at its KV slots."""
+        self.drafter.write_context(features, positions, slots, self.pool)
+
+    @torch.inference_mode()
+    def forward(self, step: DraftStepInput, page_size: int) -> BlockOutput:
+        """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
+        anchors = torch.tensor(step.anchor_tokens, dtype=torch.int64, device=self.device)
+        positions = torch.tensor(step.anchor_positions, dtype=torch.int64)
+        width = self.drafter.config.num_features * self.drafter.config.hidden_size
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        batch = DraftBatch(
+            anchor_tokens=anchors, anchor_positions=positions.to(self.device),
+            ctx_features=torch.empty(0, width, device=self.device), ctx_positions=empty, ctx_slots=empty,
+            slot_table=context_slots(step.page_tables, positions, page_size).to(self.device),
+            ctx_lens=positions.to(self.device),
+        )
+        return self.drafter.forward_block(batch, self.pool)
+
+
+def context_slots(page_tables: list[list[int]], lengths: torch.Tensor, page_size: int) -> torch.Tensor:
+    """[batch, max(lengths)] pool slot of each context position (padding: a valid slot, masked)."""
+    batch, width = len(page_tables), int(lengths.max()) if len(page_tables) else 0
+    most_pages = max((len(t) for t in page_tables), default=0)
+    table = torch.zeros(batch, max(1, most_pages), dtype=torch.int64)  # [batch, pages]
+    for b, pages in enumerate(page_tables):
+        table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int64)
+    j = torch.arange(width)[None, :].expand(batch, width)  # [batch, width]
+    pos = torch.minimum(j, (lengths - 1).clamp_min(0)[:, None])
+    return table.gather(1, pos // page_size) * page_size + pos % page_size
+
+
+def _block_size(path: str) -> int:
+    from sglaunch.speculative.drafter_config import load_drafter_config
+
+    return load_drafter_config(path).block_size

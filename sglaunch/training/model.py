@@ -1,0 +1,107 @@
+"""The drafter being trained: built from the speculative package's module with the target's
+embed_tokens / lm_head aliased (frozen, never saved), initialised, exported to DeepSpec names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sglaunch.engine.distributed import TPGroup
+from sglaunch.errors import SglaunchError
+from sglaunch.speculative.checkpoint import load_weights, resolve_module, tensor_index, weight_files
+from sglaunch.speculative.drafter import DSparkDrafter
+from sglaunch.speculative.drafter_config import DrafterConfig, check_target_compat, expected_shapes, load_drafter_config
+
+ALIASED = ("embed_tokens.", "lm_head.")
+
+
+def build_drafter(cfg: DrafterConfig, embed_tokens, lm_head, device: torch.device, max_positions: int
+                  ) -> DSparkDrafter:
+    """fp32 master weights; autocast supplies bf16 compute on GPUs."""
+    drafter = DSparkDrafter(cfg, TPGroup(0, 1), torch.float32, device, max_positions,
+                            embed_tokens=embed_tokens, lm_head=lm_head)
+    for param in own_parameters(drafter).values():
+        param.requires_grad_(True)
+    return drafter
+
+
+def own_parameters(drafter: DSparkDrafter) -> dict[str, torch.nn.Parameter]:
+    """Trainable parameters: everything but the aliased (frozen) embeddings and LM head."""
+    return {n: p for n, p in drafter.named_parameters() if not n.startswith(ALIASED)}
+
+
+def init_weights(drafter: DSparkDrafter, seed: int, final_norm: torch.Tensor | None, std: float = 0.02) -> None:
+    """HF-style init: N(0, std) matrices, zero biases, unit norms; the output norm starts as the
+    target's final norm (the frozen lm_head was trained behind it); Markov W2 starts at zero so
+    the drafter begins as pure DFlash."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in own_parameters(drafter).items():
+            if "norm" in name:
+                param.fill_(1.0)
+            elif name.endswith("bias") or name.startswith("markov_head.markov_w2"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+        if final_norm is not None:
+            drafter.norm.weight.copy_(final_norm.float())
+
+
+def export_state(drafter: DSparkDrafter) -> dict[str, torch.Tensor]:
+    """DeepSpec tensor names (q/k/v and gate/up unpacked), without embed_tokens / lm_head."""
+    out = {}
+    for name in expected_shapes(drafter.config, False, False):
+        module, attr, section = resolve_module(drafter, name)
+        tensor = getattr(module, attr)
+        sizes = getattr(module, "local_sizes", None)
+        if sizes is not None and len(sizes) > 1:
+            start = sum(sizes[:section])
+            tensor = tensor[start: start + sizes[section]]
+        out[name] = tensor.detach().float().cpu().clone()
+    return out
+
+
+def torch_state(drafter: DSparkDrafter) -> dict[str, torch.Tensor]:
+    return {n: t.detach().cpu().clone() for n, t in drafter.state_dict().items() if not n.startswith(ALIASED)}
+
+
+def load_torch_state(drafter: DSparkDrafter, state: dict[str, torch.Tensor]) -> None:
+    result = drafter.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith(ALIASED)]
+    if missing or result.unexpected_keys:
+        raise SglaunchError(f"the training checkpoint does not match this drafter: missing {missing[:3]}, "
+                            f"unexpected {result.unexpected_keys[:3]}",
+                            hint="resume with the same --num-draft-layers / --markov-rank / target as before")
+
+
+def init_from_checkpoint(path: Path, target_cfg: dict) -> DrafterConfig:
+    """Config of an existing DSpark checkpoint to fine-tune, checked against the target."""
+    try:
+        cfg = load_drafter_config(path)
+        check_target_compat(cfg, int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]),
+                            int(target_cfg["num_hidden_layers"]))
+    except ValueError as exc:
+        raise SglaunchError(f"--init-from {path}: {exc}", hint="start from a drafter trained for this target, "
+                            "or train from scratch without --init-from") from None
+    return cfg
+
+
+def load_checkpoint_weights(drafter: DSparkDrafter, path: Path) -> None:
+    try:
+        index = tensor_index(weight_files(path))
+        index = {k: v for k, v in index.items() if not k.startswith(ALIASED)}
+        load_weights(drafter, drafter.config, path, index)
+    except ValueError as exc:
+        raise SglaunchError(f"--init-from {path}: {exc}") from None
+
+
+def checkpoint_bytes(cfg: DrafterConfig, bytes_per_param: int = 2) -> int:
+    shapes = expected_shapes(cfg, False, False)
+    total = 0
+    for shape in shapes.values():
+        n = 1
+        for s in shape:
+            n *= s
+        total += n
+    return total * bytes_per_param

@@ -1,0 +1,346 @@
+"""train-draft's orchestrator: data -> drafter -> AdamW + cosine loop -> checkpoints -> eval.
+
+Output folder layout:
+  responses.jsonl        the target's responses to the training prompts (generated once)
+  heldout.jsonl          the held-out prompts (token ids + type), never trained on
+  train_log.jsonl        one line per logged step (loss terms, lr, top-1 / accept-rate per slot)
+  checkpoints/step-N/    drafter (DeepSpec format) + trainer.pt (optimizer, schedule, step) for --resume
+  drafter/               the final drafter: config.json, model.safetensors (bf16, no embeddings /
+                         LM head: aliased to the target's at load), eval.json, sts.json (--fit-sts)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglaunch.errors import SglaunchError
+from sglaunch.training import data, model, objective, target as target_mod
+
+
+@dataclass
+class TrainArgs:
+    target: Path
+    prompts: Path
+    output: Path
+    eval_prompts: Path | None = None
+    eval_fraction: float = 0.05
+    device: str = "cpu"
+    dtype: str = "float32"  # compute dtype: bfloat16 = target in bf16 + bf16 autocast, fp32 master weights
+    seed: int = 0
+    # drafter shape
+    num_draft_layers: int = 3
+    block_size: int = 7
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    intermediate_size: int | None = None  # None: the target's
+    target_layer_ids: list[int] | None = None
+    num_feature_layers: int = 5
+    mask_token_id: int | None = None
+    init_from: Path | None = None
+    # data
+    max_new_tokens: int = 256
+    max_length: int = 1024
+    gen_temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    gen_top_p: float = 0.9
+    # optimisation
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 8  # sequences per micro-batch
+    grad_accum: int = 1
+    anchors_per_seq: int = 64
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.04
+    grad_clip: float = 1.0
+    log_every: int = 10
+    save_every: int = 500
+    keep_checkpoints: int = 2
+    resume: bool = False
+    # evaluation
+    eval_temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    eval_max_prompts: int = 64
+    eval_max_new_tokens: int = 128
+    fit_sts: bool = False
+    progress: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SglaunchError("--device cuda was asked for, but torch sees no CUDA device",
+                            hint="use --device cpu, or install a CUDA build of torch")
+    return torch.device(name)
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs):
+        self.args = args
+        self.device = resolve_device(args.device)
+        self.dtype = torch_dtype(args.dtype)
+        self.target_cfg = target_mod.read_target_config(args.target)
+        self.out = args.output
+        self.log_rows: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ setup
+    def drafter_config(self):
+        a, cfg = self.args, self.target_cfg
+        if a.init_from is not None:
+            return model.init_from_checkpoint(a.init_from, cfg)
+        ids = a.target_layer_ids or target_mod.default_layer_ids(int(cfg["num_hidden_layers"]), a.num_feature_layers)
+        mask = a.mask_token_id if a.mask_token_id is not None else target_mod.default_mask_token(cfg, a.target)
+        dcfg = target_mod.drafter_config_for(cfg, num_layers=a.num_draft_layers, block_size=a.block_size,
+                                             layer_ids=ids, mask_token_id=mask, markov_rank=a.markov_rank,
+                                             markov_head_type=a.markov_head_type)
+        if a.intermediate_size:
+            import dataclasses
+
+            dcfg = dataclasses.replace(dcfg, intermediate_size=a.intermediate_size)
+        return dcfg
+
+    def prepare_data(self) -> tuple[list[data.Sample], list[data.Prompt]]:
+        a = self.args
+        records = data.read_prompt_records(a.prompts)
+        prompts = data.tokenize_prompts(records, a.target, a.prompts)
+        if a.eval_prompts is not None:
+            held = data.tokenize_prompts(data.read_prompt_records(a.eval_prompts), a.target, a.eval_prompts)
+            train = prompts
+        else:
+            train, held = data.split_heldout(prompts, a.eval_fraction, a.seed)
+        self.out.mkdir(parents=True, exist_ok=True)
+        cache = self.out / "responses.jsonl"
+        if cache.is_file():
+            samples = data.load_samples(cache)
+            self.say(f"reusing {len(samples)} generated responses from {cache}")
+        else:
+            samples = data.generate_responses(
+                a.target, train, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens,
+                temperatures=a.gen_temperatures, top_p=a.gen_top_p, seed=a.seed, max_length=a.max_length)
+            data.save_samples(samples, cache)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        samples = [s for s in samples if len(s.response) >= 2 and len(s.prompt) + 2 <= a.max_length]
+        if not samples:
+            raise SglaunchError("the target produced no usable responses (each needs >= 2 tokens)",
+                                hint="check the prompts and --max-new-tokens")
+        (self.out / "heldout.jsonl").write_text("".join(
+            json.dumps({"input_ids": p.ids, "type": p.type, "line": p.index}) + "\n" for p in held))
+        return samples, held
+
+    def setup(self):
+        a = self.args
+        torch.manual_seed(a.seed)
+        self.dcfg = self.drafter_config()
+        self.samples, self.heldout = self.prepare_data()
+        self.target = target_mod.Target(a.target, list(self.dcfg.target_layer_ids), self.dtype, self.device)
+        final_norm = self.target.model.model.norm.weight.detach()
+        self.drafter = model.build_drafter(self.dcfg, self.target.embed_tokens, self.target.lm_head, self.device,
+                                           a.max_length + self.dcfg.block_size + 1)
+        model.init_weights(self.drafter, a.seed, final_norm)
+        if a.init_from is not None:
+            model.load_checkpoint_weights(self.drafter, a.init_from)
+        self.params = list(model.own_parameters(self.drafter).values())
+        self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95))
+        micro = a.batch_size * a.grad_accum
+        steps = math.ceil(len(self.samples) * a.epochs / micro)
+        self.total_steps = max(1, a.max_steps if a.max_steps is not None else steps)
+        warmup = max(1, round(self.total_steps * a.warmup_fraction))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: cosine(s, warmup, self.total_steps))
+        self.step = 0
+        if a.resume:
+            self.load_latest()
+        n_own = sum(p.numel() for p in self.params)
+        self.say(f"drafter: {self.dcfg.num_layers} layers, block {self.dcfg.block_size}, markov rank "
+                 f"{self.dcfg.markov_rank}, target layers {list(self.dcfg.target_layer_ids)}, mask id "
+                 f"{self.dcfg.mask_token_id}; {n_own / 1e6:.2f}M trained parameters "
+                 f"(checkpoint ~{model.checkpoint_bytes(self.dcfg) / 1e6:.1f} MB in bf16); "
+                 f"{len(self.samples)} sequences, {self.total_steps} steps")
+
+    # ------------------------------------------------------------------ loop
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def micro_batch(self, index: int) -> list[data.Sample]:
+        """Deterministic order: epoch e is a seeded permutation; index counts micro-batches."""
+        n, b = len(self.samples), self.args.batch_size
+        out = []
+        for i in range(index * b, index * b + b):
+            epoch, pos = divmod(i, n)
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed * 7919 + epoch))
+            out.append(self.samples[int(perm[pos])])
+        return out
+
+    def compute_loss(self, samples: list[data.Sample], gen: torch.Generator):
+        a = self.args
+        batch = objective.collate(samples, a.max_length)
+        seq, anchor = objective.sample_anchors(batch, a.anchors_per_seq, gen)
+        if seq.numel() == 0:
+            return None, {}
+        blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size)
+        tout = self.target.run(batch.ids, batch.attention_mask)
+        rows = (blocks.anchor[:, None] + torch.arange(self.dcfg.block_size)[None, :]).clamp(max=batch.ids.shape[1] - 1)
+        with torch.no_grad():
+            target_logits = self.target.logits(tout.final_hidden[blocks.seq[:, None].to(self.device), rows.to(self.device)])
+        dbatch = objective.draft_batch(batch.ids, tout.features.float(), blocks)
+        with self.autocast():
+            out = objective.block_forward(self.drafter, dbatch, self.dtype)
+            logits, conf = objective.teacher_forced_heads(self.drafter, out, blocks.prev.to(self.device))
+        return objective.dspark_loss(logits, conf, target_logits, blocks)
+
+    def train_step(self) -> dict[str, Any]:
+        a = self.args
+        self.drafter.train()
+        totals: dict[str, Any] = {}
+        for micro in range(a.grad_accum):
+            gen = torch.Generator().manual_seed(a.seed * 1_000_003 + self.step * 131 + micro)
+            loss, metrics = self.compute_loss(self.micro_batch(self.step * a.grad_accum + micro), gen)
+            if loss is None:
+                continue
+            (loss / a.grad_accum).backward()
+            for k, v in metrics.items():
+                totals.setdefault(k, []).append(v)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, a.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        row = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(norm)}
+        for k, vs in totals.items():
+            row[k] = [sum(x) / len(vs) for x in zip(*vs)] if isinstance(vs[0], list) else sum(vs) / len(vs)
+        return row
+
+    def train(self) -> Path:
+        a = self.args
+        start = time.monotonic()
+        with self.bars() as bars:
+            task = bars.add_task("training drafter", total=self.total_steps, completed=self.step, loss="")
+            while self.step < self.total_steps:
+                row = self.train_step()
+                row["elapsed_s"] = round(time.monotonic() - start, 2)
+                bars.update(task, completed=self.step, loss=f"loss {row.get('loss', float('nan')):.4f}")
+                if self.step % a.log_every == 0 or self.step == self.total_steps or self.step == 1:
+                    self.log(row)
+                if self.step % a.save_every == 0 and self.step < self.total_steps:
+                    self.save_checkpoint()
+        self.save_checkpoint()
+        return self.save_final()
+
+    # ------------------------------------------------------------------ files
+    def log(self, row: dict[str, Any]) -> None:
+        self.log_rows.append(row)
+        with open(self.out / "train_log.jsonl", "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def save_checkpoint(self) -> Path:
+        from sglaunch.speculative.checkpoint import save_drafter
+
+        folder = self.out / "checkpoints" / f"step-{self.step}"
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_drafter(tmp, self.dcfg, model.export_state(self.drafter), self.target_cfg)
+        torch.save({"step": self.step, "total_steps": self.total_steps, "drafter": model.torch_state(self.drafter),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "drafter_config": self.dcfg.to_dict(), "args": self.args.to_json()}, tmp / "trainer.pt")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(self.out)[: -self.args.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def load_latest(self) -> None:
+        found = checkpoints(self.out)
+        if not found:
+            raise SglaunchError(f"--resume: no checkpoint in {self.out / 'checkpoints'}",
+                                hint="run without --resume to start training")
+        state = torch.load(found[-1] / "trainer.pt", map_location="cpu", weights_only=False)
+        if state["drafter_config"] != self.dcfg.to_dict():
+            raise SglaunchError(f"--resume: {found[-1]} was trained with another drafter shape or target",
+                                hint="resume with the same target and drafter options, or use a new --output")
+        model.load_torch_state(self.drafter, state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.say(f"resumed from {found[-1]} at step {self.step}")
+
+    def save_final(self) -> Path:
+        from sglaunch.speculative.checkpoint import save_drafter
+
+        folder = self.out / "drafter"
+        tmp = folder.with_name("drafter.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_drafter(tmp, self.dcfg, model.export_state(self.drafter), self.target_cfg, dtype=torch.bfloat16)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder
+
+    def say(self, message: str) -> None:
+        if self.args.progress:
+            from rich.console import Console
+
+            Console(stderr=True, highlight=False).print(message)
+
+    def bars(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.args.progress)
+
+
+def cosine(step: int, warmup: int, total: int) -> float:
+    """Linear warmup to 1, then cosine to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def checkpoints(out: Path) -> list[Path]:
+    folder = out / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".tmp")
+             and (p / "trainer.pt").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def run_evaluation(trainer: Trainer, folder: Path) -> dict[str, Any]:
+    """Held-out accept lengths and calibration into folder/eval.json; STS into folder/sts.json."""
+    import numpy as np
+
+    from sglaunch.engine.model_spec import load_model_spec
+    from sglaunch.speculative import sts
+    from sglaunch.training import evaluate
+
+    a = trainer.args
+    if not trainer.heldout:
+        trainer.say("no held-out prompts (--eval-fraction 0 and no --eval-prompts): evaluation skipped")
+        return {}
+    eos = set(load_model_spec(str(a.target)).eos_token_ids)
+    result = evaluate.evaluate(trainer.target, trainer.drafter, trainer.heldout, temperatures=a.eval_temperatures,
+                               max_new_tokens=a.eval_max_new_tokens, max_prompts=a.eval_max_prompts, eos_ids=eos,
+                               seed=a.seed, autocast=trainer.autocast, progress=a.progress, out_dir=folder)
+    records = result.pop("_records")
+    if a.fit_sts and records and records[0]["confidence_logits"]:
+        logits = np.array([r["confidence_logits"] for r in records])
+        fit = sts.fit_sts(logits, np.array([r["accepted"] for r in records]),
+                          np.array([r["verified"] for r in records]))
+        fit.extra["fitted_on"] = f"{len(records)} held-out blocks at temperatures {a.eval_temperatures}"
+        sts.save_sts(fit, folder / "sts.json")
+        result["sts"] = str(folder / "sts.json")
+    return result

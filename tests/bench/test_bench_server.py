@@ -1,0 +1,62 @@
+"""`sglaunch bench` against our real server (tiny random Llama on CPU), started from launch lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import matplotlib.image
+
+SERVE = "sglaunch serve --model-path {model} --device cpu --dtype float32 --max-total-tokens 8192"
+SHORT = ("--num-prompts", "6", "--input-len", "24", "--output-len", "8", "--range-ratio", "0.5",
+         "--warmup", "1")
+
+
+def test_short_sweep_against_our_server(run_bench, tiny_model):
+    out = run_bench("--launch", SERVE.format(model=tiny_model) + " --enable-metrics",
+                    "--concurrency", "1,3", "--request-rate", "inf", "--max-concurrency", "2", *SHORT)
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    assert doc["requests"]["token_accuracy"] == f"exact (local tokenizer {tiny_model})"
+    planned = doc["requests"]["planned_input_tokens_mean"] * 6
+    for level in doc["configs"][0]["levels"]:
+        assert (level["completed"], level["errors"]) == (6, 0)
+        assert level["total_input_tokens"] == planned  # the server counted what we planned
+        assert level["total_output_tokens"] == round(doc["requests"]["planned_output_tokens_mean"] * 6)
+        assert level["ttft_ms"]["p50"] > 0 and level["e2e_ms"]["p99"] >= level["e2e_ms"]["p50"]
+        assert level["accept_length"] is None  # no speculative decoding: reported as n/a
+    assert "n/a" in out.stdout
+    image = matplotlib.image.imread(out.json_path.with_suffix(".png"))
+    assert image.shape[0] > 100 and image.shape[1] > 100
+    assert "ready" in (out.json_path.parent / "bench-server-server.log").read_text()
+
+
+def test_compare_two_launch_lines_in_a_subprocess(tiny_model, tmp_path):
+    plain = SERVE.format(model=tiny_model)
+    compact = f"SGLANG_RAGGED_VERIFY_MODE=compact {plain} --max-running-requests 2"
+    proc = subprocess.run([sys.executable, "-m", "sglaunch", "bench", "--compare", plain, "--compare", compact,
+                           "--label", "plain", "--label", "compact", "--concurrency", "1,2", *SHORT,
+                           "-o", str(tmp_path / "cmp.json")], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert [c["label"] for c in doc["configs"]] == ["plain", "compact"]
+    assert doc["configs"][1]["launch"].startswith("SGLANG_RAGGED_VERIFY_MODE=compact ")
+    assert all(lv["status"] == "ok" for c in doc["configs"] for lv in c["levels"])
+    assert [r["label"] for r in doc["comparison"]] == ["c=1", "c=2"]
+    assert all(r["output_token_throughput"] > 0 for r in doc["comparison"])
+    assert (tmp_path / "cmp.png").stat().st_size > 1000
+    assert "ratios compact/plain" in proc.stdout
+    for config in doc["configs"]:  # bench stopped both servers
+        try:
+            httpx.get(config["url"] + "/health", timeout=1)
+            raise AssertionError(f"{config['label']} still answers")
+        except httpx.TransportError:
+            pass
+
+
+def test_launch_line_that_fails_shows_the_log(run_bench, tmp_path):
+    out = run_bench("--launch", f"sglaunch serve --model-path {tmp_path}/no-such-model --device cpu", *SHORT)
+    assert out.exit_code == 1
+    assert "exited with 2 before it was ready" in out.stderr and "Hint:" in out.stderr

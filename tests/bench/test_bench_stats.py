@@ -1,0 +1,66 @@
+"""Per-level metrics and the tolerant reading of the server's DSpark statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglaunch.bench.client import RequestResult
+from sglaunch.bench.stats import distribution_ms, parse_prometheus, spec_stats, summarize_level
+
+
+def test_distribution_and_level_summary():
+    assert distribution_ms([0.001, 0.002, 0.003, 0.004, None]) == pytest.approx(
+        {"mean": 2.5, "p50": 2.5, "p90": 3.7, "p99": 3.97})
+    assert distribution_ms([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+    ok = RequestResult(ok=True, ttft=0.1, itls=[0.02, 0.02], e2e=0.5, output_tokens=5, input_tokens=7)
+    bad = RequestResult(ok=False, error="HTTP 500: boom", error_kind="http", e2e=0.01)
+    record = summarize_level([ok, ok, bad], duration=2.0)
+    assert (record["completed"], record["errors"]) == (2, 1)
+    assert record["error_samples"] == {"HTTP 500: boom": 1}
+    assert record["request_throughput"] == 1.0 and record["output_token_throughput"] == 5.0
+    assert record["total_input_tokens"] == 14
+    assert record["tpot_ms"]["p50"] == pytest.approx(100.0)  # (0.5 - 0.1) / 4
+
+
+PROM_BEFORE = """# HELP x
+sglaunch_spec_steps_total 10
+sglaunch_spec_request_steps_total 20
+sglaunch_spec_committed_tokens_total 40
+sglaunch_spec_verify_tokens_total 100
+sglaunch_spec_accept_length_bucket{le="1"} 3
+garbage line without value
+"""
+PROM_AFTER = PROM_BEFORE.replace("steps_total 10", "steps_total 20").replace(
+    "request_steps_total 20", "request_steps_total 40").replace(
+    "committed_tokens_total 40", "committed_tokens_total 100").replace(
+    "verify_tokens_total 100", "verify_tokens_total 180")
+
+
+def test_spec_stats_from_prometheus_counters_are_per_level():
+    before = {"metrics": parse_prometheus(PROM_BEFORE), "info": {}}
+    after = {"metrics": parse_prometheus(PROM_AFTER), "info": {}}
+    out = spec_stats(before, after)
+    assert out["accept_length"] == pytest.approx(3.0)  # 60 committed / 20 request-steps
+    assert out["verify_tokens_per_step"] == pytest.approx(8.0)  # 80 rows / 10 steps
+    assert out["spec_source"] == "/metrics (level)"
+
+
+def test_spec_stats_from_server_info_histogram_and_steps():
+    before = {"spec.steps": 10.0, "spec.mean_accept_length": 2.0, "spec.verify_tokens_per_step": 4.0,
+              "spec.accept_length_histogram.1": 5.0, "spec.accept_length_histogram.3": 5.0}
+    after = {"spec.steps": 20.0, "spec.mean_accept_length": 2.5, "spec.verify_tokens_per_step": 5.0,
+             "spec.accept_length_histogram.1": 5.0, "spec.accept_length_histogram.3": 15.0}
+    out = spec_stats({"info": before, "metrics": {}}, {"info": after, "metrics": {}})
+    assert out["accept_length"] == pytest.approx(3.0)  # only 3s were added during the level
+    assert out["verify_tokens_per_step"] == pytest.approx(6.0)  # (100 - 40) / 10
+    assert out["spec_source"] == "/server_info (level)"
+
+
+def test_spec_stats_cumulative_and_absent():
+    flat = {"mean_accept_length": 2.2, "verify_tokens_per_step": 6.0}
+    out = spec_stats({}, {"info": flat})
+    assert (out["accept_length"], out["verify_tokens_per_step"]) == (2.2, 6.0)
+    assert out["spec_source"] == "/server_info (cumulative)"
+    plain = {"total_steps": 5.0, "kv_usage": 0.1}  # a server without speculative decoding
+    assert spec_stats({"info": plain}, {"info": plain, "metrics": {"up": 1.0}}) == {
+        "accept_length": None, "verify_tokens_per_step": None, "spec_source": None}

@@ -1,0 +1,135 @@
+"""`sglaunch bench` against a stub endpoint: error accounting, partial results, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from stub_server import Faults, StubServer, free_port
+
+from sglaunch.cli.app import app  # noqa: F401 - the command is registered
+
+FAST = ("--num-prompts", "8", "--input-len", "12", "--output-len", "6", "--warmup", "1")
+
+
+def test_clean_sweep_writes_json_and_png(run_bench):
+    with StubServer(Faults(tokenize=True, spec_stats=True)) as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "1,4", "--request-rate", "200,inf", *FAST)
+        bodies = stub.state.bodies
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    assert (doc["status"], doc["partial"]) == ("ok", False)
+    levels = doc["configs"][0]["levels"]
+    assert [lv["label"] for lv in levels] == ["c=1", "c=4", "rate=200/s", "rate=inf"]
+    assert all(lv["completed"] == 8 and lv["output_token_throughput"] > 0 for lv in levels)
+    assert levels[0]["ttft_ms"]["p50"] is not None and levels[0]["itl_ms"]["p99"] is not None
+    assert levels[0]["accept_length"] == 2.0 and levels[0]["verify_tokens_per_step"] == 4.0
+    assert doc["requests"]["token_accuracy"] == "exact (server /tokenize)"
+    assert all(isinstance(b["prompt"], list) and len(b["prompt"]) == 12 for b in bodies)
+    assert bodies[0]["stream"] is True and bodies[0]["ignore_eos"] is True
+    assert out.json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "c=4" in out.stdout and "n/a" not in out.stdout.split("rate=inf")[1].split("\n")[0]
+
+
+def test_same_seed_same_requests_across_runs(run_bench):
+    digests = []
+    for seed in ("5", "5", "6"):
+        with StubServer() as stub:
+            out = run_bench("--url", stub.url, "--concurrency", "2", "--seed", seed, "--no-plot",
+                            "--range-ratio", "0.3", *FAST)
+            prompts = sorted(json.dumps(b["prompt"]) for b in stub.state.bodies[1:])
+        assert out.exit_code == 0, out.stderr
+        digests.append((out.doc()["requests"]["sha256"], prompts))
+    assert digests[0] == digests[1] != digests[2]
+
+
+def test_server_errors_are_counted_marked_and_exit_1(run_bench):
+    faults = Faults(fail_every=4, midstream_every=5, truncate_every=7)
+    with StubServer(faults) as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "2,3", *FAST)
+    assert out.exit_code == 1
+    assert "Error:" in out.stderr and "requests failed" in out.stderr and "Hint:" in out.stderr
+    doc = out.doc()
+    assert (doc["status"], doc["partial"]) == ("errors", True)
+    levels = doc["configs"][0]["levels"]
+    assert all(lv["status"] == "errors" for lv in levels)
+    assert sum(lv["errors"] for lv in levels) >= 4
+    assert all(lv["completed"] + lv["errors"] == 8 for lv in levels)
+    samples = " ".join(msg for lv in levels for msg in lv["error_samples"])
+    assert "HTTP 500: injected failure" in samples
+    assert "error event mid-stream" in samples and "before `data: [DONE]`" in samples
+
+
+def test_slow_responses_time_out_and_count_as_errors(run_bench):
+    with StubServer(Faults(slow_every=3, slow_s=3.0)) as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "4", "--timeout", "0.5", "--warmup", "0",
+                        "--num-prompts", "6", "--output-len", "4", "--no-plot")
+    assert out.exit_code == 1
+    level = out.doc()["configs"][0]["levels"][0]
+    assert (level["completed"], level["errors"]) == (4, 2)
+    assert any(msg.startswith("timeout") for msg in level["error_samples"])
+
+
+def test_server_dying_mid_run_keeps_partial_results(run_bench):
+    with StubServer(Faults(die_after=10)) as stub:  # calibration, warm-up, first level (8) succeed
+        out = run_bench("--url", stub.url, "--concurrency", "1,2,4", *FAST)
+    assert out.exit_code == 1
+    assert "stopped answering" in out.stderr and "partial results in" in out.stderr
+    doc = out.doc()
+    assert (doc["status"], doc["partial"]) == ("aborted", True)
+    statuses = [lv["status"] for lv in doc["configs"][0]["levels"]]
+    assert statuses == ["ok", "aborted", "skipped"]
+    assert out.json_path.with_suffix(".png").exists()
+
+
+def test_unreachable_server_is_a_clear_error(run_bench):
+    out = run_bench("--url", f"http://127.0.0.1:{free_port()}", *FAST)
+    assert out.exit_code == 1
+    assert "Error: cannot reach http://127.0.0.1:" in out.stderr and "Hint: start the server" in out.stderr
+    assert not out.json_path.exists()  # nothing was measured
+
+
+def test_malformed_workload_exits_2_before_sending(run_bench, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": 5}\n')
+    with StubServer() as stub:
+        out = run_bench("--url", stub.url, "--dataset", str(bad), *FAST)
+        assert stub.state.requests == 0
+    assert out.exit_code == 2
+    assert "Error: malformed workload file" in out.stderr and "bad.jsonl:2" in out.stderr
+    assert "Hint:" in out.stderr
+
+
+def test_usage_errors_exit_2(run_bench):
+    assert run_bench("--compare", "http://a:1").exit_code == 2
+    out = run_bench("--url", "http://127.0.0.1:9", "--concurrency", "1,zero")
+    assert out.exit_code == 2 and "--concurrency: 'zero'" in out.stderr
+
+
+def test_compare_two_urls_interleaves_and_reports_ratios(run_bench, tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "output_len": 6})
+                              for i in range(4)))
+    with StubServer() as fast, StubServer(Faults(token_delay_s=0.01)) as slow:
+        out = run_bench("--compare", fast.url, "--compare", slow.url, "--label", "fast", "--label", "slow",
+                        "--concurrency", "1,2", "--dataset", str(chat), *FAST)
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    orders = {c["label"]: [lv["run_order"] for lv in c["levels"]] for c in doc["configs"]}
+    assert orders == {"fast": [1, 4], "slow": [2, 3]}  # A B, then B A
+    ratios = doc["comparison"]
+    assert [r["ratio"] for r in ratios] == ["slow/fast"] * 2
+    assert all(r["output_token_throughput"] < 1 < r["e2e_ms"] for r in ratios)
+    assert "ratios slow/fast" in out.stdout
+
+
+def test_subprocess_json_mode(tmp_path):
+    with StubServer() as stub:
+        proc = subprocess.run([sys.executable, "-m", "sglaunch", "bench", "--url", stub.url, "--json",
+                               "--concurrency", "2", "-o", str(tmp_path / "r.json"), *FAST],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc == json.loads((tmp_path / "r.json").read_text())
+    assert doc["configs"][0]["model"] == "stub-model" and doc["schema"] == "sglaunch-bench/1"

