@@ -8,6 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from sglaunch.cli import bench, check_config, migrate_flags, models, rules, serve, train_draft, version
+from sglaunch.cli import calibrate, profile_sps
 from sglaunch.cli.common import PASSTHROUGH, print_error
 from sglaunch.errors import EXIT_USAGE
 
@@ -55,6 +56,8 @@ app.command("version", help="Print the sglaunch version and the SGLang release i
 app.add_typer(models.app, name="models", help="Fetch and list cached models (the built-in default model).")
 app.command("train-draft", help="Train a DSpark drafter for a target model.")(train_draft.train_draft)
 app.command("bench", help="Load-test an OpenAI-compatible endpoint; compare two configurations.")(bench.bench)
+app.command("fit-sts", help="Fit DSpark confidence temperatures (STS) on recorded drafted blocks.")(calibrate.fit_sts)
+app.command("profile-sps", help="Measure forward-step cost over verify-batch sizes; write a DSpark SPS table.")(profile_sps.profile_sps)
 
 
 def main() -> None:

@@ -70,6 +70,8 @@ def train_draft(
     eval_max_prompts: Annotated[int, typer.Option(help="Held-out prompts evaluated.")] = 64,
     eval_max_new_tokens: Annotated[int, typer.Option(help="Tokens decoded per evaluated prompt.")] = 128,
     fit_sts: Annotated[bool, typer.Option("--fit-sts", help="Fit the STS calibration file on the evaluation blocks.")] = False,
+    generate_only: Annotated[bool, typer.Option("--generate-only", help="Only generate (and cache) the target's responses, then stop.")] = False,
+    time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train a DSpark drafter on the target's own responses; write drafter/, eval.json and sts.json."""
@@ -99,10 +101,20 @@ def train_draft(
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
+        time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min,
     )
     trainer = Trainer(args)
+    if generate_only:
+        samples, held = trainer.prepare_data()
+        print(json.dumps({"responses": len(samples), "heldout": len(held)}) if as_json else
+              f"cached {len(samples)} responses in {output / 'responses.jsonl'} ({len(held)} held-out prompts)")
+        return
     trainer.setup()
     folder = trainer.train()
+    if folder is None:
+        if as_json:
+            print(json.dumps({"stopped_at_step": trainer.step, "total_steps": trainer.total_steps}))
+        return
     result = run_evaluation(trainer, folder)
     summary = {"drafter": str(folder), "steps": trainer.step,
                "first_loss": trainer.log_rows[0].get("loss") if trainer.log_rows else None,

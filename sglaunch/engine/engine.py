@@ -174,7 +174,8 @@ class LLMEngine:
             logprobs=logprobs,
         )
 
-    def _final_output(self, req: Req, tokens: tuple, logprobs: tuple = (), accept_length: int | None = None) -> TokenOutput:
+    def _final_output(self, req: Req, tokens: tuple, logprobs: tuple = (),
+                      accept_length: int | None = None) -> TokenOutput:
         self.requests.pop(req.rid, None)
         self.generators.pop(req.rid, None)
         if self.spec is not None:

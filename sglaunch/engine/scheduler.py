@@ -231,7 +231,7 @@ class Scheduler:
                 break
         # NOTE: the verify computed KV for the anchor and the drafts after it; of the c committed
         # tokens the first c - 1 are such drafts, the last one is the new pending token
-        req.num_computed = chunk.end + chunk.committed - (1 if chunk.committed < 3 else 0)
+        req.num_computed = chunk.end + chunk.committed - 1
         return reason
 
     def _trim_pages(self, req: Req) -> None:

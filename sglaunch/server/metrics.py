@@ -120,6 +120,8 @@ class PrometheusMetrics(ServerMetrics):
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Request latency end to end.",
                         buckets=LATENCY_BUCKETS)
         self.gauges = {name: make(Gauge, name, doc) for name, (doc, _) in ENGINE_GAUGES.items()}
+        self.spec = SpecCollector(labels)
+        self.registry.register(self.spec)
 
     def observe_first_token(self, seconds: float) -> None:
         self.ttft.labels(**self._labels).observe(seconds)
@@ -143,4 +145,53 @@ class PrometheusMetrics(ServerMetrics):
 
         for name, value in engine_gauge_values(engine_info).items():
             self.gauges[name].labels(**self._labels).set(value)
+        self.spec.info = engine_info.get("speculative")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class SpecCollector:
+    """Speculative-decoding series from the engine's `speculative` statistics (server_info),
+    present only when the engine speculates: SGLang's `spec_accept_length` gauge plus counters
+    and the accept-length histogram (accept length = accepted drafts + the bonus token)."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels, self.info = labels, None
+
+    def describe(self):
+        return []  # NOTE: the series exist only once the engine reports them
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        info, names, values = self.info, list(self.labels), list(self.labels.values())
+        if not info:
+            return
+        for name, doc, key in SPEC_GAUGES:
+            gauge = GaugeMetricFamily(PREFIX + name, doc, labels=names)
+            gauge.add_metric(values, float(info[key]))
+            yield gauge
+        for name, doc, key in SPEC_COUNTERS:
+            counter = CounterMetricFamily(PREFIX + name, doc, labels=names)
+            counter.add_metric(values, float(info[key]))
+            yield counter
+        hist = HistogramMetricFamily(PREFIX + "spec_accept_length_per_step", "Tokens committed per request per "
+                                     "speculative step (accepted drafts + bonus).", labels=names)
+        counts = sorted(info["accept_length_histogram"].items(), key=lambda kv: int(kv[0]))
+        buckets, total = [], 0
+        for length, count in counts:
+            total += count
+            buckets.append((length, total))
+        hist.add_metric(values, buckets + [("+Inf", total)], info["committed_tokens"])
+        yield hist
+
+
+SPEC_GAUGES = (
+    ("spec_accept_length", "Mean accept length per request-step (bonus token included).", "mean_accept_length"),
+    ("spec_verify_tokens_per_step", "Mean target rows verified per speculative step.", "verify_tokens_per_step"),
+)
+SPEC_COUNTERS = (
+    ("spec_steps", "Speculative verify steps.", "steps"),
+    ("spec_verify_tokens", "Target rows computed for verification.", "verify_tokens"),
+    ("spec_draft_seconds", "Time spent drafting.", "draft_time_s"),
+    ("spec_verify_seconds", "Time spent verifying (target forward + acceptance).", "verify_time_s"),
+)

@@ -47,6 +47,9 @@ class SpecStats:
             return {
                 "block_size": self.block_size,
                 "steps": self.steps,
+                "request_steps": self.request_steps,
+                "committed_tokens": self.committed_tokens,
+                "verify_tokens": self.verify_tokens,
                 "mean_accept_length": self.committed_tokens / per_req if self.request_steps else 0.0,
                 "accept_length_histogram": {str(k): v for k, v in enumerate(self.accept_length_hist) if k >= 1},
                 "verify_tokens_per_step": self.verify_tokens / per_step if self.steps else 0.0,

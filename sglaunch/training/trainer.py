@@ -71,6 +71,7 @@ class TrainArgs:
     eval_max_new_tokens: int = 128
     fit_sts: bool = False
     progress: bool = True
+    time_limit_s: float | None = None  # stop (checkpointed) after this long; --resume continues
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -225,7 +226,8 @@ class Trainer:
             row[k] = [sum(x) / len(vs) for x in zip(*vs)] if isinstance(vs[0], list) else sum(vs) / len(vs)
         return row
 
-    def train(self) -> Path:
+    def train(self) -> Path | None:
+        """Run to total_steps -> the final drafter folder; None when the time limit stopped it first."""
         a = self.args
         start = time.monotonic()
         with self.bars() as bars:
@@ -238,6 +240,10 @@ class Trainer:
                     self.log(row)
                 if self.step % a.save_every == 0 and self.step < self.total_steps:
                     self.save_checkpoint()
+                if a.time_limit_s is not None and time.monotonic() - start > a.time_limit_s and self.step < self.total_steps:
+                    self.save_checkpoint()
+                    self.say(f"time limit reached at step {self.step}/{self.total_steps}; rerun with --resume")
+                    return None
         self.save_checkpoint()
         return self.save_final()
 

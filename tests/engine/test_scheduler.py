@@ -162,3 +162,81 @@ def test_abort_frees_pages_wherever_the_request_is():
     assert sched.abort("r0").finish_reason == "abort"  # running
     assert sched.abort("r0") is None
     assert sched.allocator.num_used == 0 and not sched.has_work
+
+
+# ---- speculative decoding: lookahead pages, multi-token commits, rollback ------------------
+
+
+def run_speculative(sched: Scheduler, reqs: list[Req], seed: int) -> None:
+    """Like run(), but decoding chunks with lookahead verify drafts (right or wrong at random):
+    the fake KV pool receives the drafts too, as the real verify writes rejected rows' K/V."""
+    import random
+
+    rng, ps = random.Random(seed), sched.limits.page_size
+    pool: dict[int, int] = {}
+    for req in reqs:
+        sched.add(req)
+    while sched.has_work:
+        chunks = sched.schedule()
+        sampled = []
+        for c in chunks:
+            req = c.req
+            if c.lookahead:
+                truth = reference(req.token_ids, c.lookahead)
+                c.draft_tokens = [t if rng.random() < 0.7 else t + 1 for t in truth][: rng.randint(0, c.lookahead)]
+            rows = req.token_ids[: c.end] + c.draft_tokens
+            for pos, token in enumerate(rows):
+                slot = req.pages[pos // ps] * ps + pos % ps
+                if pos < c.start:
+                    assert pool[slot] == token, f"{req.rid}: stale KV at position {pos}"
+                else:
+                    pool[slot] = token
+            if c.lookahead:
+                n = next((i for i, (d, t) in enumerate(zip(c.draft_tokens, truth)) if d != t), len(c.draft_tokens))
+                sampled.append(truth[: n + 1])
+            else:
+                sampled.append(fake_next_token(req.token_ids) if c.samples else None)
+        sched.commit(chunks, sampled)
+        for req in sched.running:  # rollback: pages hold exactly the committed KV
+            assert len(req.pages) == -(-req.num_computed // ps)
+
+
+@pytest.mark.parametrize("page_size,num_pages", [(1, 400), (4, 100), (2, 40)])
+def test_speculative_commits_match_plain_decoding(page_size, num_pages):
+    sched = make_scheduler(num_pages, page_size=page_size, chunk=8)
+    sched.limits = SchedulerLimits(page_size, 8, 8, 10_000, (), spec_lookahead=5)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9], [1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 4]] * 3
+    reqs = [Req(f"r{i}", p, SamplingParams(max_new_tokens=11 + i, ignore_eos=True), 0) for i, p in enumerate(prompts)]
+    run_speculative(sched, reqs, seed=page_size)
+    for req, prompt in zip(reqs, prompts):
+        assert req.output_ids == reference(prompt, len(req.output_ids)) and req.finish_reason == "length"
+        assert req.num_output_tokens == req.sampling.max_new_tokens  # lookahead never overshoots
+    assert sched.allocator.num_used == sched.radix.cached_pages
+
+
+def test_stop_token_inside_a_multi_token_commit_truncates_there():
+    sched = make_scheduler(64, eos=(777,))
+    sched.limits = SchedulerLimits(1, 8, None, 10_000, (777,), spec_lookahead=4)
+    req = Req("a", [1, 2, 3], SamplingParams(max_new_tokens=20), 0)
+    sched.add(req)
+    chunks = sched.schedule()
+    sched.commit(chunks, [50])
+    (chunk,) = sched.schedule()
+    assert chunk.lookahead == 4 and len(req.pages) == 4 + 4  # anchor at position 3, drafts at 4..7
+    chunk.draft_tokens = [60, 777, 80]
+    assert sched.commit([chunk], [[60, 777, 80, 90]]) == [req]
+    assert req.output_ids == [50, 60, 777] and chunk.committed == 2 and req.finish_reason == "stop"
+    assert sched.allocator.num_used == sched.radix.cached_pages
+
+
+def test_lookahead_is_capped_and_never_preempts():
+    sched = make_scheduler(12, chunk=None)
+    sched.limits = SchedulerLimits(1, 8, None, 10_000, (), spec_lookahead=7)
+    a = Req("a", [1, 2, 3, 4], SamplingParams(max_new_tokens=3, ignore_eos=True), 0)
+    b = Req("b", [5, 6, 7, 8], SamplingParams(max_new_tokens=9, ignore_eos=True), 0)
+    for req in (a, b):
+        sched.add(req)
+    sched.commit(sched.schedule(), [10, 11])
+    chunks = sched.schedule()
+    # a: 2 more tokens allowed -> at most 1 draft; b: 12 pages minus a's 6 minus b's 5 -> none left
+    assert [c.lookahead for c in chunks] == [1, 0] and sched.num_preemptions == 0

