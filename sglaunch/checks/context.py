@@ -32,6 +32,7 @@ class LaunchContext:
     checkpoint: CheckpointInfo | None = None
     draft: CheckpointInfo | None = None
     resolutions: list[Resolution] = field(default_factory=list)
+    default_model_pending: bool = False  # the built-in model is not cached yet: serve fetches it
 
     def get(self, dest: str) -> Any:
         return self.settings.get(dest)

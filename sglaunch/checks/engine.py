@@ -47,9 +47,6 @@ def _unsupported(ctx: LaunchContext):
 
 def _unsupported_checkpoint(ctx: LaunchContext):
     ckpt = ctx.checkpoint
-    if ctx.mode == "serve" and ctx.get("model_path") is None:
-        yield ("no --model-path given, and this release has no built-in default model yet",
-               ("--model-path",), "pass --model-path PATH to a Llama, Qwen2 or Qwen3 checkpoint folder")
     if ckpt is None:
         return
     archs = ckpt.architectures

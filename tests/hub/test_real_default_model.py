@@ -43,12 +43,15 @@ def test_converted_model_has_the_expected_shape(real_default_model):
     assert (real_default_model / "model.safetensors").stat().st_size > 250_000_000
 
 
-def test_serve_answers_a_chat_completion(real_default_model, tmp_path):
+@pytest.mark.parametrize("explicit_path", [True, False], ids=["model-path", "built-in-default"])
+def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_path):
     port = free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the default-model case finds the session's converted model through SGLAUNCH_CACHE_DIR
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SGLAUNCH_CACHE_DIR": str(real_default_model.parents[1])}
+    model = ["--model-path", str(real_default_model)] if explicit_path else []
     with open(log, "wb") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", "--model-path", str(real_default_model),
+        proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", *model,
                                  "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2"],
                                 stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
