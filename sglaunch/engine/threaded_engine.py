@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
+import time
 from typing import Any, AsyncIterator
 
 import sglaunch
@@ -103,6 +105,8 @@ class ThreadedEngine:
         from sglaunch.engine.launch import create_engine
 
         try:
+            # debugging aid: stretch start-up to exercise stops that arrive while loading
+            time.sleep(float(os.environ.get("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "0")))
             self.engine, self.cluster = create_engine(self.config)
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             self._loop.call_soon_threadsafe(_settle, self._started, exc)

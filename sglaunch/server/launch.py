@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -31,6 +32,7 @@ logger = logging.getLogger("sglaunch.server")
 
 GRACEFUL_HTTP_SECONDS = 5  # in-flight requests get this long after a signal
 ENGINE_SHUTDOWN_SECONDS = 60
+ENGINE_SETTLE_SECONDS = 300  # a stop during start-up waits this long for loading to finish
 DEFAULT_CONTEXT_LENGTH = 4096  # only when neither the config nor the checkpoint says
 
 
@@ -149,14 +151,30 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
             return engine_task.result()
         except ValueError as exc:  # start_engine's refusal of a checkpoint or configuration
             raise SglaunchError(f"The engine cannot start: {exc}") from exc
-    engine_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        engine = await engine_task
-        await engine.shutdown()
+    await _settle_and_shut_down(engine_task)
     if http_task.done() and not stop.event.is_set():
         http_task.result()  # re-raise why uvicorn stopped
         raise SglaunchError("The HTTP server stopped while the engine was starting.")
     return None
+
+
+async def _settle_and_shut_down(engine_task: asyncio.Task) -> None:
+    """A stop arrived while the engine was loading: let the start settle, then shut it down.
+
+    NOTE: cancelling the start would orphan the loading thread, and the interpreter would then
+    exit underneath torch (a C++ abort, exit 134). If loading hangs, leave without finalizing.
+    """
+    logger.info("Stopping: waiting for the engine to finish loading, then shutting it down.")
+    try:
+        engine = await asyncio.wait_for(asyncio.shield(engine_task), ENGINE_SETTLE_SECONDS)
+    except asyncio.TimeoutError:
+        logger.error("The engine did not finish loading within %d s; exiting without cleanup.",
+                     ENGINE_SETTLE_SECONDS)
+        logging.shutdown()
+        os._exit(1)
+    except Exception:  # noqa: BLE001 - the start failed on its own: nothing to shut down
+        return
+    await _shutdown_engine(engine)
 
 
 async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task) -> int:

@@ -76,6 +76,24 @@ def test_two_nodes_serve_and_exit_together(tiny_llama, tmp_path):
     assert worker_exit == 0, worker_log.read_text()
 
 
+def test_sigint_during_a_slow_load_waits_then_shuts_the_engine_down(tiny_llama, tmp_path, monkeypatch):
+    """A stop while weights load must not orphan the loading thread (that ends in a C++ abort)."""
+    monkeypatch.setenv("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "2")
+    server = _start(tiny_llama, tmp_path)
+    try:
+        while server.process.poll() is None:
+            try:
+                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 503:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.02)
+    finally:
+        exit_code = stop_server(server, signal.SIGINT)
+    assert exit_code == 0, server.log()
+    log = server.log()
+    assert "waiting for the engine to finish loading" in log and "Engine shut down." in log
+
+
 def test_sigterm_while_the_engine_starts_exits_cleanly(tiny_llama, tmp_path):
     server = _start(tiny_llama, tmp_path)
     try:
