@@ -25,7 +25,7 @@ class GpuFit:
 class MemoryEstimate:
     weight_bytes: int
     weight_bytes_per_rank: int
-    kv_bytes_per_token: int  # one rank
+    kv_bytes_per_token: int  # one rank; target plus drafter under DSpark
     kv_dtype: str
     gpus: list[GpuFit] = field(default_factory=list)
     cpu_kv_tokens: int | None = None
@@ -44,6 +44,8 @@ def estimate_memory(ctx: LaunchContext) -> MemoryEstimate | None:
     weights = ckpt.weight_bytes + (ctx.draft.weight_bytes or 0 if ctx.draft else 0)
     kv_dtype = ctx.get("kv_cache_dtype")
     per_token = ckpt.kv_bytes_per_token(DTYPE_BYTES.get(kv_dtype, 2), tp)
+    if ctx.draft is not None and ctx.draft.num_layers:  # DSpark keeps draft K/V for every cached token
+        per_token += ctx.draft.kv_bytes_per_token(DTYPE_BYTES.get(kv_dtype, 2), tp)
     estimate = MemoryEstimate(weights, weights // tp, per_token, kv_dtype)
     fraction = ctx.get("mem_fraction_static")
     if ctx.get("device") == "cuda" and fraction:

