@@ -69,7 +69,7 @@ CODES: dict[str, CodeInfo] = {
     "RAGGED003": CodeInfo(E, "invalid SGLANG_RAGGED_VERIFY_MODE"),
     "RAGGED004": CodeInfo(W, "graph-tier alignment only works in compact mode"),
     "RAGGED005": CodeInfo(W, "step-cost table unused in static mode"),
-    "RAGGED006": CodeInfo(I, "compact mode without a step-cost table verifies every drafted token"),
+    "RAGGED006": CodeInfo(I, "compact mode without a step-cost table"),
     # parallelism and topology
     "PAR001": CodeInfo(E, "--tp-size must be a multiple of --nnodes"),
     "PAR002": CodeInfo(E, "--node-rank out of range"),

@@ -128,9 +128,10 @@ def check_ragged_mode(ctx: LaunchContext) -> list[Diagnostic]:
         found.append(diag("RAGGED005", "the step-cost table is only used in compact mode; static verifies "
                           "the whole block", flags=("--speculative-dspark-sps-table-path",), fix=EXPORT_FIX))
     if mode == "compact" and not ctx.get("speculative_dspark_sps_table_path"):
-        found.append(diag("RAGGED006", "compact mode without --speculative-dspark-sps-table-path verifies "
-                          "every drafted token", flags=("--speculative-dspark-sps-table-path",),
-                          fix="profile one with `sglaunch profile-sps` and pass it"))
+        found.append(diag("RAGGED006", "compact mode without --speculative-dspark-sps-table-path: SGLang "
+                          "verifies every drafted token; sglaunch serve profiles step costs at start-up",
+                          flags=("--speculative-dspark-sps-table-path",),
+                          fix="profile a table once on the serving GPU with `sglaunch profile-sps` and pass it"))
     return found
 
 

@@ -6,7 +6,9 @@ the asyncio server, and generate_batch calls it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import random
 import time
 from typing import Callable, NoReturn
@@ -63,6 +65,36 @@ class LLMEngine:
             from sglaunch.speculative.decoder import DSparkDecoder
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
+
+    def profile_sps_if_missing(self) -> None:
+        """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
+
+        A short verify-shaped profile (median of 3 per size) gives the planner a cost model, so
+        compact trims windows instead of verifying every draft. SGLAUNCH_DSPARK_PROFILE_SPS=0
+        turns it off (then compact verifies everything, as SGLang does without a table).
+        """
+        if self.spec is None or self.spec.mode != "compact" or self.spec.planner.sps is not None:
+            return
+        if os.environ.get("SGLAUNCH_DSPARK_PROFILE_SPS", "1") == "0":
+            return
+        from sglaunch.speculative.sps_profile import DEFAULT_TOKENS, ProfilePlan, profile_sps
+
+        window = self.spec.gamma + 1
+        biggest = min(256, self.limits.max_running_requests * window)
+        context = max(0, min(128, self.limits.context_length - window))
+        sizes = tuple(t for t in DEFAULT_TOKENS if t <= biggest)
+        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=3, warmup=1)
+        while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
+            plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
+        start = time.perf_counter()
+        try:
+            table, seconds = profile_sps(self, plan)
+        except ValueError as exc:  # e.g. a KV pool too small for even one verify-shaped step
+            logger.warning("DSpark: no step-cost profile (%s); compact verifies every draft", exc)
+            return
+        self.spec.planner.sps = table
+        logger.info("DSpark: profiled step costs at start-up in %.1f s (%s)", time.perf_counter() - start,
+                    ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in sorted(seconds.items())))
 
     # ---- requests -----------------------------------------------------------------------
     def check(self, request: GenerateRequest) -> None:

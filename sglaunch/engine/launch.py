@@ -109,7 +109,9 @@ def create_engine(config: EngineConfig):
     try:
         tp = cluster.start()
         runner = ModelRunner(config, spec, tp, rank_device(config, 0), show_progress=True)
-        return LLMEngine(config, runner, tp, on_tp_failure=cluster.fail), cluster
+        engine = LLMEngine(config, runner, tp, on_tp_failure=cluster.fail)
+        engine.profile_sps_if_missing()
+        return engine, cluster
     except BaseException:
         cluster.abort_startup()
         raise

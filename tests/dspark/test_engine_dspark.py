@@ -208,3 +208,27 @@ def test_tp2_compact_matches_plain(dspark_files):
     config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
                            tp_size=2, page_size=2)
     assert generate_batch(config, batch, greedy(16)) == expected
+
+
+def test_compact_without_a_table_profiles_step_costs_at_start(dspark_files, monkeypatch):
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode="compact")
+    engine, cluster = create_engine(config)
+    try:
+        table = engine.spec.planner.sps
+        assert table is not None  # measured, so compact plans windows instead of verifying all
+        assert table.sps(1) > 0 and table.sps(GAMMA + 1) > 0
+    finally:
+        cluster.stop(engine)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_PROFILE_SPS", "0")
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.spec.planner.sps is None
+    finally:
+        cluster.stop(engine)
+    static = engine_config(dspark_files["target"], dspark_files["oracle"], mode="static")
+    monkeypatch.delenv("SGLAUNCH_DSPARK_PROFILE_SPS")
+    engine, cluster = create_engine(static)
+    try:
+        assert engine.spec.planner.sps is None  # static verifies the whole block: no cost model
+    finally:
+        cluster.stop(engine)
