@@ -32,46 +32,24 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class OpenAISampling(BaseModel):
-    """Sampling fields shared by /v1/completions and /v1/chat/completions."""
+class CommonSampling(BaseModel):
+    """Sampling fields and checks every generation route shares (OpenAI and native)."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)  # SGLang extension
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # SGLang extension
+    top_k: int = Field(default=-1, ge=-1)  # SGLang extension on the OpenAI routes
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # SGLang extension on the OpenAI routes
     seed: Seed | None = None
     stop: StopField = None
-    stop_token_ids: list[int] | None = None  # SGLang extension
-    ignore_eos: bool = False  # SGLang extension
-    skip_special_tokens: bool = True  # SGLang extension
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
     n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
 
     @field_validator("n")
     @classmethod
     def _only_one_choice(cls, value: int) -> int:
         _refuse_unless(value == 1, "only n=1 is supported (one choice per request)")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, value: float) -> float:
-        _refuse_unless(value == 0.0, "penalties are not supported; leave it at 0")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict | None) -> dict | None:
-        _refuse_unless(not value, "logit_bias is not supported")
         return value
 
     @field_validator("stop")
@@ -83,6 +61,33 @@ class OpenAISampling(BaseModel):
     @classmethod
     def _top_k_not_zero(cls, value: int) -> int:
         _refuse_unless(value != 0, "top_k must be -1 (off) or at least 1")
+        return value
+
+
+class OpenAISampling(CommonSampling):
+    """Sampling fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, value: float) -> float:
+        _refuse_unless(value == 0.0, "penalties are not supported; leave it at 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict | None) -> dict | None:
+        _refuse_unless(not value, "logit_bias is not supported")
         return value
 
     def include_usage(self) -> bool:
@@ -195,40 +200,13 @@ class ChatCompletionRequest(OpenAISampling):
         return self.max_completion_tokens or self.max_tokens
 
 
-class NativeSamplingParams(BaseModel):
+class NativeSamplingParams(CommonSampling):
     """`sampling_params` of SGLang's POST /generate (the subset the engine runs)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int = Field(default=128, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: Seed | None = None
     sampling_seed: Seed | None = None  # SGLang's name for the per-request seed
-    stop: StopField = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    n: int = 1
-
-    @field_validator("n")
-    @classmethod
-    def _only_one(cls, value: int) -> int:
-        _refuse_unless(value == 1, "only n=1 is supported")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_limit(cls, value: StopField) -> StopField:
-        return _check_stop(value)
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k_not_zero(cls, value: int) -> int:
-        _refuse_unless(value != 0, "top_k must be -1 (off) or at least 1")
-        return value
 
 
 class NativeGenerateRequest(BaseModel):

@@ -80,7 +80,8 @@ class DSparkDecoder:
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
         logger.info("DSpark: block size %d, ragged verify mode %s, SPS table %s, STS %s", self.gamma, self.mode,
-                    spec.sps_table_path or "none (verify every draft)", spec.confidence_sts_path or "none")
+                    spec.sps_table_path or ("none yet (profiled at start-up)" if self.mode == "compact"
+                                            else "none (verify every draft)"), spec.confidence_sts_path or "none")
 
     # ---- before the target forward ------------------------------------------------------
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
