@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sglaunch.checks.context import LaunchContext
@@ -68,38 +67,33 @@ def _dp_attention(ctx: LaunchContext) -> list[Diagnostic]:
 
 
 def _dspark_files(ctx: LaunchContext) -> list[Diagnostic]:
+    """Read the STS and SPS files with the loaders the engine uses, so both refuse the same files."""
+    from sglaunch.speculative.sps import load_sps_table
+    from sglaunch.speculative.sts import load_sts
+
     found = []
     gamma = ctx.get("speculative_dspark_block_size")
     sts = ctx.get("speculative_dspark_confidence_sts_path")
-    if sts is not None:
-        data, problem = _read_json(sts)
-        temps = data.get("temperatures", data) if isinstance(data, dict) else data
-        if problem is None and not isinstance(temps, list):
-            problem = "it holds no list of per-position temperatures"
-        if problem is None and gamma and len(temps) != gamma:
-            problem = f"it has {len(temps)} temperatures but the block size is {gamma}"
+    if sts is not None and gamma and gamma > 0:
+        problem = _load_problem(lambda: load_sts(Path(sts).expanduser(), gamma))
         if problem:
-            found.append(diag("SPEC013", f"confidence STS file {sts}: {problem}",
-                              flags=("--speculative-dspark-confidence-sts-path",),
+            found.append(diag("SPEC013", problem, flags=("--speculative-dspark-confidence-sts-path",),
                               fix="refit it for this drafter (one temperature per block position)"))
     sps = ctx.get("speculative_dspark_sps_table_path")
     if sps is not None:
-        _, problem = _read_json(sps)
+        problem = _load_problem(lambda: load_sps_table(Path(sps).expanduser()))
         if problem:
-            found.append(diag("SPEC013", f"step-cost table {sps}: {problem}",
-                              flags=("--speculative-dspark-sps-table-path",),
+            found.append(diag("SPEC013", problem, flags=("--speculative-dspark-sps-table-path",),
                               fix="write one with `sglaunch profile-sps` on the serving GPU"))
     return found
 
 
-def _read_json(path_text: str):
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        return None, "file not found"
+def _load_problem(load) -> str | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        load()
     except (OSError, ValueError) as exc:
-        return None, f"not valid JSON ({exc})"
+        return str(exc)
+    return None
 
 
 def check_ragged_mode(ctx: LaunchContext) -> list[Diagnostic]:

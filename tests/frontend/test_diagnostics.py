@@ -158,7 +158,8 @@ def _ids(case: Case) -> str:
 def _materialise(args, overrides, make_checkpoint, tmp_path, side):
     (tmp_path / "sts4.json").write_text(json.dumps([1.0, 1.1, 1.2, 1.3]))
     (tmp_path / "sts3.json").write_text(json.dumps([1.0, 1.1, 1.2]))
-    (tmp_path / "sps.json").write_text(json.dumps({"1": 1.0, "64": 1.5}))
+    (tmp_path / "sps.json").write_text(json.dumps(
+        {"points": [{"tokens": 1, "steps_per_second": 50.0}, {"tokens": 64, "steps_per_second": 20.0}]}))
     if overrides is None:
         return args
     overrides = dict(overrides)
