@@ -30,15 +30,21 @@ def check_config(ctx: typer.Context, script: ScriptOption = None, as_json: JsonO
                  release: ReleaseOption = CURRENT_RELEASE, show_all: AllOption = False,
                  no_machine: NoMachineOption = False) -> None:
     from sglaunch.checks.pipeline import run_pipeline
+    from sglaunch.probe.environment import probe_environment
 
     release = check_release(release)
     tokens = list(ctx.args)
     launches = _script_launches(script) if script else [("command line", [], {}, [])]
-    reports = []
+    reports, machines = [], {}
     for label, extra, env, notes in launches:
         environ = {**os.environ, **env}
-        report = run_pipeline(tokens, environ, mode="check", release=release, probe=not no_machine,
-                              extra=extra)
+        # NOTE: probe the machine (an nvidia-smi subprocess) once per distinct GPU visibility,
+        # not once per launch of the script
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        if visible not in machines:
+            machines[visible] = probe_environment(environ, with_gpus=not no_machine)
+        machine = machines[visible]
+        report = run_pipeline(tokens, environ, mode="check", release=release, extra=extra, env_info=machine)
         report.notes.extend(notes)
         reports.append((label, report))
     if as_json:
