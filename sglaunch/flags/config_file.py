@@ -31,8 +31,8 @@ class ConfigFile:
 def load_config_file(path_text: str, schema: FlagSchema, release: str) -> ConfigFile:
     path = Path(path_text)
     text = _read(path)
-    root = _compose(text, path)
-    data = yaml.load(text, Loader=_Loader) if root is not None else {}
+    loader = _Loader(text)
+    root = _compose(loader, path)
     occurrences: list[Occurrence] = []
     diagnostics: list[Diagnostic] = []
     seen: dict[str, int] = {}
@@ -45,10 +45,11 @@ def load_config_file(path_text: str, schema: FlagSchema, release: str) -> Config
         seen[key] = line
         origin = Origin("config", f"{path}:{line}")
         flag = _flag_for_key(key, schema, release, origin, diagnostics)
-        value = data[key_node.value] if key_node.value in data else data.get(_scalar_key(key_node))
+        value = _construct(loader, value_node, origin)
         occurrence = _occurrence(flag, key, value, origin, diagnostics)
         if occurrence is not None:
             occurrences.append(occurrence)
+    loader.dispose()
     return ConfigFile(path, occurrences, diagnostics)
 
 
@@ -67,9 +68,10 @@ def _read(path: Path) -> str:
                             hint="check the file's permissions and that it is UTF-8 text") from None
 
 
-def _compose(text: str, path: Path):
+def _compose(loader, path: Path):
+    """Parse once into nodes (for line numbers and duplicate keys); values are built from them."""
     try:
-        root = yaml.compose(text, Loader=_Loader)
+        root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -84,9 +86,12 @@ def _compose(text: str, path: Path):
     return root
 
 
-def _scalar_key(node):
-    """The key as the YAML loader typed it (e.g. `1: x` gives the int 1)."""
-    return yaml.load(node.value, Loader=_Loader) if node.value else node.value
+def _construct(loader, node, origin: Origin):
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise SglaunchError(f"{origin}: cannot read the value: {exc}",
+                            hint="use plain YAML scalars, lists or mappings") from None
 
 
 def _key(node, path: Path, line: int) -> str:

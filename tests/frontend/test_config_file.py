@@ -75,6 +75,7 @@ def test_equals_form_and_null_value(tmp_path):
     ("port: [1, 2]\n", "--port takes one value, got a list"),
     ("tp-sise: 2\n", "unknown flag --tp-sise (key 'tp-sise' in {cfg}:1)"),
     ("config: other.yaml\n", "a config file cannot include another"),
+    ("tp-size: !!python/object:os.system x\n", "{cfg}:1: cannot read the value"),
 ])
 def test_bad_config_files(tmp_path, text, message):
     cfg = write(tmp_path, text)
