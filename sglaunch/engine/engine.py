@@ -218,18 +218,16 @@ class LLMEngine:
 
     # ---- driving the workers ------------------------------------------------------------
     def _run_on_all_ranks(self, step) -> torch.Tensor:
-        try:
-            self.tp.broadcast_object(("step", step))
-            return self.runner.forward(step)
-        except Exception as exc:
-            if self.tp.size > 1 and self.on_tp_failure is not None:
-                self.on_tp_failure(exc)
-            raise
+        return self._on_all_ranks("step", step, self.runner.forward)
 
     def _draft_on_all_ranks(self, step):
+        return self._on_all_ranks("draft", step, self.runner.draft_block)
+
+    def _on_all_ranks(self, kind: str, payload, run_here: Callable):
+        """Broadcast (kind, payload) to the workers, run it on rank 0; a failure ends the cluster."""
         try:
-            self.tp.broadcast_object(("draft", step))
-            return self.runner.draft_block(step)
+            self.tp.broadcast_object((kind, payload))
+            return run_here(payload)
         except Exception as exc:
             if self.tp.size > 1 and self.on_tp_failure is not None:
                 self.on_tp_failure(exc)
