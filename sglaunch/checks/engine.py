@@ -9,7 +9,7 @@ from __future__ import annotations
 from sglaunch.checks.context import LaunchContext
 from sglaunch.checks.diagnostics import Diagnostic, Severity, diag
 from sglaunch.checks.resolve import DTYPE_NAMES, ENGINE_ATTENTION
-from sglaunch.flags.spec import Support
+from sglaunch.flags.spec import Status, Support
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # compat flags whose non-default value changes what runs, so ignoring them is not an option
@@ -65,7 +65,7 @@ def _ignored_compat_flags(ctx: LaunchContext) -> list[Diagnostic]:
         if flag.support is not Support.COMPAT or dest in CANNOT_IGNORE or setting.origin.source == "resolved":
             continue
         if setting.value == flag.default or (isinstance(setting.value, str) and
-                                             flag.value_status(setting.value, ctx.settings.release).value == "removed"):
+                                             flag.value_status(setting.value, ctx.settings.release) is Status.REMOVED):
             continue
         note = f" ({flag.engine_note})" if flag.engine_note else ""
         found.append(diag("ENG001", f"{setting.spelling} is accepted for SGLang compatibility but has no "
