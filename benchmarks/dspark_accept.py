@@ -22,7 +22,10 @@ def load_prompts(path: Path, tokenizer, limit: int) -> list[tuple[str, list[int]
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     out = []
     for row in rows[:limit]:
-        ids = tokenizer.encode_chat(row["messages"]) if "messages" in row else tokenizer.encode(row["prompt"])
+        if "input_ids" in row:
+            ids = list(row["input_ids"])
+        else:
+            ids = tokenizer.encode_chat(row["messages"]) if "messages" in row else tokenizer.encode(row["prompt"])
         out.append((row.get("type", "all"), ids))
     return out
 
@@ -35,12 +38,12 @@ def engine_config(args, temperature_mode: str = "static"):
                              num_draft_tokens=block + 1, ragged_verify_mode=temperature_mode)
     return EngineConfig(model_path=str(args.target), tokenizer_path=str(args.target), served_model_name="bench",
                         dtype=args.dtype, context_length=None, device=args.device, max_total_tokens=65536,
-                        max_running_requests=64, speculative=spec)
+                        max_running_requests=args.concurrency, speculative=spec)
 
 
 def run(args) -> dict:
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
-    from sglaunch.engine.launch import create_engine, run_requests
+    from sglaunch.engine.launch import create_engine
     from sglaunch.server.tokenizer import load_tokenizer
 
     prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts)
@@ -48,19 +51,24 @@ def run(args) -> dict:
     results = {}
     try:
         for temperature in args.temperatures:
+            # all prompts at once (continuous batching); each speculative increment carries the
+            # accept length of the step that produced it, so the figures stay per request
+            kinds = {f"{i}-{temperature}": kind for i, (kind, _) in enumerate(prompts)}
             per_type = defaultdict(lambda: [0, 0])  # type -> [committed tokens, steps]
-            for kind, ids in prompts:
-                before = engine.spec.stats.to_dict()
-                sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=0)
-                run_requests(engine, [GenerateRequest(f"{kind}-{temperature}", tuple(ids), sampling)])
-                after = engine.spec.stats.to_dict()
-                per_type[kind][0] += after["committed_tokens"] - before["committed_tokens"]
-                per_type[kind][1] += after["request_steps"] - before["request_steps"]
+            for i, (kind, ids) in enumerate(prompts):
+                sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=i)
+                engine.add_request(GenerateRequest(f"{i}-{temperature}", tuple(ids), sampling))
+            while engine.has_work:
+                for out in engine.step():
+                    if out.accept_length is not None:
+                        per_type[kinds[out.rid]][0] += out.accept_length
+                        per_type[kinds[out.rid]][1] += 1
             total = [sum(v[0] for v in per_type.values()), sum(v[1] for v in per_type.values())]
             results[str(temperature)] = {
                 "mean_accept_length": total[0] / max(total[1], 1),
                 "per_type": {k: v[0] / max(v[1], 1) for k, v in sorted(per_type.items())},
                 "prompts": len(prompts),
+                "steps": total[1],
             }
     finally:
         cluster.stop(engine)
@@ -76,6 +84,7 @@ def main() -> int:
     parser.add_argument("--max-prompts", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--concurrency", type=int, default=64, help="requests decoded at once")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()

@@ -72,6 +72,8 @@ def train_draft(
     fit_sts: Annotated[bool, typer.Option("--fit-sts", help="Fit the STS calibration file on the evaluation blocks.")] = False,
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Only generate (and cache) the target's responses, then stop.")] = False,
     time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
+    train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the first 20 steps' speed (overrides --epochs/--max-steps).")] = None,
+    gen_batch: Annotated[Optional[int], typer.Option(help="Requests the engine decodes at once while generating responses (default: 256 on cuda, 32 on cpu).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train a DSpark drafter on the target's own responses; write drafter/, eval.json and sts.json."""
@@ -80,6 +82,9 @@ def train_draft(
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     if dtype not in ("float32", "bfloat16"):
         raise SglaunchError(f"--dtype {dtype!r} is not float32 or bfloat16", hint="bfloat16 on GPUs, float32 on CPUs")
+    for flag, value in (("--train-minutes", train_minutes), ("--gen-batch", gen_batch)):
+        if value is not None and value <= 0:
+            raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
     if not prompts.is_file():
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
@@ -101,7 +106,8 @@ def train_draft(
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
-        time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min,
+        time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min, train_minutes=train_minutes,
+        gen_batch=gen_batch,
     )
     trainer = Trainer(args)
     if generate_only:

@@ -51,6 +51,7 @@ class TrainArgs:
     max_length: int = 1024
     gen_temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     gen_top_p: float = 0.9
+    gen_batch: int | None = None  # engine max running requests while generating (None: by device)
     # optimisation
     epochs: float = 1.0
     max_steps: int | None = None
@@ -72,6 +73,7 @@ class TrainArgs:
     fit_sts: bool = False
     progress: bool = True
     time_limit_s: float | None = None  # stop (checkpointed) after this long; --resume continues
+    train_minutes: float | None = None  # fix the step count from the first steps' speed to fill this budget
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -130,7 +132,8 @@ class Trainer:
         else:
             samples = data.generate_responses(
                 a.target, train, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens,
-                temperatures=a.gen_temperatures, top_p=a.gen_top_p, seed=a.seed, max_length=a.max_length)
+                temperatures=a.gen_temperatures, top_p=a.gen_top_p, seed=a.seed, max_length=a.max_length,
+                max_running=a.gen_batch)
             data.save_samples(samples, cache)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -152,6 +155,8 @@ class Trainer:
         self.drafter = model.build_drafter(self.dcfg, self.target.embed_tokens, self.target.lm_head, self.device,
                                            a.max_length + self.dcfg.block_size + 1)
         model.init_weights(self.drafter, a.seed, final_norm)
+        if a.init_from is None:
+            self.whiten_fc()
         if a.init_from is not None:
             model.load_checkpoint_weights(self.drafter, a.init_from)
         self.params = list(model.own_parameters(self.drafter).values())
@@ -159,9 +164,13 @@ class Trainer:
         micro = a.batch_size * a.grad_accum
         steps = math.ceil(len(self.samples) * a.epochs / micro)
         self.total_steps = max(1, a.max_steps if a.max_steps is not None else steps)
-        warmup = max(1, round(self.total_steps * a.warmup_fraction))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: cosine(s, warmup, self.total_steps))
+        if a.train_minutes is not None:  # provisional, until fit_steps_to_budget has timed the first steps
+            self.total_steps = CALIBRATION_STEPS * 50
+        # NOTE: the lambda reads total_steps each call, so a --train-minutes calibration reshapes the schedule
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: cosine(s, max(1, round(self.total_steps * a.warmup_fraction)), self.total_steps))
         self.step = 0
+        self.calibrated = False
         if a.resume:
             self.load_latest()
         n_own = sum(p.numel() for p in self.params)
@@ -170,6 +179,23 @@ class Trainer:
                  f"{self.dcfg.mask_token_id}; {n_own / 1e6:.2f}M trained parameters "
                  f"(checkpoint ~{model.checkpoint_bytes(self.dcfg) / 1e6:.1f} MB in bf16); "
                  f"{len(self.samples)} sequences, {self.total_steps} steps")
+
+    @torch.no_grad()
+    def whiten_fc(self, batches: int = 2) -> None:
+        """Data-dependent init of fc: divide each input column by that feature dimension's RMS
+        over response tokens, so that the target's outlier dimensions (hundreds of times the
+        typical size in small models) do not drown the others in the fused context at step 0."""
+        sq, n = None, 0
+        for i in range(batches):
+            batch = objective.collate(self.micro_batch(i), self.args.max_length)
+            feats = self.target.run(batch.ids, batch.attention_mask).features.float()
+            rows = feats[batch.loss_mask.to(feats.device)]  # [tokens, n_features * d]
+            sq = rows.pow(2).sum(0) if sq is None else sq + rows.pow(2).sum(0)
+            n += rows.shape[0]
+        if not n:
+            return
+        rms = (sq / n).sqrt().clamp_min(1e-3)
+        self.drafter.fc.weight.div_(rms[None, :].to(self.drafter.fc.weight.device))
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
@@ -230,11 +256,15 @@ class Trainer:
         """Run to total_steps -> the final drafter folder; None when the time limit stopped it first."""
         a = self.args
         start = time.monotonic()
+        first_step = self.step
         with self.bars() as bars:
             task = bars.add_task("training drafter", total=self.total_steps, completed=self.step, loss="")
             while self.step < self.total_steps:
                 row = self.train_step()
                 row["elapsed_s"] = round(time.monotonic() - start, 2)
+                if a.train_minutes is not None and not self.calibrated and self.step - first_step >= CALIBRATION_STEPS:
+                    self.fit_steps_to_budget(row["elapsed_s"], self.step - first_step)
+                    bars.update(task, total=self.total_steps)
                 bars.update(task, completed=self.step, loss=f"loss {row.get('loss', float('nan')):.4f}")
                 if self.step % a.log_every == 0 or self.step == self.total_steps or self.step == 1:
                     self.log(row)
@@ -246,6 +276,15 @@ class Trainer:
                     return None
         self.save_checkpoint()
         return self.save_final()
+
+    def fit_steps_to_budget(self, elapsed: float, steps: int) -> None:
+        """--train-minutes: fix total_steps from the speed of the first steps (the cosine schedule
+        then ends when the budget does); fixed once, saved in checkpoints, so --resume keeps it."""
+        budget = self.args.train_minutes * 60.0
+        self.total_steps = max(self.step + 1, int(budget * steps / max(elapsed, 1e-6)))
+        self.calibrated = True
+        self.say(f"{steps} steps took {elapsed:.1f} s: training for {self.total_steps} steps "
+                 f"(--train-minutes {self.args.train_minutes:g})")
 
     # ------------------------------------------------------------------ files
     def log(self, row: dict[str, Any]) -> None:
@@ -282,6 +321,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+        if self.args.train_minutes is not None:
+            self.total_steps = int(state["total_steps"])
+            self.calibrated = True
         self.say(f"resumed from {found[-1]} at step {self.step}")
 
     def save_final(self) -> Path:
@@ -306,6 +348,9 @@ class Trainer:
 
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.args.progress)
+
+
+CALIBRATION_STEPS = 20
 
 
 def cosine(step: int, warmup: int, total: int) -> float:
