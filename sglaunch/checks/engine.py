@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sglaunch.checks.context import LaunchContext
 from sglaunch.checks.diagnostics import Diagnostic, Severity, diag
-from sglaunch.checks.resolve import DTYPE_NAMES, ENGINE_ATTENTION
+from sglaunch.checks.resolve import DTYPE_NAMES, ENGINE_ATTENTION, flashinfer_unusable
 from sglaunch.flags.spec import Status, Support
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -80,12 +80,17 @@ def fall_back_to_engine_backends(ctx: LaunchContext) -> list[Diagnostic]:
     from sglaunch.engine.attention import IMPLEMENTED
 
     backend = ctx.get("attention_backend")
-    if ENGINE_ATTENTION.get(backend) in IMPLEMENTED:
+    why_not = flashinfer_unusable(ctx) if ENGINE_ATTENTION.get(backend) == "flashinfer" else None
+    if why_not is not None:
+        ctx.resolve("attention_backend", "torch", f"FlashInfer cannot run here: {why_not}")
+        found.append(diag("ENG003", f"--attention-backend {backend} cannot run here ({why_not}); using torch",
+                          flags=("--attention-backend",), origin=ctx.origin("attention_backend"),
+                          fix="use --attention-backend torch or auto, or fix what the message names"))
+    elif ENGINE_ATTENTION.get(backend) in IMPLEMENTED:
         if ENGINE_ATTENTION[backend] != backend:
             ctx.resolve("attention_backend", ENGINE_ATTENTION[backend], f"sglaunch's name for {backend}")
     else:
-        fallback = "flashinfer" if ctx.get("device") == "cuda" and ctx.env_info and \
-            ctx.env_info.packages.get("flashinfer") and "flashinfer" in IMPLEMENTED else "torch"
+        fallback = "torch" if flashinfer_unusable(ctx) else "flashinfer"
         ctx.resolve("attention_backend", fallback, f"{backend} is not implemented by sglaunch")
         found.append(diag("ENG003", f"--attention-backend {backend} is not implemented by sglaunch; "
                           f"using {fallback}", flags=("--attention-backend",),

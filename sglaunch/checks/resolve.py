@@ -40,19 +40,45 @@ def resolve_dtype(ctx: LaunchContext) -> None:
         ctx.resolve("kv_cache_dtype", ctx.get("dtype"), "follows --dtype")
 
 
+FLASHINFER_MIN = "0.6.14"
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+def flashinfer_unusable(ctx: LaunchContext) -> str | None:
+    """Why the engine's FlashInfer backend cannot run this launch (None: it can). Torch-free:
+    the package is found with importlib.util.find_spec, never imported."""
+    from importlib.util import find_spec
+
+    from sglaunch.engine.attention import IMPLEMENTED
+    from sglaunch.probe.environment import version_at_least
+
+    version = ctx.env_info.packages.get("flashinfer") if ctx.env_info else None
+    head_dim = ctx.checkpoint.head_dim if ctx.checkpoint else None
+    if ctx.get("device") != "cuda":
+        return "CPU device"
+    if "flashinfer" not in IMPLEMENTED:
+        return "this build has no FlashInfer backend"
+    if find_spec("flashinfer") is None:
+        return "FlashInfer not installed (pip install 'sglaunch[gpu]')"
+    if version and not version_at_least(version, FLASHINFER_MIN):
+        return f"FlashInfer {version} is older than {FLASHINFER_MIN}"
+    if "float32" in (DTYPE_NAMES.get(ctx.get("dtype")), DTYPE_NAMES.get(ctx.get("kv_cache_dtype"))):
+        return "FlashInfer needs fp16/bf16 and --dtype or --kv-cache-dtype is float32"
+    if head_dim and head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"FlashInfer supports head_dim {FLASHINFER_HEAD_DIMS}, the model has {head_dim}"
+    return None
+
+
 def resolve_attention(ctx: LaunchContext) -> None:
     backend = ctx.get("attention_backend")
     if backend != "auto":
         return
-    from sglaunch.engine.attention import IMPLEMENTED
-
-    flashinfer = ctx.env_info and ctx.env_info.packages.get("flashinfer")
-    if ctx.get("device") == "cuda" and flashinfer and "flashinfer" in IMPLEMENTED:
-        ctx.resolve("attention_backend", "flashinfer", f"CUDA with FlashInfer {flashinfer} installed")
+    why_not = flashinfer_unusable(ctx)
+    if why_not is None:
+        version = ctx.env_info.packages.get("flashinfer") if ctx.env_info else None
+        ctx.resolve("attention_backend", "flashinfer", f"CUDA with FlashInfer {version or '(version unknown)'} installed")
     else:
-        why = ("CPU device" if ctx.get("device") != "cuda" else
-               "FlashInfer not installed" if not flashinfer else "this build has no FlashInfer backend yet")
-        ctx.resolve("attention_backend", "torch", why)
+        ctx.resolve("attention_backend", "torch", why_not)
 
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -1,7 +1,11 @@
 """The paged KV pool's tensors and how many pages fit in memory.
 
-Layout per layer: K and V of shape [num_pages * page_size, local_kv_heads, head_dim]; token
-slot i of page p is row p * page_size + i. Page ids come from the torch-free PageAllocator.
+Layout per layer: K and V of shape [total_pages * page_size, local_kv_heads, head_dim]; token
+slot i of page p is row p * page_size + i (FlashInfer's "NHD" paged layout once viewed as
+[total_pages, page_size, kv_heads, head_dim]). Page ids come from the torch-free PageAllocator,
+which hands out pages 0 .. num_pages - 1; with CUDA graphs one more page (`padding_page`, the
+last) receives the K/V of the dummy requests that pad a batch up to its captured size and is
+never handed to a request.
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ MAX_KV_TOKENS = 1 << 22
 
 
 class KVPool:
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, device):
-        self.num_pages, self.page_size = num_pages, page_size
-        slots = num_pages * page_size
-        shape = (slots, kv_heads, head_dim)
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, device,
+                 padding_page: bool = False):
+        self.num_pages, self.page_size, self.dtype = num_pages, page_size, dtype  # num_pages: allocatable
+        self.padding_page = num_pages if padding_page else None
+        self.total_pages = num_pages + int(padding_page)
+        shape = (self.total_pages * page_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def num_slots(self) -> int:
+        return self.total_pages * self.page_size
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # slots: [num_tokens]; k, v: [num_tokens, kv_heads, head_dim]

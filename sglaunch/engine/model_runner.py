@@ -1,4 +1,5 @@
-"""The model on one tensor-parallel rank: weights, KV pool, attention backend, forward pass.
+"""The model on one tensor-parallel rank: weights, KV pool, attention backend, forward pass
+(replaying a CUDA graph from cuda_graph.py when one fits the step).
 
 Every rank runs the same ModelRunner; rank 0 additionally samples from the returned logits.
 This is the only engine module that owns device tensors.
@@ -13,6 +14,13 @@ import torch
 
 from sglaunch.config import EngineConfig
 from sglaunch.engine.attention import attention_backend_class
+from sglaunch.engine.cuda_graph import (
+    DEFAULT_MAX_BS,
+    CudaGraphRunner,
+    GraphPlan,
+    extra_tiers_from_env,
+    graphs_disabled_reason,
+)
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from sglaunch.engine.loader import load_checkpoint
@@ -43,22 +51,48 @@ class ModelRunner:
             torch.cuda.set_device(device)
         self.context_length = resolve_context_length(spec, config.context_length)
         max_positions = max(self.context_length, spec.max_position_embeddings)
-        self.model = CausalLM(spec, max_positions, tp, DTYPES[config.dtype], device).eval()
+        self.model_dtype = DTYPES[config.dtype]
+        self.model = CausalLM(spec, max_positions, tp, self.model_dtype, device).eval()
         load_checkpoint(self.model, find_weight_files(config.model_path), show_progress)
         self.draft = self._load_drafter(max_positions) if config.speculative is not None else None
-        self.kv_pool = self._allocate_kv_pool()
-        if self.draft is not None:
-            self.draft.allocate_pool(self.kv_pool.num_pages * self.kv_pool.page_size, DTYPES[config.kv_cache_dtype])
         backend_cls = attention_backend_class(config.attention_backend)
+        no_graphs = graphs_disabled_reason(device.type, config.disable_cuda_graph, backend_cls)
+        if no_graphs is not None and device.type == "cuda":
+            logger.info("CUDA graphs off: %s", no_graphs)
+        self.kv_pool = self._allocate_kv_pool(padding_page=no_graphs is None)
+        if self.draft is not None:
+            self.draft.allocate_pool(self.kv_pool.num_slots, DTYPES[config.kv_cache_dtype])
         heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
+        self.attn.set_query_dtype(self.model_dtype)
+        self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner
 
         return DraftRunner(self.config, self.model, self.tp, DTYPES[self.config.dtype], self.device, max_positions)
 
-    def _allocate_kv_pool(self) -> KVPool:
+    def _capture_graphs(self, show_progress: bool) -> CudaGraphRunner:
+        from sglaunch.engine.engine import DEFAULT_MAX_RUNNING_REQUESTS
+
+        max_running = self.config.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
+        # NOTE: a bucket above max_running_requests could never be replayed
+        max_bs = min(self.config.cuda_graph_max_bs or DEFAULT_MAX_BS, max_running)
+        window = self.draft.block_size + 1 if self.draft is not None else 0
+        plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env())
+        return CudaGraphRunner(self, plan, show_progress)
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the captured target features (0 without DSpark)."""
+        return len(self.draft.layer_ids) * self.spec.hidden_size if self.draft is not None else 0
+
+    @property
+    def verify_token_tiers(self) -> tuple[int, ...]:
+        """Total-token tiers of the captured verify graphs (empty when none are captured)."""
+        return self.graphs.plan.verify_tiers if self.graphs is not None else ()
+
+    def _allocate_kv_pool(self, padding_page: bool) -> KVPool:
         kv_heads = self.spec.num_kv_heads // self.tp.size
         kv_dtype = DTYPES[self.config.kv_cache_dtype]
         per_token = kv_bytes_per_token(self.spec.num_layers, kv_heads, self.spec.head_dim, kv_dtype)
@@ -70,7 +104,8 @@ class ModelRunner:
         num_pages = max(1, tokens // page_size)
         logger.info("KV pool: %d pages x %d tokens (%.1f MiB per rank)", num_pages, page_size,
                     num_pages * page_size * per_token / 2**20)
-        return KVPool(self.spec.num_layers, num_pages, page_size, kv_heads, self.spec.head_dim, kv_dtype, self.device)
+        return KVPool(self.spec.num_layers, num_pages, page_size, kv_heads, self.spec.head_dim, kv_dtype, self.device,
+                      padding_page=padding_page)
 
     @property
     def num_pages(self) -> int:
@@ -78,20 +113,29 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Run one ragged step; returns logits [len(step.sample_indices), vocab] in float32
-        (identical on every rank)."""
-        input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
-        meta = self.attn.prepare(step)
-        if self.draft is None:
-            hidden = self.model(input_ids, meta.positions, self.attn)  # [num_tokens, hidden]
+        """Run one ragged step (a CUDA graph when one fits); returns logits [len(step.sample_indices),
+        vocab] in float32 (identical on every rank)."""
+        key = self.graphs.pick(step) if self.graphs is not None else None
+        if key is not None:
+            hidden, features, positions, out_slots = self.graphs.replay(key, step)
         else:
-            hidden, features = self.model.forward_with_features(input_ids, meta.positions, self.attn,
-                                                                self.draft.layer_ids)
-            self.draft.write_context(features, meta.positions, meta.out_slots)
+            input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
+            meta = self.attn.prepare(step)
+            positions, out_slots = meta.positions, meta.out_slots
+            hidden, features = self.model_forward(input_ids, positions)
+        if self.draft is not None:
+            self.draft.write_context(features, positions, out_slots)
         if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
             return torch.empty(0, self.spec.vocab_size, device=self.device)
         rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[rows]).float()  # [num_samples, vocab]
+
+    def model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """The decoder on prepared attention state -> (hidden [num_tokens, hidden], DSpark's target
+        features [num_tokens, n * hidden] or None). What a CUDA graph captures."""
+        if self.draft is None:
+            return self.model(input_ids, positions, self.attn), None
+        return self.model.forward_with_features(input_ids, positions, self.attn, self.draft.layer_ids)
 
     def draft_block(self, step: DraftStepInput):
         """DSpark's parallel draft stage (every rank: it has collectives) -> BlockOutput."""

@@ -70,6 +70,10 @@ class DraftBatch:
     ctx_slots: torch.Tensor  # [N] int64 pool slot receiving its K/V
     slot_table: torch.Tensor  # [B, C] int64 pool slots of context positions 0 .. ctx_lens[b] - 1 (padding: any slot)
     ctx_lens: torch.Tensor  # [B] int64 context rows visible to request b (normally == anchor_positions)
+    # Training layout (0 for serving): the B blocks are S sequences x `groups` blocks each, in
+    # sequence order, and ctx_features holds every sequence's T rows (row s * T + t at position t).
+    # Blocks of a sequence then share its context K/V: no pool, no per-block gather of it.
+    groups: int = 0
 
 
 @dataclass
@@ -200,7 +204,9 @@ class DSparkAttention(nn.Module):
         return self.rope(positions, k, k)[1], v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor, batch: DraftBatch,
-                pool: DraftKVPool) -> torch.Tensor:
+                pool: DraftKVPool | None) -> torch.Tensor:
+        if batch.groups:
+            return self._forward_grouped(x, positions, ctx, batch)
         B, C = batch.slot_table.shape
         G = x.shape[0] // B
         if ctx.shape[0]:
@@ -223,6 +229,33 @@ class DSparkAttention(nn.Module):
             attn_mask=visible[:, None, None, :], scale=self.scale, enable_gqa=self.heads != self.kv_heads,
         )  # [B, heads, G, hd]
         return self.o_proj(out.transpose(1, 2).reshape(B * G, self.heads * self.hd))
+
+
+    def _forward_grouped(self, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor,
+                         batch: DraftBatch) -> torch.Tensor:
+        """Training layout: the same visibility as forward() (block j sees its sequence's context
+        rows < ctx_lens[j] and its own block), with each sequence's context K/V computed once
+        and shared by its blocks as keys of one attention call per sequence."""
+        A, N = batch.groups, batch.anchor_tokens.shape[0]
+        S, G = N // A, x.shape[0] // N
+        T = ctx.shape[0] // S
+        ck, cv = self.context_kv(ctx, batch.ctx_positions)  # [S * T, kv_heads, hd]
+        q, k, v = self.qkv_proj(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q, k, v = q.view(-1, self.heads, self.hd), k.view(-1, self.kv_heads, self.hd), v.view(-1, self.kv_heads, self.hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        keys = torch.cat([ck.view(S, T, self.kv_heads, self.hd).to(q.dtype), k.view(S, A * G, self.kv_heads, self.hd)], 1)
+        values = torch.cat([cv.view(S, T, self.kv_heads, self.hd).to(q.dtype), v.view(S, A * G, self.kv_heads, self.hd)], 1)
+        ctx_visible = torch.arange(T, device=x.device)[None, None, :] < batch.ctx_lens.view(S, A, 1)  # [S, A, T]
+        own_block = torch.eye(A, dtype=torch.bool, device=x.device)  # [A, A]
+        visible = torch.cat([ctx_visible.repeat_interleave(G, dim=1),
+                             own_block.repeat_interleave(G, 0).repeat_interleave(G, 1).expand(S, -1, -1)], dim=2)
+        out = F.scaled_dot_product_attention(
+            q.view(S, A * G, self.heads, self.hd).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=visible[:, None], scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+        )  # [S, heads, A * G, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(N * G, self.heads * self.hd))
 
 
 class DSparkLayer(nn.Module):

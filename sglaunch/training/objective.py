@@ -56,20 +56,34 @@ class Blocks:
     weights: torch.Tensor  # [N, G] float32, w_k on valid slots
 
 
-def sample_anchors(batch: SeqBatch, per_seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (seq [N], anchor [N]): up to per_seq anchors per sequence, uniform, no replacement."""
+def sample_anchors(batch: SeqBatch, per_seq: int, gen: torch.Generator
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (seq [N], anchor [N], real [N]): up to per_seq anchors per sequence, uniform, no
+    replacement, grouped: every sequence gets the same number A of blocks (N = B * A), padded
+    with copies of a real anchor (or position 0) that carry no loss (real False)."""
     ok = batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:]  # [B, T-1]
-    seqs, anchors = [], []
+    picked = []
     for s in range(ok.shape[0]):
         cand = ok[s].nonzero()[:, 0]
         if cand.numel() > per_seq:
             cand = cand[torch.randperm(cand.numel(), generator=gen)[:per_seq]].sort().values
-        seqs.append(torch.full_like(cand, s))
-        anchors.append(cand)
-    return torch.cat(seqs), torch.cat(anchors)
+        picked.append(cand)
+    A = max((c.numel() for c in picked), default=0)
+    if A == 0:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty, empty.bool()
+    seqs, anchors, real = [], [], []
+    for s, cand in enumerate(picked):
+        pad = A - cand.numel()
+        filler = cand[:1].expand(pad) if cand.numel() else torch.zeros(pad, dtype=torch.int64)
+        seqs.append(torch.full((A,), s, dtype=torch.int64))
+        anchors.append(torch.cat([cand, filler]))
+        real.append(torch.arange(A) < cand.numel())
+    return torch.cat(seqs), torch.cat(anchors), torch.cat(real)
 
 
-def make_blocks(batch: SeqBatch, seq: torch.Tensor, anchor: torch.Tensor, block_size: int) -> Blocks:
+def make_blocks(batch: SeqBatch, seq: torch.Tensor, anchor: torch.Tensor, block_size: int,
+                real: torch.Tensor | None = None) -> Blocks:
     T = batch.ids.shape[1]
     k = torch.arange(block_size)
     pos = anchor[:, None] + k[None, :]  # [N, G] position of slot k's input
@@ -78,47 +92,57 @@ def make_blocks(batch: SeqBatch, seq: torch.Tensor, anchor: torch.Tensor, block_
     labels = batch.ids[seq[:, None], lab_pos]
     prev = batch.ids[seq[:, None], pos.clamp(max=T - 1)]
     valid = (inside & batch.loss_mask[seq[:, None], lab_pos]).int().cumprod(-1).bool()
+    if real is not None:
+        valid &= real[:, None]
     weights = torch.exp(-k.float() / LOSS_DECAY)[None, :] * valid
     return Blocks(seq, anchor, prev, labels, valid, weights)
 
 
-def draft_batch(ids: torch.Tensor, features: torch.Tensor, blocks: Blocks) -> DraftBatch:
-    """Every sequence position is a pool slot (seq * T + pos); a block sees its sequence's rows < a."""
+def draft_batch(ids: torch.Tensor, features: torch.Tensor, blocks: Blocks, groups: int = 0) -> DraftBatch:
+    """Every sequence position is a context row (seq * T + pos); a block sees its sequence's
+    rows < a. groups > 0: blocks come `groups` per sequence in sequence order (sample_anchors'
+    layout), so the drafter shares each sequence's context K/V between its blocks."""
     B, T, width = features.shape
     dev = features.device
     seq, anchor = blocks.seq.to(dev), blocks.anchor.to(dev)
+    slot_table = seq[:, None] * T + torch.arange(T, device=dev)[None, :] if not groups else seq[:, None]
     return DraftBatch(
         anchor_tokens=ids.to(dev)[seq, anchor], anchor_positions=anchor,
         ctx_features=features.reshape(B * T, width), ctx_positions=torch.arange(T, device=dev).repeat(B),
-        ctx_slots=torch.arange(B * T, device=dev), slot_table=seq[:, None] * T + torch.arange(T, device=dev)[None, :],
-        ctx_lens=anchor,
+        ctx_slots=torch.arange(B * T, device=dev), slot_table=slot_table, ctx_lens=anchor, groups=groups,
     )
 
 
 def block_forward(drafter: DSparkDrafter, batch: DraftBatch, pool_dtype: torch.dtype) -> BlockOutput:
     """The drafter's own parallel stage (forward_block), with autograd (it is inference-mode
-    decorated for serving)."""
-    pool = drafter.make_pool(batch.ctx_slots.numel(), pool_dtype)
+    decorated for serving). The grouped layout needs no pool."""
+    pool = None if batch.groups else drafter.make_pool(batch.ctx_slots.numel(), pool_dtype)
     return DSparkDrafter.forward_block.__wrapped__(drafter, batch, pool)
 
 
 def teacher_forced_heads(drafter: DSparkDrafter, out: BlockOutput, prev: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Markov-corrected logits l_k = U_k + B_k(prev_k) [N, G, V] and confidence logits [N, G]."""
+    """Markov-corrected logits l_k = U_k + B_k(prev_k) [N, G, V] and confidence logits [N, G].
+    Teacher forcing makes every slot's inputs known, so all slots are computed at once, except
+    for the rnn head whose state runs left to right."""
     N, G, _ = out.logits.shape
-    logits, conf, state = [], [], None
-    for k in range(G):
-        h = out.hidden[:, k]
-        e = drafter.markov_head.markov_w1(prev[:, k]) if drafter.markov_head is not None else None
-        l_k = out.logits[:, k]
-        if drafter.markov_head is not None:
-            state = drafter.markov_head.init_state(N, e) if state is None else state
-            bias, state = drafter.markov_head.bias(e, h, state)
-            l_k = l_k + bias
-        logits.append(l_k)
-        if drafter.confidence_head is not None:
-            conf.append(drafter.confidence_head(h, e))
-    return torch.stack(logits, 1), (torch.stack(conf, 1) if conf else None)
+    head = drafter.markov_head
+    e = head.markov_w1(prev) if head is not None else None  # [N, G, r]
+    if head is None:
+        logits = out.logits
+    elif head.kind != "rnn":
+        logits = out.logits + head.bias(e, out.hidden, None)[0]
+    else:
+        biases, state = [], head.init_state(N, e[:, 0])
+        for k in range(G):
+            bias, state = head.bias(e[:, k], out.hidden[:, k], state)
+            biases.append(bias)
+        logits = out.logits + torch.stack(biases, 1)
+    conf = None
+    if drafter.confidence_head is not None:
+        flat_e = e.reshape(N * G, -1) if e is not None else None
+        conf = drafter.confidence_head(out.hidden.reshape(N * G, -1), flat_e).view(N, G)
+    return logits, conf
 
 
 def dspark_loss(logits: torch.Tensor, conf: torch.Tensor | None, target_logits: torch.Tensor,

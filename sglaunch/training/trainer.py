@@ -216,15 +216,15 @@ class Trainer:
     def compute_loss(self, samples: list[data.Sample], gen: torch.Generator):
         a = self.args
         batch = objective.collate(samples, a.max_length)
-        seq, anchor = objective.sample_anchors(batch, a.anchors_per_seq, gen)
+        seq, anchor, real = objective.sample_anchors(batch, a.anchors_per_seq, gen)
         if seq.numel() == 0:
             return None, {}
-        blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size)
+        blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size, real)
         tout = self.target.run(batch.ids, batch.attention_mask)
         rows = (blocks.anchor[:, None] + torch.arange(self.dcfg.block_size)[None, :]).clamp(max=batch.ids.shape[1] - 1)
         with torch.no_grad():
             target_logits = self.target.logits(tout.final_hidden[blocks.seq[:, None].to(self.device), rows.to(self.device)])
-        dbatch = objective.draft_batch(batch.ids, tout.features.float(), blocks)
+        dbatch = objective.draft_batch(batch.ids, tout.features.float(), blocks, groups=seq.numel() // len(samples))
         with self.autocast():
             out = objective.block_forward(self.drafter, dbatch, self.dtype)
             logits, conf = objective.teacher_forced_heads(self.drafter, out, blocks.prev.to(self.device))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from sglaunch.cli.app import app
 from sglaunch.speculative.checkpoint import load_drafter, init_drafter_state, save_drafter
-from sglaunch.speculative.drafter import DraftContextCache
+from sglaunch.speculative.drafter import BlockOutput, DraftContextCache
 from sglaunch.training import model, objective
 from sglaunch.training.data import Sample
 from sglaunch.training.trainer import TrainArgs, Trainer
@@ -120,12 +120,49 @@ def test_training_forward_is_the_serving_forward(tiny_target, prompt_file, tmp_p
     torch.testing.assert_close(conf, block.conf_logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_grouped_training_layout_equals_the_serving_forward(tiny_target, prompt_file, tmp_path, head):
+    """Several blocks per sequence (with padding) through the shared-context training path give
+    the serving forward's logits block by block, and teacher-forced heads equal sample_block's."""
+    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / head, max_steps=1, markov_head_type=head))
+    trainer.setup()
+    drafter, G = trainer.drafter, trainer.dcfg.block_size
+    with torch.no_grad():
+        for p in model.own_parameters(drafter).values():
+            p.add_(torch.randn_like(p) * 0.05)
+    batch = objective.collate(trainer.samples[:3], 80)
+    seq, anchor, real = objective.sample_anchors(batch, 5, torch.Generator().manual_seed(1))
+    blocks = objective.make_blocks(batch, seq, anchor, G, real)
+    tout = trainer.target.run(batch.ids, batch.attention_mask)
+    with torch.no_grad():
+        out = objective.block_forward(drafter, objective.draft_batch(batch.ids, tout.features, blocks, groups=5),
+                                      torch.float32)
+    for j in range(seq.numel()):
+        s, a = int(seq[j]), int(anchor[j])
+        cache = DraftContextCache(drafter.make_pool(128))
+        cache.add("r")
+        cache.append("r", tout.features[s, :a])
+        serve = drafter.forward_block(cache.build_batch(["r"], batch.ids[s, a:a + 1], torch.tensor([a])), cache.pool)
+        torch.testing.assert_close(out.logits[j:j + 1], serve.logits, rtol=1e-4, atol=1e-4)
+        block = drafter.sample_block(serve, batch.ids[s, a:a + 1], torch.tensor([0.0]))
+        prev = torch.cat([batch.ids[s, a:a + 1], block.tokens[0, :-1]])[None]
+        one = BlockOutput(out.hidden[j:j + 1], out.logits[j:j + 1])
+        with torch.no_grad():
+            logits, conf = objective.teacher_forced_heads(drafter, one, prev)
+        torch.testing.assert_close(logits, block.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(conf, block.conf_logits, rtol=1e-4, atol=1e-4)
+
+
 def test_anchor_blocks_stay_inside_the_loss_mask():
     samples = [Sample([5, 6, 7], [8, 9, 10, 11], "t"), Sample([1], [2, 3, 4, 5, 6, 7, 8, 9, 10], "t")]
     batch = objective.collate(samples, 64)
-    seq, anchor = objective.sample_anchors(batch, 3, torch.Generator().manual_seed(0))
+    seq, anchor, real = objective.sample_anchors(batch, 3, torch.Generator().manual_seed(0))
     assert (batch.loss_mask[seq, anchor] & batch.loss_mask[seq, anchor + 1]).all()
-    assert seq.tolist().count(0) == 3 and seq.tolist().count(1) == 3
+    assert seq.tolist().count(0) == 3 and seq.tolist().count(1) == 3 and real.all()
+    # grouped layout: a sequence with fewer candidates is padded with loss-free copies
+    seq, anchor, real = objective.sample_anchors(batch, 6, torch.Generator().manual_seed(0))
+    assert seq.tolist() == [0] * 6 + [1] * 6 and real.tolist() == [True] * 3 + [False] * 3 + [True] * 6
+    assert not objective.make_blocks(batch, seq, anchor, 7, real).valid[3:6].any()
     blocks = objective.make_blocks(batch, torch.tensor([0]), torch.tensor([3]), 7)
     assert blocks.labels[0, :3].tolist() == [9, 10, 11] and blocks.valid[0].tolist() == [True] * 3 + [False] * 4
     assert blocks.prev[0, :3].tolist() == [8, 9, 10]

@@ -18,13 +18,15 @@ def _torch_backend() -> type[AttentionBackend]:
 
 
 def _flashinfer_backend() -> type[AttentionBackend]:
-    raise ValueError(
-        "attention backend 'flashinfer' is not available in this build yet; use --attention-backend torch"
-    )
+    from sglaunch.engine.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    return FlashInferAttentionBackend
 
 
 # Backends this build can run; the front end reads it (torch-free) to resolve `auto`.
-IMPLEMENTED: frozenset[str] = frozenset({"torch"})
+# NOTE: "flashinfer" also needs CUDA, fp16/bf16 and the optional `flashinfer-python` package
+# (extra `gpu`); the front end checks those before picking it.
+IMPLEMENTED: frozenset[str] = frozenset({"torch", "flashinfer"})
 
 ATTENTION_BACKENDS: dict[str, Callable[[], type[AttentionBackend]]] = {
     "torch": _torch_backend,

@@ -63,12 +63,18 @@ class RaggedMetadata:
 class AttentionBackend(ABC):
     """Writes each layer's new K/V into the pool and attends over the request's context."""
 
+    # Whether cuda_graph.py can capture this backend (its per-step metadata lives in fixed buffers).
+    supports_cuda_graph = False
+
     def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
         self.kv_pool = kv_pool
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.device = device
         self.meta: RaggedMetadata | None = None
+
+    def set_query_dtype(self, dtype: torch.dtype) -> None:
+        """The model's activation dtype (backends that plan per dtype need it before prepare)."""
 
     def prepare(self, step: StepInput) -> RaggedMetadata:
         """Build this step's metadata once; every layer reuses it."""

@@ -1,0 +1,165 @@
+"""Attention with FlashInfer's paged-KV kernels (CUDA, fp16/bf16), planned once per step.
+
+A step whose requests all have one query token uses BatchDecodeWithPagedKVCacheWrapper; any
+other step (prefill chunks, extends, DSpark's ragged verify windows) uses
+BatchPrefillWithPagedKVCacheWrapper with per-request query lengths from qo_indptr, causal. The
+plan is made once in prepare() and shared by every layer.
+
+Our KVPool rows (p * page_size + i) viewed as [num_pages, page_size, kv_heads, head_dim] are
+FlashInfer's "NHD" paged layout as they are: no copy, no layout change.
+
+CUDA graphs (cuda_graph.py) get one wrapper per captured shape in `use_cuda_graph=True` mode,
+over fixed-size indptr/indices buffers shared by all of them; re-planning a graph's wrapper
+before its replay refreshes those buffers in place.
+
+FlashInfer compiles its kernels on first use (JIT, minutes); FLASHINFER_WORKSPACE_BASE (read when
+flashinfer is imported) moves its cache from ~/.cache/flashinfer to $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata
+from sglaunch.engine.kv_pool import KVPool
+from sglaunch.engine.step import StepInput
+
+WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+# NOTE: tensor-core decode (the prefill kernel) wins once several query heads share a KV head
+TENSOR_CORE_GQA_GROUP = 4
+
+
+@dataclass
+class PlanArrays:
+    """FlashInfer's plan inputs for one step, int32 on the host (plan() reads them there)."""
+
+    qo_indptr: torch.Tensor  # [batch + 1]
+    page_indptr: torch.Tensor  # [batch + 1]
+    page_indices: torch.Tensor  # [total_pages]
+    last_page_len: torch.Tensor  # [batch]
+    is_decode: bool  # every request has exactly one query token
+
+    @classmethod
+    def from_step(cls, step: StepInput, page_size: int) -> PlanArrays:
+        return cls(
+            qo_indptr=_indptr(step.query_lens),
+            page_indptr=_indptr([len(table) for table in step.page_tables]),
+            page_indices=torch.tensor([p for table in step.page_tables for p in table], dtype=torch.int32),
+            last_page_len=torch.tensor([(kv - 1) % page_size + 1 for kv in step.kv_lens], dtype=torch.int32),
+            is_decode=all(n == 1 for n in step.query_lens),
+        )
+
+
+def _indptr(lengths: list[int]) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return out
+
+
+def check_supported(kv_pool: KVPool, head_dim: int, device: torch.device) -> None:
+    """ValueError (with the fix) for what FlashInfer cannot run."""
+    if device.type != "cuda":
+        raise ValueError("attention backend 'flashinfer' needs a CUDA device; use --attention-backend torch")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"FlashInfer attention supports head_dim {HEAD_DIMS}, the model has {head_dim}; "
+                         "use --attention-backend torch")
+    if kv_pool.dtype not in DTYPES:
+        raise ValueError(f"FlashInfer attention needs a float16/bfloat16 KV cache, got {kv_pool.dtype}; "
+                         "use --dtype bfloat16 or --attention-backend torch")
+
+
+@dataclass
+class GraphBuffers:
+    """Fixed-size plan buffers shared by every CUDA-graph wrapper (one graph replays at a time)."""
+
+    qo_indptr: torch.Tensor  # [max_batch + 1] int32
+    page_indptr: torch.Tensor  # [max_batch + 1] int32
+    page_indices: torch.Tensor  # [max_pages] int32
+    last_page_len: torch.Tensor  # [max_batch] int32
+
+    @classmethod
+    def allocate(cls, max_batch: int, max_pages: int, device: torch.device) -> GraphBuffers:
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int32, device=device)
+
+        return cls(zeros(max_batch + 1), zeros(max_batch + 1), zeros(max_pages), zeros(max_batch))
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device):
+        super().__init__(kv_pool, num_heads, num_kv_heads, head_dim, device)
+        check_supported(kv_pool, head_dim, device)
+        import flashinfer
+
+        self._fi = flashinfer
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_GQA_GROUP
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                    use_tensor_cores=self.tensor_cores)
+        pages, page_size = kv_pool.total_pages, kv_pool.page_size
+        # per layer (K, V) as [num_pages, page_size, kv_heads, head_dim]: views of the pool, no copy
+        paged_shape = (pages, page_size, num_kv_heads, head_dim)
+        self.paged = [(k.view(paged_shape), v.view(paged_shape)) for k, v in zip(kv_pool.k, kv_pool.v)]
+        self.q_dtype = kv_pool.dtype  # overwritten by set_query_dtype when the model's dtype differs
+        self.wrapper = None  # the wrapper planned for the current step (eager or a graph's)
+        self.out_slots: torch.Tensor | None = None  # [num_tokens] pool rows receiving the new K/V
+
+    def set_query_dtype(self, dtype: torch.dtype) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"FlashInfer attention needs float16/bfloat16 activations, got {dtype}; "
+                             "use --dtype bfloat16 or --attention-backend torch")
+        self.q_dtype = dtype
+
+    # ---- eager steps --------------------------------------------------------------------
+    def prepare(self, step: StepInput) -> RaggedMetadata:
+        meta = super().prepare(step)
+        arrays = PlanArrays.from_step(step, self.kv_pool.page_size)
+        self.plan(self.decode if arrays.is_decode else self.prefill, arrays)
+        self.out_slots = meta.out_slots
+        return meta
+
+    def plan(self, wrapper, arrays: PlanArrays) -> None:
+        """Plan `wrapper` for this step's layout and make it the one forward() runs."""
+        common = dict(num_kv_heads=self.num_kv_heads, page_size=self.kv_pool.page_size, sm_scale=self.scale,
+                      q_data_type=self.q_dtype, kv_data_type=self.kv_pool.dtype)
+        if isinstance(wrapper, self._fi.BatchDecodeWithPagedKVCacheWrapper):
+            wrapper.plan(arrays.page_indptr, arrays.page_indices, arrays.last_page_len,
+                         num_qo_heads=self.num_heads, head_dim=self.head_dim, **common)
+        else:
+            wrapper.plan(arrays.qo_indptr, arrays.page_indptr, arrays.page_indices, arrays.last_page_len,
+                         num_qo_heads=self.num_heads, head_dim_qk=self.head_dim, causal=True, **common)
+        self.wrapper = wrapper
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv_pool.write(layer, self.out_slots, k, v)
+        return self.wrapper.run(q.contiguous(), self.paged[layer])  # [num_tokens, heads, head_dim]
+
+    # ---- CUDA graphs (cuda_graph.py) ----------------------------------------------------
+    def graph_wrapper(self, decode: bool, batch_size: int, buffers: GraphBuffers):
+        """A wrapper whose plan lives in `buffers` (sliced to `batch_size`), for capture and replay."""
+        fi = self._fi
+        if decode:
+            return fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=buffers.page_indptr[: batch_size + 1],
+                paged_kv_indices_buffer=buffers.page_indices,
+                paged_kv_last_page_len_buffer=buffers.last_page_len[:batch_size])
+        return fi.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_cuda_graph=True,
+            qo_indptr_buf=buffers.qo_indptr[: batch_size + 1],
+            paged_kv_indptr_buf=buffers.page_indptr[: batch_size + 1],
+            paged_kv_indices_buf=buffers.page_indices,
+            paged_kv_last_page_len_buf=buffers.last_page_len[:batch_size])
+
+    def use_graph(self, wrapper, arrays: PlanArrays, out_slots: torch.Tensor) -> None:
+        """Before capturing or replaying a graph: plan its wrapper; K/V go to the static `out_slots`."""
+        self.plan(wrapper, arrays)
+        self.out_slots = out_slots

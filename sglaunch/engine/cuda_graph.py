@@ -1,0 +1,282 @@
+"""CUDA graphs of the target model's forward (GPU, FlashInfer attention only).
+
+Two families, captured at start-up largest first into one shared memory pool:
+
+- decode graphs, one per batch-size bucket (1, 2, 4, 8, 16, 24, ... up to --cuda-graph-max-bs):
+  every request has one query token; a batch of b requests replays the smallest bucket B >= b,
+  padded with B - b dummy requests (one token each, on the KV pool's padding page);
+- DSpark verify graphs, one per tier of TOTAL tokens (bucket * (gamma + 1), plus any tiers in
+  SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS): a ragged step of t tokens over b requests whose
+  query lengths are all <= gamma + 1 replays the smallest tier T >= t. Its batch is fixed at
+  min(T, max_bs) + 1 requests so there is always a spare one: the first dummy owns the T - t
+  padding rows (its own causal attention over the padding page), the others have no query rows.
+
+Steps that fit no graph (prefill chunks longer than the window, batches over the largest bucket,
+page tables over the fixed index buffer) run eagerly. The torch attention backend builds
+shape-dependent metadata per step, so graphs are only used with FlashInfer.
+
+The layout logic (buckets, tiers, choosing a graph, padding a StepInput) is plain Python and
+unit-tested on the CPU; CudaGraphRunner is the part that touches the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+from sglaunch.engine.step import StepInput
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BS = 160
+FIRST_BUCKETS = (1, 2, 4, 8)
+BUCKET_STEP = 8
+TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
+MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """Decode buckets: 1, 2, 4, 8, then every 8 up to max_bs (max_bs itself always included)."""
+    if max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs must be at least 1, got {max_bs}")
+    sizes = {b for b in FIRST_BUCKETS if b < max_bs} | set(range(2 * BUCKET_STEP, max_bs, BUCKET_STEP))
+    return sorted(sizes | {max_bs})
+
+
+def parse_extra_tiers(value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        tiers = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise ValueError(f"{TIERS_ENV}={value!r}: expected comma-separated token counts, e.g. 12,20,48") from None
+    if any(t < 1 for t in tiers):
+        raise ValueError(f"{TIERS_ENV}={value!r}: token counts must be positive")
+    return tiers
+
+
+def verify_token_tiers(batch_sizes: list[int], window: int, extra: tuple[int, ...] = ()) -> list[int]:
+    """Total-token tiers of the verify graphs: each bucket times the window (upstream's grid), plus
+    the extra tiers that are not larger than the largest one."""
+    grid = {b * window for b in batch_sizes}
+    return sorted(grid | {t for t in extra if t <= max(grid)})
+
+
+def verify_batch_size(tier: int, max_bs: int) -> int:
+    """Requests in the verify graph of `tier`: as many as can have a token, plus the spare dummy."""
+    return min(tier, max_bs) + 1
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    decode: bool
+    batch_size: int  # requests in the graph, dummies included
+    num_tokens: int  # query rows in the graph, padding included
+
+    def __str__(self) -> str:
+        return f"decode bs={self.batch_size}" if self.decode else f"verify tokens={self.num_tokens} (bs {self.batch_size})"
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return max(1, -(-tokens // page_size))
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """Which graphs exist and which one a step replays."""
+
+    decode_sizes: tuple[int, ...]
+    verify_tiers: tuple[int, ...]  # empty without DSpark
+    max_bs: int
+    window: int  # gamma + 1 with DSpark, else 0
+    page_size: int
+    max_pages: int  # capacity of the shared page-index buffer
+
+    @classmethod
+    def build(cls, max_bs: int, window: int, context_length: int, page_size: int,
+              extra_tiers: tuple[int, ...] = ()) -> GraphPlan:
+        sizes = capture_batch_sizes(max_bs)
+        tiers = verify_token_tiers(sizes, window, extra_tiers) if window else []
+        max_tokens = max([max_bs, *tiers])
+        per_request = _pages(context_length + window, page_size)
+        max_pages = min(MAX_GRAPH_PAGES, (max_bs + 1) * per_request + _pages(max_tokens, page_size))
+        return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages)
+
+    def keys(self) -> list[GraphKey]:
+        """Every graph, largest first (capture order: later ones reuse the pool's memory)."""
+        keys = [GraphKey(True, b, b) for b in self.decode_sizes]
+        keys += [GraphKey(False, verify_batch_size(t, self.max_bs), t) for t in self.verify_tiers]
+        return sorted(keys, key=lambda k: (k.num_tokens, k.batch_size, k.decode), reverse=True)
+
+    @property
+    def max_tokens(self) -> int:
+        return max(k.num_tokens for k in self.keys())
+
+    @property
+    def max_batch(self) -> int:
+        return max(k.batch_size for k in self.keys())
+
+    def pick(self, step: StepInput) -> GraphKey | None:
+        """The graph this step replays, or None to run it eagerly."""
+        b, t = step.batch_size, step.num_tokens
+        if b == 0 or b > self.max_bs:
+            return None
+        pages = sum(len(table) for table in step.page_tables)
+        if all(n == 1 for n in step.query_lens):
+            size = next((s for s in self.decode_sizes if s >= b), None)
+            if size is not None and pages + (size - b) <= self.max_pages:
+                return GraphKey(True, size, size)
+        if not self.verify_tiers or max(step.query_lens) > self.window:
+            return None
+        tier = next((s for s in self.verify_tiers if s >= t), None)
+        if tier is None:
+            return None
+        key = GraphKey(False, verify_batch_size(tier, self.max_bs), tier)
+        padding = _pages(tier - t, self.page_size) + (key.batch_size - b - 1)
+        return key if pages + padding <= self.max_pages else None
+
+
+def pad_step(step: StepInput, key: GraphKey, padding_page: int, page_size: int) -> StepInput:
+    """`step` followed by dummy requests on the padding page, to exactly key's batch and tokens.
+
+    Decode: one token per dummy. Verify: the first dummy owns every padding row (positions wrap
+    inside the padding page, so RoPE and the slots stay in range), the others have none.
+    Real rows keep their indices, so sample_indices are unchanged.
+    """
+    extra_requests, extra_tokens = key.batch_size - step.batch_size, key.num_tokens - step.num_tokens
+    if extra_requests < (0 if key.decode else 1) or extra_tokens < 0 or (key.decode and extra_tokens != extra_requests):
+        raise ValueError(f"a step of {step.batch_size} requests / {step.num_tokens} tokens does not fit {key}")
+    out = StepInput(list(step.input_ids), list(step.positions), list(step.query_lens), list(step.kv_lens),
+                    [list(t) for t in step.page_tables], list(step.sample_indices))
+    rows = [1] * extra_requests if key.decode else [extra_tokens] + [0] * (extra_requests - 1)
+    for n in rows:
+        out.input_ids.extend([0] * n)
+        out.positions.extend(i % page_size for i in range(n))
+        out.query_lens.append(n)
+        out.kv_lens.append(max(n, 1))
+        out.page_tables.append([padding_page] * _pages(n, page_size))
+    return out
+
+
+def graphs_disabled_reason(device_type: str, disable_cuda_graph: bool, backend_cls) -> str | None:
+    """Why this rank runs eagerly only (None: capture graphs). CPUs never use graphs."""
+    if device_type != "cuda":
+        return "CPU device"
+    if disable_cuda_graph:
+        return "--disable-cuda-graph"
+    if not backend_cls.supports_cuda_graph:
+        return ("the torch attention backend builds shape-dependent metadata every step; "
+                "use --attention-backend flashinfer for CUDA graphs")
+    return None
+
+
+class CudaGraphRunner:
+    """Captures the graphs of a ModelRunner and replays them (all tensors static, one pool)."""
+
+    def __init__(self, runner, plan: GraphPlan, show_progress: bool):
+        import torch
+
+        from sglaunch.engine.attention.flashinfer_backend import GraphBuffers
+
+        self.runner, self.plan, self.torch = runner, plan, torch
+        self.attn, pool = runner.attn, runner.kv_pool
+        self.padding_page, self.page_size = pool.padding_page, pool.page_size
+        device, dtype, n = runner.device, runner.model_dtype, plan.max_tokens
+        with torch.inference_mode():
+            self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
+            self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
+            self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
+            width = runner.feature_width
+            self.features = torch.zeros(n, width, dtype=dtype, device=device) if width else None
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[GraphKey, tuple] = {}
+        self.replays = {"decode": 0, "verify": 0}  # steps served by a graph, for tests and logs
+        self._capture_all(show_progress)
+
+    def _capture_all(self, show_progress: bool) -> None:
+        keys, start = self.plan.keys(), time.perf_counter()
+        with _progress(show_progress, len(keys)) as advance:
+            for key in keys:
+                logger.debug("capturing CUDA graph: %s", key)
+                self.graphs[key] = self._capture(key)
+                advance()
+        decode = [k.batch_size for k in keys if k.decode]
+        verify = [k.num_tokens for k in keys if not k.decode]
+        logger.info("CUDA graphs: %d decode (batch %s) and %d verify (tokens %s) captured in %.1f s",
+                    len(decode), _span(decode), len(verify), _span(verify), time.perf_counter() - start)
+
+    def _capture(self, key: GraphKey):
+        torch = self.torch
+        wrapper = self.attn.graph_wrapper(key.decode, key.batch_size, self.buffers)
+        with torch.inference_mode():
+            self._load(pad_step(StepInput([], [], [], [], [], []), key, self.padding_page, self.page_size), wrapper)
+            self._body(key.num_tokens)  # warm-up: compiles kernels, sets up cuBLAS outside the capture
+            torch.cuda.synchronize(self.runner.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._body(key.num_tokens)
+        return graph, wrapper
+
+    def _load(self, padded: StepInput, wrapper) -> None:
+        """Host lists -> the static input rows; plan the graph's wrapper for this layout."""
+        from sglaunch.engine.attention.base import RaggedMetadata
+        from sglaunch.engine.attention.flashinfer_backend import PlanArrays
+
+        torch, n = self.torch, padded.num_tokens
+        meta = RaggedMetadata.from_step(padded, self.page_size, torch.device("cpu"))
+        rows = torch.stack([torch.tensor(padded.input_ids, dtype=torch.int64), meta.positions, meta.out_slots])
+        self.inputs[:, :n].copy_(rows)
+        self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+
+    def _body(self, n: int) -> None:
+        hidden, features = self.runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
+        self.hidden[:n].copy_(hidden)
+        if features is not None:
+            self.features[:n].copy_(features)
+
+    def pick(self, step: StepInput) -> GraphKey | None:
+        key = self.plan.pick(step)
+        return key if key in self.graphs else None
+
+    def replay(self, key: GraphKey, step: StepInput):
+        """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
+        static buffers, valid until the next replay."""
+        graph, wrapper = self.graphs[key]
+        self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
+        graph.replay()
+        self.replays["decode" if key.decode else "verify"] += 1
+        t = step.num_tokens
+        features = self.features[:t] if self.features is not None else None
+        return self.hidden[:t], features, self.inputs[1, :t], self.inputs[2, :t]
+
+
+def _span(values: list[int]) -> str:
+    return f"{min(values)}-{max(values)}" if values else "none"
+
+
+def _progress(show: bool, total: int):
+    """Context manager yielding an `advance()` callable (a rich bar on rank 0)."""
+    if not show:
+        return nullcontext(lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    class _Bar:
+        def __enter__(self):
+            self.progress = Progress(TextColumn("Capturing CUDA graphs"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=Console(stderr=True))
+            self.progress.start()
+            task = self.progress.add_task("capture", total=total)
+            return lambda: self.progress.advance(task)
+
+        def __exit__(self, *exc):
+            self.progress.stop()
+
+    return _Bar()
+
+
+def extra_tiers_from_env() -> tuple[int, ...]:
+    return parse_extra_tiers(os.environ.get(TIERS_ENV))
