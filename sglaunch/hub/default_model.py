@@ -20,6 +20,10 @@ from sglaunch.errors import SglaunchError
 
 from . import convert, fetch, store
 
+# Our DSpark drafter for the default model (trained with `sglaunch train-draft`, docs/default-drafter.md);
+# its embeddings and LM head are the target's, so the folder holds only the drafter's own weights.
+BUNDLED_DRAFTERS = Path(__file__).resolve().parent / "drafters"
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -205,3 +209,9 @@ def _progress(enabled: bool):
 
     return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                     console=Console(stderr=True), transient=False)
+
+
+def default_drafter() -> Path | None:
+    """The bundled DSpark drafter of the default model, or None when this build ships none."""
+    folder = BUNDLED_DRAFTERS / SMOLLM2.name
+    return folder if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() else None

@@ -148,6 +148,22 @@ def test_check_config_reports_the_default_model_it_would_fetch():
     assert resolved["--served-model-name"]["value"] == "SmolLM2-135M-Instruct"
 
 
+def test_dspark_on_the_default_model_uses_the_bundled_drafter():
+    from sglaunch.hub.default_model import default_drafter
+
+    code, report = check_json("--speculative-algorithm", "DSPARK", env={"SGLANG_RAGGED_VERIFY_MODE": "compact"})
+    assert code == 0, report["diagnostics"]
+    resolved = {r["flag"]: r for r in report["resolutions"]}
+    assert resolved["--speculative-draft-model-path"]["value"] == str(default_drafter())
+    assert "built-in DSpark drafter" in resolved["--speculative-draft-model-path"]["reason"]
+    assert resolved["--speculative-dspark-confidence-sts-path"]["value"] == str(default_drafter() / "sts.json")
+    assert resolved["--speculative-dspark-block-size"]["value"] == 7  # read from the bundled drafter
+    # an explicit drafter wins, and another target gets no bundled drafter (SPEC003 says what to do)
+    code, report = check_json("--model-path", "/nonexistent/model", "--speculative-algorithm", "DSPARK",
+                              env={"SGLANG_RAGGED_VERIFY_MODE": "compact"})
+    assert "SPEC003" in {d["code"] for d in report["diagnostics"]}
+
+
 def test_memory_estimate_counts_the_drafter(make_checkpoint, fake_gpus):
     fake_gpus(("NVIDIA H200", 143771, "9.0"))
     target = make_checkpoint(weights={"w": ("BF16", [1024, 1024, 8])}, fill=False)  # 16 MiB

@@ -78,13 +78,14 @@ class booted:
 
 # ---- (b) graph replay == eager forward --------------------------------------------------------
 def make_requests(engine, lengths: list[int], spare: int, seed: int):
-    """Random prompts with pages for len + spare tokens -> [(tokens, pages)]."""
+    """Random tokens and pages for len + spare positions -> [(tokens, pages)]: rows past len are
+    what later decode / verify steps feed."""
     rng, page_size = random.Random(seed), engine.config.page_size
     reqs = []
     for n in lengths:
         pages = engine.allocator.alloc(-(-(n + spare) // page_size))
         assert pages is not None, "KV pool too small for the test"
-        reqs.append(([rng.randrange(250) for _ in range(n)], pages))
+        reqs.append(([rng.randrange(250) for _ in range(n + spare)], pages))
     return reqs
 
 

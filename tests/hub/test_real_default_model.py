@@ -43,13 +43,17 @@ def test_converted_model_has_the_expected_shape(real_default_model):
     assert (real_default_model / "model.safetensors").stat().st_size > 250_000_000
 
 
-@pytest.mark.parametrize("explicit_path", [True, False], ids=["model-path", "built-in-default"])
-def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_path):
+@pytest.mark.parametrize("explicit_path,dspark", [(True, False), (False, False), (False, True)],
+                         ids=["model-path", "built-in-default", "built-in-default-dspark"])
+def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_path, dspark):
     port = free_port()
     log = tmp_path / "serve.log"
     # the default-model case finds the session's converted model through SGLAUNCH_CACHE_DIR
     env = {**os.environ, "PYTHONPATH": str(REPO), "SGLAUNCH_CACHE_DIR": str(real_default_model.parents[1])}
     model = ["--model-path", str(real_default_model)] if explicit_path else []
+    if dspark:  # no draft path: the bundled drafter of the default model
+        model += ["--speculative-algorithm", "DSPARK"]
+        env["SGLANG_RAGGED_VERIFY_MODE"] = "compact"
     with open(log, "wb") as handle:
         proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", *model,
                                  "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2"],
@@ -70,6 +74,11 @@ def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_
         reply = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=16,
                                                messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in reply.choices[0].message.content
+        if dspark:
+            info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).json()
+            assert info["speculative"]["draft_model_path"].endswith("smollm2-135m-instruct"), info["speculative"]
+            stats = info["internal_states"][0]["speculative"]
+            assert stats["committed_tokens"] > stats["request_steps"] > 0, stats  # drafts were accepted
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -77,3 +86,28 @@ def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_bundled_drafter_is_lossless_on_the_default_model(real_default_model):
+    """The committed drafter loads against the converted SmolLM2 (embeddings and LM head aliased)
+    and greedy DSpark output equals plain greedy output, token for token."""
+    from sglaunch.config import EngineConfig, SpeculativeConfig
+    from sglaunch.engine.launch import generate_batch
+    from sglaunch.engine.interface import SamplingParams
+    from sglaunch.hub.default_model import default_drafter
+    from sglaunch.server.tokenizer import load_tokenizer
+
+    drafter = default_drafter()
+    assert drafter is not None, "the bundled drafter is missing from sglaunch/hub/drafters/"
+    tok = load_tokenizer(real_default_model)
+    prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q in
+               ("What is the capital of France?", "Write a Python function that reverses a string.",
+                "Summarise: It is a truth universally acknowledged, that a single man in possession of a good "
+                "fortune, must be in want of a wife.")]
+    base = dict(model_path=str(real_default_model), tokenizer_path=str(real_default_model), served_model_name="t",
+                dtype="float32", kv_cache_dtype="float32", context_length=None, device="cpu", max_total_tokens=8192)
+    sampling = SamplingParams(max_new_tokens=32, temperature=0.0)
+    plain = generate_batch(EngineConfig(**base), prompts, sampling)
+    spec = SpeculativeConfig(algorithm="DSPARK", draft_model_path=str(drafter), block_size=7, num_draft_tokens=8,
+                             ragged_verify_mode="static")
+    assert generate_batch(EngineConfig(**base, speculative=spec), prompts, sampling) == plain
