@@ -73,8 +73,11 @@ CASES = [
     Case("SPEC001", (*DSPARK, "--speculative-dspark-block-size", "0"), DSPARK, env=COMPACT),
     Case("SPEC002", (*DSPARK, "--speculative-num-draft-tokens", "6"),
          (*DSPARK, "--speculative-num-draft-tokens", "5"), env=COMPACT),
-    Case("SPEC003", ("--speculative-algorithm", "DSPARK", "--speculative-dspark-block-size", "4"), DSPARK,
+    Case("SPEC003", ("--speculative-algorithm", "DSPARK", "--model-path", "org/other-model"), DSPARK,
          env=COMPACT),
+    # the built-in default model has a bundled drafter (sglaunch/hub/drafters/)
+    Case("SPEC003", ("--speculative-algorithm", "DSPARK", "--model-path", "org/other-model"),
+         ("--speculative-algorithm", "DSPARK"), env=COMPACT, id="default-model"),
     Case("SPEC003", ("--speculative-algorithm", "DSPARK", "--model-path", "{model}"),
          ("--speculative-algorithm", "DSPARK", "--model-path", "{model}"), env=COMPACT, model={},
          quiet_model={"dspark_block_size": 5}, id="bundled-draft"),
