@@ -1,20 +1,26 @@
 """`sglaunch profile-sps`: measure forward-step time over verify-batch sizes on this machine and
 write the SPS table `--speculative-dspark-sps-table-path` reads (format in docs/dspark.md).
 
-Profile on the serving hardware with the serving dtype and TP size: the planner trims verify
-windows by this table. CPU works (tests, rough numbers); a GPU gives the real staircase.
+Profile on the serving hardware with the serving dtype, TP size, attention backend and CUDA-graph
+setting: the planner trims verify windows by this table. `--attention-backend` resolves exactly as
+`serve` resolves it (auto: FlashInfer on CUDA when it can run, else torch). With graphs on, the
+verify-shaped steps replay verify graphs of total-token tiers for `--window`, as DSpark serving
+does. CPU works (tests, rough numbers); a GPU gives the real staircase.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 
 from sglaunch.cli.common import JsonOption, funnel, stderr_console
 from sglaunch.errors import SglaunchError
+
+AttentionBackend = Literal["auto", "torch", "flashinfer"]
 
 
 def _token_sizes(text: str) -> tuple[int, ...]:
@@ -26,6 +32,30 @@ def _token_sizes(text: str) -> tuple[int, ...]:
     if not sizes or sizes[0] < 1:
         raise SglaunchError(f"--tokens {text!r} needs positive sizes", "e.g. --tokens 1,2,4,8,16,32,64")
     return sizes
+
+
+def resolve_attention_backend(model_path: Path, device: str, dtype: str, backend: str) -> tuple[str, list[str]]:
+    """The engine backend `serve` would run for these settings, through the same resolution
+    (checks/resolve.py, then the engine fallback), and the warnings it gives on the way."""
+    from sglaunch.checks.context import LaunchContext
+    from sglaunch.checks.engine import fall_back_to_engine_backends
+    from sglaunch.checks.resolve import resolve_attention
+    from sglaunch.flags.registry import SCHEMA
+    from sglaunch.flags.sources import collect_settings
+    from sglaunch.probe.checkpoint import read_checkpoint
+    from sglaunch.probe.environment import probe_environment
+    from sglaunch.releases import CURRENT_RELEASE
+
+    tokens = ["--device", device, "--dtype", dtype, "--kv-cache-dtype", dtype, "--attention-backend", backend]
+    settings, _ = collect_settings(tokens, {}, SCHEMA, CURRENT_RELEASE)
+    try:
+        checkpoint = read_checkpoint(str(model_path))
+    except SglaunchError:  # create_engine reports an unusable checkpoint with its own hint
+        checkpoint = None
+    ctx = LaunchContext(settings, {}, "serve", probe_environment(os.environ, with_gpus=False), checkpoint)
+    resolve_attention(ctx)
+    warnings = [d.message for d in fall_back_to_engine_backends(ctx)]
+    return ctx.get("attention_backend"), warnings
 
 
 @funnel
@@ -41,6 +71,10 @@ def profile_sps(
                                                  "on cuda, float32 on cpu).")] = None,
     tp_size: Annotated[int, typer.Option(help="Tensor-parallel ranks, as when serving.")] = 1,
     page_size: Annotated[int, typer.Option(help="KV page size, as when serving.")] = 1,
+    attention_backend: Annotated[AttentionBackend, typer.Option(
+        help="Attention kernels, as when serving (auto: flashinfer on CUDA when it can run, else torch).")] = "auto",
+    disable_cuda_graph: Annotated[bool, typer.Option(
+        "--disable-cuda-graph", help="Run without CUDA graphs, as when serving with it.")] = False,
     repeats: Annotated[int, typer.Option(help="Timed runs per size (the median is kept).")] = 5,
     warmup: Annotated[int, typer.Option(help="Untimed runs per size first.")] = 2,
     as_json: JsonOption = False,
@@ -51,7 +85,6 @@ def profile_sps(
     import torch
 
     from sglaunch.config import EngineConfig
-    from sglaunch.engine.launch import create_engine
     from sglaunch.speculative.sps import save_sps_table
     from sglaunch.speculative.sps_profile import ProfilePlan, profile_sps as measure
 
@@ -60,14 +93,19 @@ def profile_sps(
     if window < 1 or repeats < 1 or warmup < 0 or context_len < 0:
         raise SglaunchError("--window and --repeats must be >= 1, --warmup and --context-len >= 0")
     plan = ProfilePlan(_token_sizes(tokens), window, context_len, repeats, warmup)
+    console = stderr_console()
+    backend, warnings = resolve_attention_backend(model_path, device, dtype, attention_backend)
+    for warning in warnings:
+        console.print(f"Warning: {warning}")
     config = EngineConfig(model_path=str(model_path), tokenizer_path=str(model_path), served_model_name="profile",
                           dtype=dtype, context_length=None, device=device, tp_size=tp_size, page_size=page_size,
-                          kv_cache_dtype=dtype, max_total_tokens=plan.kv_tokens(page_size))
-    console = stderr_console()
+                          kv_cache_dtype=dtype, max_total_tokens=plan.kv_tokens(page_size),
+                          attention_backend=backend, disable_cuda_graph=disable_cuda_graph)
     try:
-        engine, cluster = create_engine(config)
+        engine, cluster = _create_engine(config, window)
     except ValueError as exc:
         raise SglaunchError(str(exc), "pass a Hugging Face checkpoint folder the engine can run") from None
+    graphs = engine.runner.graphs is not None
     try:
         limit = engine.limits.context_length - window
         if context_len > limit:
@@ -79,9 +117,26 @@ def profile_sps(
         cluster.stop(engine)
     save_sps_table(table, output)
     summary = {"output": str(output), "device": device, "dtype": dtype, "tp_size": tp_size,
+               "attention_backend": backend, "cuda_graph": graphs,
                "seconds_per_step": {str(t): s for t, s in seconds.items()}, **table.to_json()}
     if as_json:
         print(json.dumps(summary))
         return
     print(f"wrote {output} ({len(table.tokens)} sizes, {table.steps_per_second[0]:.1f} -> "
           f"{table.steps_per_second[-1]:.1f} steps/s)")
+
+
+def _create_engine(config, window: int):
+    """Boot the engine with verify graphs captured for `window` (every rank reads it at start-up)."""
+    from sglaunch.engine.launch import create_engine
+    from sglaunch.engine.model_runner import VERIFY_WINDOW_ENV
+
+    previous = os.environ.get(VERIFY_WINDOW_ENV)
+    os.environ[VERIFY_WINDOW_ENV] = str(window)
+    try:
+        return create_engine(config)
+    finally:
+        if previous is None:
+            os.environ.pop(VERIFY_WINDOW_ENV, None)
+        else:
+            os.environ[VERIFY_WINDOW_ENV] = previous

@@ -153,7 +153,17 @@ class LLMEngine:
         if not spec_chunks:
             return None
         extra = sum(c.end - c.start for c in chunks if not c.lookahead)
-        return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks)
+        return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
+                                 self._verify_tiers(chunks))
+
+    def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
+        """Captured verify-graph tiers a step of these chunks can replay; none when it will run
+        eagerly (a batch over the largest bucket, a prefill chunk longer than the verify window)."""
+        graphs = self.runner.graphs
+        if graphs is not None and (len(chunks) > graphs.plan.max_bs or
+                                   any(c.end - c.start > graphs.plan.window for c in chunks if not c.lookahead)):
+            return ()
+        return tuple(self.runner.verify_token_tiers)
 
     def _sample(self, chunks: list[Chunk], logits: torch.Tensor, rows: list, sampled: list, logprobs: list) -> None:
         plain = [i for i, chunk in enumerate(chunks) if chunk.samples and not chunk.lookahead]

@@ -30,6 +30,7 @@ from sglaunch.engine.step import DraftStepInput, StepInput
 
 logger = logging.getLogger(__name__)
 
+VERIFY_WINDOW_ENV = "SGLAUNCH_VERIFY_GRAPH_WINDOW"  # set by `sglaunch profile-sps` (no drafter there)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -78,7 +79,9 @@ class ModelRunner:
         max_running = self.config.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
         # NOTE: a bucket above max_running_requests could never be replayed
         max_bs = min(self.config.cuda_graph_max_bs or DEFAULT_MAX_BS, max_running)
-        window = self.draft.block_size + 1 if self.draft is not None else 0
+        # NOTE: without a drafter, `sglaunch profile-sps` names the verify window it will time,
+        # so its verify-shaped steps replay the same total-token tier graphs as DSpark serving
+        window = self.draft.block_size + 1 if self.draft is not None else int(os.environ.get(VERIFY_WINDOW_ENV, "0"))
         plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env())
         return CudaGraphRunner(self, plan, show_progress)
 

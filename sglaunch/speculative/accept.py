@@ -91,6 +91,16 @@ def _draw_next(p_n, draft_probs, n, accept_lens, sample_uniforms) -> torch.Tenso
     return inverse_cdf(dist, sample_uniforms.float())
 
 
+def committed_grid(draft_tokens: torch.Tensor, result: AcceptResult) -> torch.Tensor:
+    """Device view [R, G + 1]: row r holds its n accepted drafts, then the correction/bonus token
+    at slot n (slots past n repeat it; the host reads n + 1 slots)."""
+    G = draft_tokens.shape[1]
+    slot = torch.arange(G + 1, device=draft_tokens.device)
+    nxt = result.next_token[:, None].to(draft_tokens.dtype)  # [R, 1]
+    padded = torch.cat([draft_tokens, nxt], dim=1)  # [R, G + 1]
+    return torch.where(slot[None, :] < result.num_accepted[:, None], padded, nxt)
+
+
 def committed_tokens(draft_tokens: torch.Tensor, result: AcceptResult) -> list[list[int]]:
     """Host view: per request the accepted drafts followed by the correction/bonus token. The
     engine still truncates at EOS / stop strings inside them."""

@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
@@ -30,10 +30,11 @@ from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
 from sglaunch.engine.step import DraftStepInput
 from sglaunch.speculative import kernels
-from sglaunch.speculative.accept import committed_tokens, mode_lengths
+from sglaunch.speculative.accept import committed_grid, mode_lengths
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
-from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner
+from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier
 from sglaunch.speculative.stats import SpecStats
+from sglaunch.speculative.transfer import pack_flat, pack_for_host, split_flat, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,9 @@ class Proposal:
     accept_uniforms: torch.Tensor  # [R, G]
     sample_uniforms: torch.Tensor  # [R]
     verify_lens: list[int]  # [R] drafts the target computes (rows 1 + v)
-    accept_lens: torch.Tensor  # [R] drafts eligible for acceptance (<= verify_lens)
+    accept_lens: torch.Tensor  # [R] drafts eligible for acceptance (<= verify_lens), on the device
     draft_seconds: float
+    planned_accepts: list[int] = field(default_factory=list)  # [R] accept_lens on the host
 
 
 @dataclass
@@ -64,6 +66,11 @@ class Accepted:
 
 
 class DSparkDecoder:
+    """Host syncs per step: ONE device-to-host copy after planning (verify/accept lengths, drafts,
+    survivals for the lagged budget) and ONE after accepting (accept lengths, committed tokens,
+    their log-probabilities). Host-built inputs go down in one pinned non-blocking copy per phase
+    (transfer.to_device); the STS temperatures live on the device."""
+
     def __init__(self, config: EngineConfig, drafter: DSparkDrafter, page_size: int, device: torch.device):
         from sglaunch.speculative.sps import load_sps_table
         from sglaunch.speculative.sts import load_sts
@@ -72,6 +79,7 @@ class DSparkDecoder:
         self.drafter, self.page_size, self.device = drafter, page_size, device
         self.gamma = drafter.config.block_size
         self.mode = spec.ragged_verify_mode
+        self.align_to_tier = spec.align_verify_tokens_to_graph_tier
         sps = load_sps_table(spec.sps_table_path) if spec.sps_table_path else None
         temps = load_sts(spec.confidence_sts_path, self.gamma) if spec.confidence_sts_path else None
         self.planner = DSparkPlanner(self.gamma, self.mode, sps, temps, int(os.environ.get(LAG_ENV, DEFAULT_LAG_STEPS)),
@@ -85,8 +93,9 @@ class DSparkDecoder:
 
     # ---- before the target forward ------------------------------------------------------
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
-                run_draft: Callable[[DraftStepInput], BlockOutput]) -> Proposal:
-        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies."""
+                run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = ()) -> Proposal:
+        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies.
+        verify_tiers: the captured verify-graph tiers this step could replay (empty: eager)."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
@@ -94,17 +103,24 @@ class DSparkDecoder:
         out = run_draft(step)
         greedy = [is_greedy(r.sampling) for r in reqs]
         draw, accept_u, sample_u = self._uniforms(reqs, greedy, generators)
-        temps = torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], device=self.device)
-        anchors = torch.tensor(step.anchor_tokens, dtype=torch.int64, device=self.device)
+        temps, anchors, caps, greedy_mask = to_device([
+            torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
+            torch.tensor(step.anchor_tokens, dtype=torch.int64),
+            torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
+            torch.tensor(greedy, dtype=torch.bool)], self.device)
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy))
-        verify, accept = mode_lengths(self.mode, self._windows([r.rid for r in reqs], block, extra_tokens), self.gamma)
-        caps = torch.tensor([c.lookahead for c in chunks], dtype=verify.dtype, device=verify.device)
+        windows, survival = self._windows(chunks, block, extra_tokens, caps, verify_tiers)
+        verify, accept = mode_lengths(self.mode, windows, self.gamma)
         verify, accept = torch.minimum(verify, caps), torch.minimum(accept, caps)
-        verify_lens, drafts = verify.tolist(), block.tokens.tolist()
-        for chunk, v, row in zip(chunks, verify_lens, drafts):
-            chunk.draft_tokens = row[:v]
-        return Proposal(chunks, block, torch.tensor(greedy, device=self.device), accept_u, sample_u, verify_lens,
-                        accept.to(self.device), time.perf_counter() - start)
+        columns = [verify, accept, block.tokens] + ([survival] if survival is not None else [])
+        planned = pack_for_host(columns).tolist()  # NOTE: the step's one device-to-host copy after planning
+        verify_lens = [int(row[0]) for row in planned]
+        for chunk, v, row in zip(chunks, verify_lens, planned):
+            chunk.draft_tokens = [int(t) for t in row[2: 2 + v]]
+        if survival is not None:
+            self.planner.observe([r.rid for r in reqs], [row[2 + self.gamma:] for row in planned])
+        return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, accept,
+                        time.perf_counter() - start, [int(row[1]) for row in planned])
 
     def _uniforms(self, reqs, greedy: list[bool], generators: dict):
         """Per request 2G + 1 uniforms from its own generator (zeros for greedy rows)."""
@@ -114,67 +130,95 @@ class DSparkDecoder:
         u = torch.stack(rows)  # [R, 2G + 1]
         return u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
 
-    def _windows(self, rids: list[str], block: DraftBlock, extra_tokens: int) -> torch.Tensor:
-        """Planned drafts to verify per request: lagged budget on the host, top-K on the device."""
+    def _windows(self, chunks: list[Chunk], block: DraftBlock, extra_tokens: int, caps: torch.Tensor,
+                 verify_tiers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Planned drafts to verify per request [R] and the survivals [R, G] (None without a
+        confidence head): lagged budget on the host, top-K on the device."""
         if block.conf_logits is None:  # static mode without a confidence head: the whole block
-            return torch.full((len(rids),), self.gamma, dtype=torch.int32, device=self.device)
-        budget = self.planner.budget(rids, extra_tokens)
-        survival, windows = self.planner.allocate(block.conf_logits, budget)
-        self.planner.observe(rids, survival.to("cpu", non_blocking=True))
-        return windows
+            return torch.full((len(chunks),), self.gamma, dtype=torch.int32, device=self.device), None
+        budget = self.planner.budget([c.req.rid for c in chunks], extra_tokens)
+        align = self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
+        if align:  # the rows up to the graph's tier run anyway: make them the next-best drafts
+            reachable = sum(min(c.lookahead, self.gamma) for c in chunks)
+            budget = align_to_tier(budget, extra_tokens + len(chunks), reachable, verify_tiers)
+        survival, windows = self.planner.allocate(block.conf_logits, budget, caps=caps if align else None)
+        return windows, survival
 
     # ---- after the target forward -------------------------------------------------------
     def accept(self, proposal: Proposal, logits: torch.Tensor, row_starts: list[int],
                verify_seconds: float) -> list[Accepted]:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
         params = [c.req.sampling for c in proposal.chunks]
-        target = self._target_probs(logits, params, proposal, row_starts)
-        starts = torch.tensor(row_starts, dtype=torch.int64, device=logits.device)
+        sampled_rows, row_params = self._sampled_rows(params, row_starts, proposal.verify_lens)
+        starts, sampled_index, rows, slots = self._accept_layout(row_starts, sampled_rows, proposal.planned_accepts,
+                                                                 logits.device)
+        target = self._target_probs(logits, sampled_index, row_params)
         block = proposal.block
         result = kernels.accept(block.tokens, block.probs, target, starts, proposal.accept_lens, proposal.greedy,
                                 proposal.accept_uniforms, proposal.sample_uniforms)
-        committed = committed_tokens(block.tokens, result)
-        logprobs = self._logprobs(logits, row_starts, committed)
-        out = [Accepted(tokens, lp, len(tokens)) for tokens, lp in zip(committed, logprobs)]
-        self._record(proposal, result.num_accepted.tolist())
+        committed = committed_grid(block.tokens, result)  # [R, G + 1]
+        logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
+        # NOTE: the step's one device-to-host copy after accepting
+        host = pack_flat([result.num_accepted, committed, logprobs]).tolist()
+        out = self._unpack(host, proposal.planned_accepts)
+        self._record(proposal, [a.accept_length - 1 for a in out])
         self.stats.record_step([a.accept_length for a in out], sum(1 + v for v in proposal.verify_lens),
                                proposal.draft_seconds, verify_seconds)
         self._maybe_log()
         return out
 
-    def _target_probs(self, logits, params: list[SamplingParams], proposal: Proposal, row_starts: list[int]):
-        """P rows: the request's filtered sampling distribution; greedy rows keep logits (argmax only)."""
+    def _accept_layout(self, row_starts: list[int], sampled_rows: list[int], eligible: list[int], device):
+        """One copy down: anchor rows [R], sampled requests' rows, and the candidate rows [C] whose
+        token may be committed (anchor .. anchor + accept_len, since n <= accept_len) with their
+        slots in the [R, G + 1] committed grid."""
+        width = self.gamma + 1
+        rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
+        slots = [r * width + j for r, a in enumerate(eligible) for j in range(a + 1)]
+        return to_device([torch.tensor(x, dtype=torch.int64) for x in (row_starts, sampled_rows, rows, slots)], device)
+
+    def _unpack(self, host: list[float], eligible: list[int]) -> list[Accepted]:
+        """The accept read-back [n (R), committed grid (R x (G + 1)), log-probs (C)] -> per request."""
+        width, R = self.gamma + 1, len(eligible)
+        accepted, tokens, values = split_flat(host, [R, R * width, sum(a + 1 for a in eligible)])
+        out, offset = [], 0
+        for r, a in enumerate(eligible):
+            n = int(accepted[r])
+            out.append(Accepted([int(t) for t in tokens[r * width: r * width + n + 1]], values[offset: offset + n + 1],
+                                n + 1))
+            offset += a + 1
+        return out
+
+    @staticmethod
+    def _sampled_rows(params: list[SamplingParams], row_starts: list[int], verify_lens: list[int]):
+        """Host: the logits rows of sampled (non-greedy) requests and each row's parameters."""
         rows, row_params = [], []
-        for p, start, v in zip(params, row_starts, proposal.verify_lens):
+        for p, start, v in zip(params, row_starts, verify_lens):
             if not is_greedy(p):
                 rows.extend(range(start, start + v + 1))
                 row_params.extend([p] * (v + 1))
-        if not rows:
+        return rows, row_params
+
+    @staticmethod
+    def _target_probs(logits, index: torch.Tensor, row_params: list[SamplingParams]):
+        """P rows: the request's filtered sampling distribution; greedy rows keep logits (argmax only)."""
+        if not row_params:
             return logits
         target = logits.clone()
-        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
         target[index] = filtered_probs(logits[index], row_params)
         return target
 
     @staticmethod
-    def _logprobs(logits, row_starts: list[int], committed: list[list[int]]) -> list[list[float]]:
-        """Log-probability of each committed token under the unmodified target distribution."""
-        rows = [start + j for start, toks in zip(row_starts, committed) for j in range(len(toks))]
-        flat = [t for toks in committed for t in toks]
-        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-        picked = torch.log_softmax(logits[index], -1).gather(1, torch.tensor(flat, device=logits.device)[:, None])
-        values, out = picked[:, 0].tolist(), []
-        for toks in committed:
-            out.append(values[: len(toks)])
-            values = values[len(toks):]
-        return out
+    def _logprobs(logits, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[C] log-probability of tokens[i] at logits row rows[i], under the unmodified target
+        distribution (each row normalised on its own, as the plain sampler does)."""
+        return torch.log_softmax(logits[rows], -1).gather(1, tokens[:, None])[:, 0]
 
     def _record(self, proposal: Proposal, accepted: list[int]) -> None:
         """Drafted blocks for STS fitting (`sglaunch fit-sts`), when SGLAUNCH_DSPARK_RECORD_PATH is set."""
         if self.record_path is None or proposal.block.conf_logits is None:
             return
         lines = [json.dumps({"confidence_logits": logits, "accepted": n, "verified": v})
-                 for logits, n, v in zip(proposal.block.conf_logits.tolist(), accepted, proposal.accept_lens.tolist())]
+                 for logits, n, v in zip(proposal.block.conf_logits.tolist(), accepted, proposal.planned_accepts)]
         with open(self.record_path, "a", encoding="utf-8") as file:
             file.write("\n".join(lines) + "\n")
 

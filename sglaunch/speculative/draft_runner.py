@@ -20,6 +20,7 @@ from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.kv_pool import kv_bytes_per_token
 from sglaunch.engine.step import DraftStepInput
 from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftKVPool
+from sglaunch.speculative.transfer import to_device
 
 
 class DraftRunner:
@@ -54,28 +55,29 @@ class DraftRunner:
     @torch.inference_mode()
     def forward(self, step: DraftStepInput, page_size: int) -> BlockOutput:
         """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
-        anchors = torch.tensor(step.anchor_tokens, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(step.anchor_positions, dtype=torch.int64)
+        host = [torch.tensor(step.anchor_tokens, dtype=torch.int64),
+                torch.tensor(step.anchor_positions, dtype=torch.int64),
+                context_slots(step.page_tables, step.anchor_positions, page_size)]
+        anchors, positions, slot_table = to_device(host, self.device)  # one non-blocking copy
         width = self.drafter.config.num_features * self.drafter.config.hidden_size
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         batch = DraftBatch(
-            anchor_tokens=anchors, anchor_positions=positions.to(self.device),
+            anchor_tokens=anchors, anchor_positions=positions,
             ctx_features=torch.empty(0, width, device=self.device), ctx_positions=empty, ctx_slots=empty,
-            slot_table=context_slots(step.page_tables, positions, page_size).to(self.device),
-            ctx_lens=positions.to(self.device),
+            slot_table=slot_table, ctx_lens=positions,
         )
         return self.drafter.forward_block(batch, self.pool)
 
 
-def context_slots(page_tables: list[list[int]], lengths: torch.Tensor, page_size: int) -> torch.Tensor:
-    """[batch, max(lengths)] pool slot of each context position (padding: a valid slot, masked)."""
-    batch, width = len(page_tables), int(lengths.max()) if len(page_tables) else 0
+def context_slots(page_tables: list[list[int]], lengths: list[int], page_size: int) -> torch.Tensor:
+    """[batch, max(lengths)] pool slot of each context position (padding: a valid slot, masked).
+    Host lists in, a CPU tensor out (no device tensor is read)."""
+    batch, width = len(page_tables), max(lengths, default=0)
     most_pages = max((len(t) for t in page_tables), default=0)
-    table = torch.zeros(batch, max(1, most_pages), dtype=torch.int64)  # [batch, pages]
-    for b, pages in enumerate(page_tables):
-        table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int64)
+    table = torch.tensor([pages + [0] * (max(1, most_pages) - len(pages)) for pages in page_tables],
+                         dtype=torch.int64).view(batch, max(1, most_pages))  # [batch, pages]
     j = torch.arange(width)[None, :].expand(batch, width)  # [batch, width]
-    pos = torch.minimum(j, (lengths - 1).clamp_min(0)[:, None])
+    pos = torch.minimum(j, (torch.tensor(lengths, dtype=torch.int64) - 1).clamp_min(0)[:, None])
     return table.gather(1, pos // page_size) * page_size + pos % page_size
 
 

@@ -12,6 +12,10 @@ window_r} a_{r,j}) expected committed tokens.
   then each request gets its share of a top-K by *current* survival, ties broken by position
   then request (value-independent). Windows are prefixes because survival is non-increasing.
 - Without an SPS table nothing is trimmed: every request verifies its whole block.
+- Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
+  target's verify CUDA graph is keyed on the step's TOTAL tokens rounded up to a captured tier,
+  so the rows between the planned total and that tier run anyway as padding. Rounding the
+  budget up to the tier turns them into the next-best drafts by survival instead.
 
 Host parts are torch-free; `DSparkPlanner.allocate` runs on the device (kernels.py).
 """
@@ -66,6 +70,17 @@ def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: Sps
     return best_k
 
 
+def align_to_tier(budget: int, fixed_tokens: int, max_budget: int, tiers: Sequence[int]) -> int:
+    """The budget K rounded up so that fixed_tokens + K (the step's verify tokens: prefill rows,
+    one anchor per request, then the drafts) fills the smallest captured tier >= it, never over
+    max_budget (drafts that exist). A budget of 0 stays 0: such a step replays a decode graph."""
+    budget = min(budget, max_budget)
+    if budget <= 0:
+        return budget
+    tier = min((t for t in tiers if t >= fixed_tokens + budget), default=None)
+    return budget if tier is None else min(tier - fixed_tokens, max_budget)
+
+
 class ConfidenceRelay:
     """Per-request survivals of past steps, served `lag` steps later by request identity.
 
@@ -118,6 +133,7 @@ class DSparkPlanner:
         self.block_size, self.mode, self.sps = block_size, mode, sps
         self.temperatures = list(sts_temperatures) if sts_temperatures is not None else [1.0] * block_size
         self.relay = ConfidenceRelay(block_size, lag_steps)
+        self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
 
     def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int:
         """Host: K for this step from survivals lagged N steps (no device sync)."""
@@ -126,19 +142,33 @@ class DSparkPlanner:
         lagged = self.relay.lagged(request_ids)
         return choose_budget((a for row in lagged for a in row), len(request_ids), self.sps, extra_tokens)
 
-    def allocate(self, conf_logits, budget: int, active=None):
-        """Device: current survivals [R, G] and windows [R] (int32) from raw confidence logits."""
+    def allocate(self, conf_logits, budget: int, active=None, caps=None):
+        """Device: current survivals [R, G] and windows [R] (int32) from raw confidence logits.
+        caps [R] (optional): drafts a request can take at most; candidates past its cap are
+        ranked below every other, so the budget goes to drafts that will be verified."""
         import torch
 
         from sglaunch.speculative import kernels
 
-        temps = torch.tensor(self.temperatures, dtype=torch.float32, device=conf_logits.device)
-        surv = kernels.survival(conf_logits, temps)
+        surv = kernels.survival(conf_logits, self.device_temperatures(conf_logits.device))
         if active is None:
             active = torch.ones(conf_logits.shape[0], dtype=torch.bool, device=conf_logits.device)
         if self.mode == "static":
             return surv, torch.full_like(active, self.block_size, dtype=torch.int32)
-        return surv, kernels.topk_windows(surv, active, budget)
+        ranked = surv
+        if caps is not None:
+            slot = torch.arange(surv.shape[1], device=surv.device)
+            ranked = torch.where(slot[None, :] < caps[:, None], surv, torch.full_like(surv, -1.0))
+        return surv, kernels.topk_windows(ranked, active, budget)
+
+    def device_temperatures(self, device):
+        """The STS temperatures [G] (float32) on `device`, copied there once."""
+        import torch
+
+        key = (str(device), tuple(self.temperatures))  # NOTE: new temperatures get a new copy
+        if key not in self._device_temperatures:
+            self._device_temperatures[key] = torch.tensor(self.temperatures, dtype=torch.float32).to(device)
+        return self._device_temperatures[key]
 
     def observe(self, request_ids: Sequence[Any], survival: Any) -> None:
         """Record this step's survivals (copy to host non-blocking first) for use `lag` steps later."""

@@ -1,0 +1,323 @@
+"""The host-sync budget of a DSpark step, guarded on the CPU; graph-tier alignment of the compact
+budget with a fake tier list; `profile-sps --attention-backend / --disable-cuda-graph` plumbing.
+
+Budget (what tests/gpu/test_kernels_gpu.py checks with CUDA's sync debug mode on a GPU): per step
+ONE device-to-host read-back after planning and ONE after accepting, nothing else converts a
+tensor to host values in `sglaunch/`; host-built inputs go down through `transfer.to_device`, one
+packed copy per phase (the draft forward, the sampling inputs, the accept row layout). On the CPU
+every tensor is a host tensor, so the test counts *conversion points* instead: Tensor.tolist /
+item / cpu / numpy / int() / float() / bool() / index(), `.to(<device>)` and
+`torch.tensor(..., device=...)`, each by its innermost repository frame. Frames in `kernels/`
+are the torch references the CPU falls back to (the GPU runs the Triton kernels); they are
+reported, not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dspark_helpers import GAMMA, engine_config, prompts
+from sglaunch.engine.interface import GenerateRequest, SamplingParams
+from sglaunch.engine.launch import create_engine, run_requests
+from sglaunch.speculative import transfer
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERSIONS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+PLANNING_READ_BACK = ("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()")
+ACCEPT_READ_BACK = ("sglaunch/speculative/decoder.py", "pack_flat([result.num_accepted")
+ONE_COPY_DOWN = ("sglaunch/speculative/transfer.py", "buffer.to(device, non_blocking=True)")
+
+
+def site() -> tuple[str, int, str]:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(ROOT) and not path.is_relative_to(ROOT / "tests"):
+            return str(path.relative_to(ROOT)), frame.lineno, (frame.line or "").strip()
+    return ("<outside the repository>", 0, "")
+
+
+class Recorder:
+    """Counts conversion points and device moves while `watching` is set (inside propose/accept)."""
+
+    def __init__(self):
+        self.read_backs: Counter = Counter()
+        self.moves: Counter = Counter()
+        self.watching = False
+        self.calls: Counter = Counter()
+
+    def record(self, counter: Counter) -> None:
+        if self.watching:
+            self.watching = False  # NOTE: building the traceback must not record itself
+            try:
+                counter[site()] += 1
+            finally:
+                self.watching = True
+
+    def install(self, monkeypatch) -> None:
+        for name in CONVERSIONS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name), self.read_backs))
+        original_to = torch.Tensor.to
+
+        def to(tensor, *args, **kwargs):
+            if "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args):
+                self.record(self.moves)
+            return original_to(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", to)
+        original_tensor = torch.tensor
+
+        def tensor(*args, **kwargs):
+            if kwargs.get("device") is not None:
+                self.record(self.moves)
+            return original_tensor(*args, **kwargs)
+
+        monkeypatch.setattr(torch, "tensor", tensor)
+
+    def _counted(self, original, counter: Counter):
+        @functools.wraps(original)
+        def counted(tensor, *args, **kwargs):
+            self.record(counter)
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    def wrap(self, name: str, function):
+        def watched(*args, **kwargs):
+            self.calls[name] += 1
+            self.watching = True
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.watching = False
+
+        return watched
+
+
+def mixed_requests(batch: list[list[int]], tag: str, new_tokens: int = 14) -> list[GenerateRequest]:
+    """Greedy and seeded sampled requests (the sampled ones take the target-probs path)."""
+    out = []
+    for i, prompt in enumerate(batch):
+        params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0 if i % 2 == 0 else 0.8, top_p=0.9,
+                                seed=40 + i, ignore_eos=True)
+        out.append(GenerateRequest(f"{tag}-{i}", tuple(prompt), params))
+    return out
+
+
+def outputs(engine, requests) -> dict[str, list[int]]:
+    return {rid: c.token_ids for rid, c in run_requests(engine, requests).items()}
+
+
+def described(counter: Counter) -> str:
+    return "; ".join(f"{f}:{line} x{n} `{text}`" for (f, line, text), n in counter.items())
+
+
+def test_one_read_back_after_planning_and_one_after_accept(dspark_files, monkeypatch):
+    # NOTE: imported here: importing them imports triton, which tests/speculative/test_kernels.py
+    # needs to import itself after setting TRITON_INTERPRET (collection runs every module first)
+    from sglaunch.speculative import decoder as decoder_module
+    from sglaunch.speculative import draft_runner as draft_runner_module
+
+    # NOTE: no radix cache, so both runs schedule alike (sampled output depends on the batch's plan)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+                           disable_radix_cache=True)
+    batch = prompts(6, seed=21)
+    engine, cluster = create_engine(config)
+    try:
+        expected = outputs(engine, mixed_requests(batch, "plain-copies"))
+        recorder = Recorder()
+        # NOTE: the packed one-copy path of a CUDA device, exercised on the CPU (no pinning there)
+        packed = functools.partial(transfer.to_device, pack=True)
+        copies = Counter()
+
+        def counted_to_device(tensors, device, **kwargs):
+            copies["to_device"] += 1
+            return packed(tensors, device)
+
+        monkeypatch.setattr(decoder_module, "to_device", counted_to_device)
+        monkeypatch.setattr(draft_runner_module, "to_device", counted_to_device)
+        engine.spec.propose = recorder.wrap("propose", engine.spec.propose)
+        engine.spec.accept = recorder.wrap("accept", engine.spec.accept)
+        recorder.install(monkeypatch)
+        got = outputs(engine, mixed_requests(batch, "packed-copies"))
+        monkeypatch.undo()
+    finally:
+        cluster.stop(engine)
+    steps = recorder.calls["propose"]
+    assert steps > 3 and recorder.calls["accept"] == steps
+    assert list(got.values()) == list(expected.values())  # packing changes nothing, seeded sampling included
+    ours = Counter({s: n for s, n in recorder.read_backs.items() if s[0].startswith("sglaunch/")})
+    by_text = {(f, text): n for (f, _, text), n in ours.items()}
+    allowed = {key: n for key, n in by_text.items() if any(key[0] == f and t in key[1]
+                                                           for f, t in (PLANNING_READ_BACK, ACCEPT_READ_BACK))}
+    assert len(allowed) == 2 and len(ours) == 2, f"read-backs in sglaunch/: {described(ours)}"
+    assert sorted(allowed.values()) == [steps, steps], f"one of each per step: {described(ours)}"
+    moves = Counter({s: n for s, n in recorder.moves.items() if s[0].startswith("sglaunch/speculative/")})
+    assert len(moves) == 1 and all(f == ONE_COPY_DOWN[0] and ONE_COPY_DOWN[1] in text for f, _, text in moves), \
+        f"device moves: {described(moves)}"
+    # draft forward + sampling inputs per proposal, the row layout per accept: one copy each
+    assert sum(moves.values()) == copies["to_device"] == 3 * steps
+
+
+def test_recording_converts_only_when_a_record_path_is_set(dspark_files, monkeypatch, tmp_path):
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"])
+    engine, cluster = create_engine(config)
+    try:
+        outputs(engine, mixed_requests(prompts(2, seed=5), "warm", 6))
+        assert engine.spec.record_path is None
+        recorder = Recorder()
+        engine.spec.accept = recorder.wrap("accept", engine.spec.accept)
+        recorder.install(monkeypatch)
+        outputs(engine, mixed_requests(prompts(3, seed=6), "off", 8))
+        monkeypatch.undo()
+        assert not [s for s in recorder.read_backs if "_record" in s[2] or "conf_logits" in s[2]]
+        engine.spec.record_path = str(tmp_path / "blocks.jsonl")
+        outputs(engine, mixed_requests(prompts(3, seed=6), "on", 8))
+        assert (tmp_path / "blocks.jsonl").read_text().count("\n") > 0
+    finally:
+        cluster.stop(engine)
+
+
+# ----------------------------------------------------------------------------- graph tiers
+
+
+TIERS = (10, 14, 18, 22, 27, 36, 50, 70, 90)  # NOTE: none is a point of the steep SPS table
+
+
+class StepLog:
+    """Per DSpark step: fixed tokens (prefill rows + anchors), verified drafts, drafts reachable."""
+
+    def __init__(self, spec):
+        self.rows: list[tuple[int, int, int]] = []
+        propose = spec.propose
+
+        def logged(chunks, generators, extra_tokens, run_draft, verify_tiers=()):
+            proposal = propose(chunks, generators, extra_tokens, run_draft, verify_tiers)
+            reachable = sum(min(c.lookahead, GAMMA) for c in chunks)
+            self.rows.append((extra_tokens + len(chunks), sum(proposal.verify_lens), reachable))
+            return proposal
+
+        spec.propose = logged
+
+
+def run_logged(config, requests):
+    engine, cluster = create_engine(config)
+    try:
+        log = StepLog(engine.spec)
+        out = outputs(engine, requests)
+        return out, log.rows, engine.spec.stats.to_dict()
+    finally:
+        cluster.stop(engine)
+
+
+def aligned(config, on: bool = True):
+    return dataclasses.replace(config, speculative=dataclasses.replace(config.speculative,
+                                                                       align_verify_tokens_to_graph_tier=on))
+
+
+def greedy_requests(batch, tag):
+    return [GenerateRequest(f"{tag}-{i}", tuple(p), SamplingParams(max_new_tokens=16, temperature=0.0,
+                                                                   ignore_eos=True)) for i, p in enumerate(batch)]
+
+
+def test_align_verify_tokens_to_graph_tier_fills_the_tier(dspark_files, monkeypatch):
+    from sglaunch.engine.model_runner import ModelRunner
+
+    base = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"])
+    batch = prompts(7, seed=31)
+    plain_out, plain_rows, plain_stats = run_logged(base, greedy_requests(batch, "g"))
+    # a CPU has no graphs, so no tiers: the option changes nothing
+    out, rows, stats = run_logged(aligned(base), greedy_requests(batch, "g"))
+    assert (out, rows) == (plain_out, plain_rows)
+    monkeypatch.setattr(ModelRunner, "verify_token_tiers", property(lambda self: TIERS))
+    off_out, off_rows, _ = run_logged(base, greedy_requests(batch, "g"))
+    assert (off_out, off_rows) == (plain_out, plain_rows)  # tiers without the option: nothing changes
+    on_out, on_rows, on_stats = run_logged(aligned(base), greedy_requests(batch, "g"))
+    assert on_out == plain_out  # lossless: more verified drafts, the same greedy tokens
+    for fixed, drafts, reachable in on_rows:
+        total = fixed + drafts
+        assert total in TIERS or drafts in (0, reachable) or total > max(TIERS), (fixed, drafts, reachable)
+    filled = sum(fixed + drafts in TIERS for fixed, drafts, _ in on_rows)
+    was = sum(fixed + drafts in TIERS for fixed, drafts, _ in plain_rows)
+    assert filled > was, (on_rows, plain_rows)
+    assert on_stats["verify_tokens_per_step"] > plain_stats["verify_tokens_per_step"]
+
+
+def test_cap_accept_ignores_tiers(dspark_files, monkeypatch):
+    from sglaunch.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(ModelRunner, "verify_token_tiers", property(lambda self: TIERS))
+    batch = prompts(4, seed=32)
+    base = engine_config(dspark_files["target"], dspark_files["oracle"], "cap-accept", sps=dspark_files["sps"])
+    on = run_logged(aligned(base), greedy_requests(batch, "c"))
+    assert on[:2] == run_logged(base, greedy_requests(batch, "c"))[:2]  # the option acts in compact mode only
+
+
+# ----------------------------------------------------------------------------- profile-sps options
+
+
+class Captured(Exception):
+    pass
+
+
+@pytest.fixture
+def captured_configs(monkeypatch):
+    import os
+
+    import sglaunch.engine.launch as launch
+    from sglaunch.engine.model_runner import VERIFY_WINDOW_ENV
+
+    seen = []
+
+    def fake_create_engine(config):
+        seen.append((config, os.environ.get(VERIFY_WINDOW_ENV)))
+        raise ValueError("stopped by the test before booting")
+
+    monkeypatch.setattr(launch, "create_engine", fake_create_engine)
+    return seen
+
+
+def profile(target, *args):
+    from sglaunch.cli.app import app
+
+    return CliRunner().invoke(app, ["profile-sps", "--model-path", str(target), "--tokens", "1,4", "--window", "5",
+                                    *args])
+
+
+def test_profile_sps_passes_backend_and_graph_options(dspark_files, captured_configs):
+    import os
+
+    from sglaunch.engine.model_runner import VERIFY_WINDOW_ENV
+
+    target = dspark_files["target"]
+    result = profile(target, "--device", "cpu", "--attention-backend", "torch", "--disable-cuda-graph")
+    assert result.exit_code == 2 and "stopped by the test" in result.output
+    config, window = captured_configs[-1]
+    assert (config.attention_backend, config.disable_cuda_graph, window) == ("torch", True, "5")
+    assert VERIFY_WINDOW_ENV not in os.environ  # set for the engine's start-up only
+    profile(target, "--device", "cpu")
+    assert (captured_configs[-1][0].attention_backend, captured_configs[-1][0].disable_cuda_graph) == ("torch", False)
+    # as serve: FlashInfer that cannot run here falls back to torch, saying why
+    result = profile(target, "--device", "cpu", "--attention-backend", "flashinfer")
+    assert captured_configs[-1][0].attention_backend == "torch" and "CPU device" in result.output
+    bad = profile(target, "--device", "cpu", "--attention-backend", "fa3")
+    assert bad.exit_code == 2 and len(captured_configs) == 3
+
+
+def test_profile_sps_resolves_auto_like_serve(dspark_files, captured_configs, monkeypatch):
+    import sglaunch.checks.engine as engine_checks
+    import sglaunch.checks.resolve as resolve
+
+    for module in (resolve, engine_checks):  # a CUDA machine where FlashInfer can run
+        monkeypatch.setattr(module, "flashinfer_unusable", lambda ctx: None)
+    profile(dspark_files["target"], "--device", "cuda", "--dtype", "bfloat16")
+    assert captured_configs[-1][0].attention_backend == "flashinfer"
+    profile(dspark_files["target"], "--device", "cuda", "--dtype", "bfloat16", "--attention-backend", "torch")
+    assert captured_configs[-1][0].attention_backend == "torch"
