@@ -14,8 +14,8 @@
 #   DISABLE_CUDA_GRAPH  1: benchmarks run the engine without CUDA graphs
 #   T_KERNELS T_PYTEST T_DECODE T_SPS T_SWEEP   per-part limits in seconds (default 90 90 145 40
 #                       180: 9.1 min at most; about 6-7 min expected)
-# OUT receives at most 5 files: run.log (every part's output, concatenated), summary.txt,
-# gpu_decode.json, sps_smollm2.json, dspark_sweep.json. Exit 0 when every part exited 0.
+# OUT receives at most 6 files: run.log (every part's output, concatenated), summary.txt,
+# gpu_decode.json, sps_smollm2.json, dspark_sweep.json, flashinfer_cache.tgz (FI_CACHE_IN=it next time). Exit 0 when every part exited 0.
 set -u
 if [ $# -ne 4 ]; then
   echo "usage: bash benchmarks/gpu_run.sh OUT SMOLLM2_DIR DRAFTER_DIR PROMPTS_JSONL" >&2
@@ -49,6 +49,23 @@ part() {  # part NAME LIMIT_S COMMAND...: run it under `timeout`, append its out
   [ "$rc" -eq 124 ] && rc="124 (timed out)"
   STATUS+=$(printf '%-15s exit %-16s %4d s' "$name" "$rc" "$took")$'\n'
   [ "$rc" = 0 ] || FAILED=1
+}
+
+# FlashInfer's JIT cache: compiling one head layout takes 65-90 s on the H200, so a run can start
+# from the cache an earlier run brought back (FI_CACHE_IN=flashinfer_cache.tgz) and brings its
+# own back as OUT/flashinfer_cache.tgz when it fits what a call returns (16 MiB).
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}
+mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+if [ -n "${FI_CACHE_IN:-}" ] && [ -f "$FI_CACHE_IN" ]; then
+  tar -xzf "$FI_CACHE_IN" -C "$FLASHINFER_WORKSPACE_BASE" && echo "FlashInfer JIT cache restored from $FI_CACHE_IN"
+fi
+save_fi_cache() {
+  (cd "$FLASHINFER_WORKSPACE_BASE" && [ -d .cache ] && tar -czf "$TMP/fi.tgz" .cache) || return 0
+  if [ "$(stat -c %s "$TMP/fi.tgz")" -le $((15 * 1024 * 1024)) ]; then
+    cp "$TMP/fi.tgz" "$OUT/flashinfer_cache.tgz"
+  else
+    echo "FlashInfer JIT cache is $(du -h "$TMP/fi.tgz" | cut -f1) compressed: not brought back" | tee -a "$LOG"
+  fi
 }
 
 ATTN=${ATTN:-torch}
@@ -104,4 +121,5 @@ except Exception as exc:
 EOF
 } > "$SUMMARY" 2>&1
 cat "$SUMMARY" | tee -a "$LOG"
+save_fi_cache
 exit "$FAILED"
