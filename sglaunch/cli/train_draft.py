@@ -72,7 +72,7 @@ def train_draft(
     fit_sts: Annotated[bool, typer.Option("--fit-sts", help="Fit the STS calibration file on the evaluation blocks.")] = False,
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Only generate (and cache) the target's responses, then stop.")] = False,
     time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
-    train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the first 20 steps' speed (overrides --epochs/--max-steps).")] = None,
+    train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the speed of steps 6-25 (overrides --epochs/--max-steps).")] = None,
     gen_batch: Annotated[Optional[int], typer.Option(help="Requests the engine decodes at once while generating responses (default: 256 on cuda, 32 on cpu).")] = None,
     as_json: JsonOption = False,
 ) -> None:

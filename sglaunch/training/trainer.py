@@ -165,7 +165,7 @@ class Trainer:
         steps = math.ceil(len(self.samples) * a.epochs / micro)
         self.total_steps = max(1, a.max_steps if a.max_steps is not None else steps)
         if a.train_minutes is not None:  # provisional, until fit_steps_to_budget has timed the first steps
-            self.total_steps = CALIBRATION_STEPS * 50
+            self.total_steps = (CALIBRATION_WARMUP + CALIBRATION_STEPS) * 40
         # NOTE: the lambda reads total_steps each call, so a --train-minutes calibration reshapes the schedule
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: cosine(s, max(1, round(self.total_steps * a.warmup_fraction)), self.total_steps))
@@ -256,14 +256,18 @@ class Trainer:
         """Run to total_steps -> the final drafter folder; None when the time limit stopped it first."""
         a = self.args
         start = time.monotonic()
-        first_step = self.step
+        first_step, warm_at = self.step, 0.0
         with self.bars() as bars:
             task = bars.add_task("training drafter", total=self.total_steps, completed=self.step, loss="")
             while self.step < self.total_steps:
                 row = self.train_step()
                 row["elapsed_s"] = round(time.monotonic() - start, 2)
-                if a.train_minutes is not None and not self.calibrated and self.step - first_step >= CALIBRATION_STEPS:
-                    self.fit_steps_to_budget(row["elapsed_s"], self.step - first_step)
+                done = self.step - first_step
+                if a.train_minutes is not None and not self.calibrated:
+                    if done == CALIBRATION_WARMUP:
+                        warm_at = row["elapsed_s"]
+                    elif done >= CALIBRATION_WARMUP + CALIBRATION_STEPS:
+                        self.fit_steps_to_budget(row["elapsed_s"], row["elapsed_s"] - warm_at, CALIBRATION_STEPS)
                     bars.update(task, total=self.total_steps)
                 bars.update(task, completed=self.step, loss=f"loss {row.get('loss', float('nan')):.4f}")
                 if self.step % a.log_every == 0 or self.step == self.total_steps or self.step == 1:
@@ -277,13 +281,15 @@ class Trainer:
         self.save_checkpoint()
         return self.save_final()
 
-    def fit_steps_to_budget(self, elapsed: float, steps: int) -> None:
-        """--train-minutes: fix total_steps from the speed of the first steps (the cosine schedule
-        then ends when the budget does); fixed once, saved in checkpoints, so --resume keeps it."""
-        budget = self.args.train_minutes * 60.0
-        self.total_steps = max(self.step + 1, int(budget * steps / max(elapsed, 1e-6)))
+    def fit_steps_to_budget(self, elapsed: float, timed: float, steps: int) -> None:
+        """--train-minutes: fix total_steps so that the run ends when the budget does, from the
+        speed of `steps` steps taken after CALIBRATION_WARMUP warm-up steps (the first steps are
+        slower: allocator and kernel warm-up), the cosine schedule following; fixed once and
+        saved in checkpoints, so --resume keeps it."""
+        left = self.args.train_minutes * 60.0 - elapsed
+        self.total_steps = max(self.step + 1, self.step + int(left * steps / max(timed, 1e-6)))
         self.calibrated = True
-        self.say(f"{steps} steps took {elapsed:.1f} s: training for {self.total_steps} steps "
+        self.say(f"{steps} steps took {timed:.1f} s after warm-up: training for {self.total_steps} steps "
                  f"(--train-minutes {self.args.train_minutes:g})")
 
     # ------------------------------------------------------------------ files
@@ -350,7 +356,7 @@ class Trainer:
                         TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.args.progress)
 
 
-CALIBRATION_STEPS = 20
+CALIBRATION_WARMUP, CALIBRATION_STEPS = 5, 20
 
 
 def cosine(step: int, warmup: int, total: int) -> float:
