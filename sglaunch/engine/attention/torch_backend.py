@@ -1,13 +1,20 @@
-"""Attention in plain torch (CPU and GPU): pad the ragged batch, one SDPA call per layer.
+"""Attention in plain torch (CPU and GPU): pad the ragged batch, one SDPA call per group.
 
 Per step, prepare() turns the ragged metadata into padded gather indices and a mask:
 request b's queries sit at rows [0, query_lens[b]) of a [batch, max_q] grid and its context
 at [0, kv_lens[b]) of a [batch, max_kv] grid. Query i of request b is at absolute position
 kv_lens[b] - query_lens[b] + i and sees keys j <= that position (causal within the chunk, all
 of the cached prefix).
+
+A step that mixes one-token decodes with longer chunks (prefills, verify windows) is split into
+two groups, each padded on its own: padding every decode to the longest prefill chunk would
+multiply the attention work of a busy server's steps by that chunk's length.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -16,48 +23,95 @@ from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata
 from sglaunch.engine.step import StepInput
 
 
+@dataclass
+class PaddedGroup:
+    """Some of the step's requests, padded to their own longest query and context."""
+
+    tokens: torch.Tensor | None  # [n] rows of the step's flat tokens (None: all of them, in order)
+    batch: int
+    max_q: int
+    q_rows: torch.Tensor  # [n] row of each query in the flat [batch * max_q] grid
+    kv_slots: torch.Tensor  # [batch, max_kv] pool rows of each request's context, padding clamped
+    mask: torch.Tensor  # [batch, 1, max_q, max_kv]; padded query rows still see key 0 (no NaN rows)
+
+
 class TorchAttentionBackend(AttentionBackend):
     def prepare(self, step: StepInput) -> RaggedMetadata:
         meta = super().prepare(step)
-        batch, max_q, max_kv = len(step.query_lens), meta.max_query_len, meta.max_kv_len
-        page_size = self.kv_pool.page_size
-        # q_rows: [num_tokens] row of each flat query token in the flattened [batch * max_q] grid
-        owner = torch.repeat_interleave(torch.arange(batch, device=self.device), meta.query_lens)
-        index_in_req = torch.arange(len(step.input_ids), device=self.device) - meta.qo_indptr[owner]
-        self.q_rows = owner * max_q + index_in_req
-        # kv_slots: [batch, max_kv] pool rows of each request's context, padding clamped
-        j = torch.arange(max_kv, device=self.device)
-        page_pos = torch.minimum(j[None, :] // page_size, (meta.page_indptr[1:] - meta.page_indptr[:-1] - 1)[:, None])
-        pages = meta.page_indices[meta.page_indptr[:-1, None] + page_pos]
-        self.kv_slots = pages * page_size + j[None, :] % page_size
-        # mask: [batch, 1, max_q, max_kv]; padded query rows still see key 0 (no NaN rows)
-        query_pos = (meta.kv_lens - meta.query_lens)[:, None] + torch.arange(max_q, device=self.device)[None, :]
-        self.mask = (j[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-        self.batch, self.max_q = batch, max_q
+        lens = step.query_lens
+        decode = [i for i, n in enumerate(lens) if n == 1]
+        if 0 < len(decode) < len(lens):
+            rest = [i for i, n in enumerate(lens) if n != 1]
+            self.groups = [self._group(step, meta, decode), self._group(step, meta, rest)]
+        else:
+            self.groups = [self._group(step, meta, None)]
         return meta
+
+    def _group(self, step: StepInput, meta: RaggedMetadata, reqs: list[int] | None) -> PaddedGroup:
+        dev, page_size = self.device, self.kv_pool.page_size
+        tokens = None
+        if reqs is None:
+            reqs = list(range(len(step.query_lens)))
+            req_t = None
+        else:
+            starts = [0, *accumulate(step.query_lens)]
+            tokens = torch.tensor([t for r in reqs for t in range(starts[r], starts[r + 1])], dtype=torch.int64,
+                                  device=dev)
+            req_t = torch.tensor(reqs, dtype=torch.int64, device=dev)
+
+        def pick(x: torch.Tensor) -> torch.Tensor:
+            return x if req_t is None else x.index_select(0, req_t)
+
+        q_lens, kv_lens = pick(meta.query_lens), pick(meta.kv_lens)
+        page_start = pick(meta.page_indptr[:-1])
+        page_count = pick(meta.page_indptr[1:]) - page_start
+        batch = len(reqs)
+        max_q = max(step.query_lens[r] for r in reqs)
+        max_kv = max(step.kv_lens[r] for r in reqs)
+        owner = torch.repeat_interleave(torch.arange(batch, device=dev), q_lens)
+        local_qo = torch.cumsum(q_lens, 0) - q_lens  # [batch] first flat row of each request
+        index_in_req = torch.arange(owner.shape[0], device=dev) - local_qo[owner]
+        j = torch.arange(max_kv, device=dev)
+        page_pos = torch.minimum(j[None, :] // page_size, (page_count - 1)[:, None])
+        pages = meta.page_indices[page_start[:, None] + page_pos]
+        query_pos = (kv_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]
+        return PaddedGroup(
+            tokens=tokens, batch=batch, max_q=max_q, q_rows=owner * max_q + index_in_req,
+            kv_slots=pages * page_size + j[None, :] % page_size,
+            mask=(j[None, None, :] <= query_pos[:, :, None]).unsqueeze(1),
+        )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.kv_pool.write(layer, self.meta.out_slots, k, v)
-        keys = self._gather(self.kv_pool.k[layer], q.dtype)  # [batch, max_kv, kv_heads, head_dim]
-        values = self._gather(self.kv_pool.v[layer], q.dtype)
-        if self.max_q == 1:  # pure decode: every request has exactly one query row
+        if len(self.groups) == 1:
+            return self._attend(self.groups[0], layer, q)
+        out = torch.empty_like(q)
+        for group in self.groups:
+            out.index_copy_(0, group.tokens, self._attend(group, layer, q.index_select(0, group.tokens)))
+        return out
+
+    def _attend(self, g: PaddedGroup, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q: the group's queries [n, heads, head_dim] -> [n, heads, head_dim]."""
+        keys = self._gather(g, self.kv_pool.k[layer], q.dtype)  # [batch, max_kv, kv_heads, head_dim]
+        values = self._gather(g, self.kv_pool.v[layer], q.dtype)
+        if g.max_q == 1:  # pure decode: every request has exactly one query row
             q_pad = q.unsqueeze(1)
         else:
-            q_pad = q.new_zeros(self.batch * self.max_q, self.num_heads, self.head_dim)
-            q_pad[self.q_rows] = q
-            q_pad = q_pad.view(self.batch, self.max_q, self.num_heads, self.head_dim)
+            q_pad = q.new_zeros(g.batch * g.max_q, self.num_heads, self.head_dim)
+            q_pad[g.q_rows] = q
+            q_pad = q_pad.view(g.batch, g.max_q, self.num_heads, self.head_dim)
         out = F.scaled_dot_product_attention(
             q_pad.transpose(1, 2),  # [batch, heads, max_q, head_dim]
             keys.transpose(1, 2),  # [batch, kv_heads, max_kv, head_dim]
             values.transpose(1, 2),
-            attn_mask=self.mask,
+            attn_mask=g.mask,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [batch, heads, max_q, head_dim]
-        out = out.transpose(1, 2).reshape(self.batch * self.max_q, self.num_heads, self.head_dim)
-        return out if self.max_q == 1 else out[self.q_rows]  # [num_tokens, heads, head_dim]
+        out = out.transpose(1, 2).reshape(g.batch * g.max_q, self.num_heads, self.head_dim)
+        return out if g.max_q == 1 else out[g.q_rows]  # [n, heads, head_dim]
 
-    def _gather(self, buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _gather(self, g: PaddedGroup, buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # NOTE: index_select on the flat slot list; 2-D advanced indexing is ~100x slower on CPU
-        rows = buffer.index_select(0, self.kv_slots.view(-1))  # [batch * max_kv, kv_heads, head_dim]
-        return rows.view(self.batch, -1, self.num_kv_heads, self.head_dim).to(dtype)
+        rows = buffer.index_select(0, g.kv_slots.view(-1))  # [batch * max_kv, kv_heads, head_dim]
+        return rows.view(g.batch, -1, self.num_kv_heads, self.head_dim).to(dtype)
