@@ -36,11 +36,13 @@ class PaddedGroup:
 
 
 class TorchAttentionBackend(AttentionBackend):
+    split_mixed_steps = True  # False: one padded group for every step (benchmarks/torch_attention_mixed.py)
+
     def prepare(self, step: StepInput) -> RaggedMetadata:
         meta = super().prepare(step)
         lens = step.query_lens
         decode = [i for i, n in enumerate(lens) if n == 1]
-        if 0 < len(decode) < len(lens):
+        if self.split_mixed_steps and 0 < len(decode) < len(lens):
             rest = [i for i, n in enumerate(lens) if n != 1]
             self.groups = [self._group(step, meta, decode), self._group(step, meta, rest)]
         else:
