@@ -35,19 +35,25 @@ def sample(
         for row, i in enumerate(random_rows):
             tokens[i] = torch.multinomial(probs[row], 1, generator=generators[i])[0]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens.tolist(), logprobs.tolist()
+    # NOTE: one read-back for both (float64 holds every token id and float32 value exactly)
+    host = torch.stack([tokens.double(), logprobs.double()]).tolist()
+    return [int(t) for t in host[0]], host[1]
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[n, vocab] probabilities after temperature, top-k, top-p and min-p."""
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    from sglaunch.speculative.transfer import to_device
+
+    device, vocab = logits.device, logits.shape[-1]
+    # the per-request settings reach the device in one non-blocking copy (pinned on CUDA)
+    temperature, top_k, top_p, min_p = (t[:, None] for t in to_device([
+        torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], dtype=torch.int64),
+        torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        torch.tensor([p.min_p for p in params], dtype=torch.float32)], device))
     probs = torch.softmax(logits / temperature, dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [n, vocab]
-    rank = torch.arange(probs.shape[-1], device=device)[None, :]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params], device=device)[:, None]
-    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
-    min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+    rank = torch.arange(vocab, device=device)[None, :]
     # NOTE: a token is dropped when the mass *before* it already reaches top_p; the first
     # token always survives, so no row ends up empty
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
