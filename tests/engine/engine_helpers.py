@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
 
 import torch
 import transformers
 
 from sglaunch.config import EngineConfig
+from sglaunch.engine.step import StepInput
 
 TINY = dict(
     vocab_size=256,
@@ -77,3 +79,20 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
         do_sample=False, pad_token_id=pad,
     )
     return out[:, width:].tolist()
+
+
+def random_step(query_lens: list[int], kv_lens: list[int], page_size: int, num_pages: int, seed: int = 0) -> StepInput:
+    """A ragged step (request b: query_lens[b] new tokens, kv_lens[b] in all) whose page tables
+    are distinct random pages < num_pages, scattered so that they are not contiguous."""
+    rng = random.Random(seed)
+    free = rng.sample(range(num_pages), num_pages)
+    step = StepInput([], [], [], [], [], [])
+    for q, kv in zip(query_lens, kv_lens):
+        assert 1 <= q <= kv
+        step.input_ids += [rng.randrange(256) for _ in range(q)]
+        step.positions += list(range(kv - q, kv))
+        step.query_lens.append(q)
+        step.kv_lens.append(kv)
+        step.page_tables.append([free.pop() for _ in range(-(-kv // page_size))])
+        step.sample_indices.append(len(step.input_ids) - 1)
+    return step

@@ -3,7 +3,6 @@ a step with dummy requests, FlashInfer's plan arrays, when graphs are off, `auto
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -23,22 +22,14 @@ from sglaunch.engine.cuda_graph import (
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
+from engine_helpers import random_step
+
 PAD = 99  # padding page id in these tests
 
 
 def make_step(query_lens: list[int], kv_lens: list[int], page_size: int, seed: int = 0) -> StepInput:
     """A ragged step over distinct random pages (page ids < PAD)."""
-    rng = random.Random(seed)
-    free = rng.sample(range(PAD), PAD)
-    step = StepInput([], [], [], [], [], [])
-    for q, kv in zip(query_lens, kv_lens):
-        step.input_ids += [rng.randrange(256) for _ in range(q)]
-        step.positions += list(range(kv - q, kv))
-        step.query_lens.append(q)
-        step.kv_lens.append(kv)
-        step.page_tables.append([free.pop() for _ in range(-(-kv // page_size))])
-        step.sample_indices.append(len(step.input_ids) - 1)
-    return step
+    return random_step(query_lens, kv_lens, page_size, PAD, seed)
 
 
 def test_capture_batch_sizes():

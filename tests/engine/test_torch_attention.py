@@ -3,8 +3,6 @@ one-token decodes with prefill chunks and verify windows (split into two padded 
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -12,25 +10,14 @@ from sglaunch.engine.attention.torch_backend import TorchAttentionBackend
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
+from engine_helpers import random_step
+
 LAYOUTS = {
     "decode-only": ([1, 1, 1], [5, 40, 17]),
     "prefill-only": ([4, 30], [4, 30]),
     "mixed": ([1, 12, 1, 3, 1], [9, 12, 33, 20, 2]),
     "mixed-verify": ([8, 1, 5, 1], [60, 70, 5, 1]),
 }
-
-
-def random_step(query_lens, kv_lens, page_size, num_pages, seed):
-    rng = random.Random(seed)
-    free = rng.sample(range(num_pages), num_pages)  # scattered pages
-    step = StepInput([], [], [], [], [], [])
-    for q, kv in zip(query_lens, kv_lens):
-        step.input_ids += [0] * q
-        step.positions += list(range(kv - q, kv))
-        step.query_lens.append(q)
-        step.kv_lens.append(kv)
-        step.page_tables.append([free.pop() for _ in range(-(-kv // page_size))])
-    return step
 
 
 def reference(pool: KVPool, step: StepInput, q: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:

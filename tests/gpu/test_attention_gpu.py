@@ -18,23 +18,10 @@ from sglaunch.engine.attention.torch_backend import TorchAttentionBackend
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
+from engine_helpers import random_step
+
 MAX_ABS, MEAN_ABS, SLACK_VS_TORCH = 2e-2, 2e-3, 1e-2
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else None
-
-
-def random_step(query_lens: list[int], kv_lens: list[int], page_size: int, num_pages: int, seed: int) -> StepInput:
-    rng = random.Random(seed)
-    free = rng.sample(range(num_pages), num_pages)  # scattered pages: page tables are not contiguous
-    step = StepInput([], [], [], [], [], [])
-    for q, kv in zip(query_lens, kv_lens):
-        assert 1 <= q <= kv
-        step.input_ids += [0] * q
-        step.positions += list(range(kv - q, kv))
-        step.query_lens.append(q)
-        step.kv_lens.append(kv)
-        step.page_tables.append([free.pop() for _ in range(-(-kv // page_size))])
-        step.sample_indices.append(len(step.input_ids) - 1)
-    return step
 
 
 def layouts(seed: int = 0) -> dict[str, tuple[list[int], list[int]]]:
