@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from sglaunch.engine.interface import SamplingParams
+from sglaunch.engine.transfer import to_device
 
 GREEDY_TEMPERATURE = 1e-5
 
@@ -42,8 +43,6 @@ def sample(
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[n, vocab] probabilities after temperature, top-k, top-p and min-p."""
-    from sglaunch.speculative.transfer import to_device
-
     device, vocab = logits.device, logits.shape[-1]
     # the per-request settings reach the device in one non-blocking copy (pinned on CUDA)
     temperature, top_k, top_p, min_p = (t[:, None] for t in to_device([

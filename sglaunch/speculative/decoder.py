@@ -34,7 +34,7 @@ from sglaunch.speculative.accept import committed_grid, mode_lengths
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
 from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier
 from sglaunch.speculative.stats import SpecStats
-from sglaunch.speculative.transfer import pack_flat, pack_for_host, split_flat, to_device
+from sglaunch.engine.transfer import pack_flat, pack_for_host, split_flat, to_device
 
 logger = logging.getLogger(__name__)
 

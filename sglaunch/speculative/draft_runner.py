@@ -20,7 +20,7 @@ from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.kv_pool import kv_bytes_per_token
 from sglaunch.engine.step import DraftStepInput
 from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftKVPool
-from sglaunch.speculative.transfer import to_device
+from sglaunch.engine.transfer import to_device
 
 
 class DraftRunner:

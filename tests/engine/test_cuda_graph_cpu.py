@@ -3,7 +3,6 @@ a step with dummy requests, FlashInfer's plan arrays, when graphs are off, `auto
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -346,8 +346,9 @@ def test_compact_dspark_step_runs_the_triton_kernels(dspark_files, monkeypatch):
 # inputs go down by pinned non-blocking copies (transfer.to_device), which do not synchronise.
 ALLOWED = (("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()"),  # after planning
            ("sglaunch/speculative/decoder.py", "pack_flat([result.num_accepted"))  # after accepting
-# NOTE: sampled (non-greedy) requests still build their top-k/top-p/min-p tensors from host lists
-# in the engine's sampler (pageable copies); listed, not failed, until the sampler takes them
+# NOTE: sampled (non-greedy) requests build their top-k/top-p/min-p tensors in the engine's sampler;
+# it now moves them with one pinned copy (engine/transfer.py), but until a GPU run confirms that,
+# its syncs are listed, not failed
 KNOWN_ELSEWHERE = ("sglaunch/engine/sampler.py",)
 
 

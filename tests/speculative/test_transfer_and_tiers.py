@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglaunch.speculative.planner import DSparkPlanner, align_to_tier
-from sglaunch.speculative.transfer import pack_flat, pack_for_host, split_flat, to_device
+from sglaunch.engine.transfer import pack_flat, pack_for_host, split_flat, to_device
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,5 @@
-"""Host <-> device traffic of a DSpark step, in as few copies as the host scheduler allows.
+"""Host <-> device traffic of a step (DSpark's and the sampler's), in as few copies as the host
+scheduler allows.
 
 - `to_device`: the host-built inputs of one phase (anchors, temperatures, caps, row layouts, ...)
   packed byte-wise into ONE pinned CPU buffer and moved with ONE non-blocking copy; a pinned
