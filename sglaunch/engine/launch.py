@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from sglaunch.config import EngineConfig
 from sglaunch.engine.interface import GenerateRequest, SamplingParams, TokenOutput
@@ -123,8 +123,10 @@ class Completion:
     final: TokenOutput  # the last output (finish_reason, token counts, cached_tokens)
 
 
-def run_requests(engine, requests: Sequence[GenerateRequest]) -> dict[str, Completion]:
-    """Run requests to completion on a booted engine (all queued at once)."""
+def run_requests(engine, requests: Sequence[GenerateRequest],
+                 on_finish: Callable[[TokenOutput], None] | None = None) -> dict[str, Completion]:
+    """Run requests to completion on a booted engine (all queued at once); `on_finish` sees each
+    request's last output as it finishes (e.g. to advance a progress bar)."""
     tokens: dict[str, list[int]] = {r.rid: [] for r in requests}
     finals: dict[str, TokenOutput] = {}
 
@@ -133,6 +135,8 @@ def run_requests(engine, requests: Sequence[GenerateRequest]) -> dict[str, Compl
             tokens[out.rid].extend(out.new_token_ids)
             if out.finished:
                 finals[out.rid] = out
+                if on_finish is not None:
+                    on_finish(out)
 
     for request in requests:
         collect(engine.add_request(request))

@@ -141,34 +141,13 @@ def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, 
 
 
 def _run_with_progress(engine, requests):
-    """Run requests to completion, admitting them in waves: new prompts join only once half of
-    the running requests have finished. A step that prefills some prompts while others decode
-    is padded to its longest chunk by the torch attention backend, so fewer, larger admissions
-    keep most steps pure decode (several times faster when generating thousands of responses)."""
     from rich.progress import Progress
 
-    from sglaunch.engine.launch import Completion
+    from sglaunch.engine.launch import run_requests
 
-    wave = max(1, engine.limits.max_running_requests // 2) if hasattr(engine, "limits") else len(requests)
-    tokens: dict[str, list[int]] = {r.rid: [] for r in requests}
-    finals: dict = {}
-    queue, outstanding = list(requests), 0
     with Progress(transient=False) as bars:
         task = bars.add_task("generating responses (target)", total=len(requests))
-        while queue or engine.has_work:
-            if queue and outstanding <= wave:
-                batch, queue = queue[: 2 * wave - outstanding], queue[2 * wave - outstanding:]
-                outstanding += len(batch)
-                outputs = [out for request in batch for out in engine.add_request(request)]
-            else:
-                outputs = engine.step()
-            for out in outputs:
-                tokens[out.rid].extend(out.new_token_ids)
-                if out.finished:
-                    finals[out.rid] = out
-                    outstanding -= 1
-                    bars.update(task, advance=1)
-    return {rid: Completion(tokens[rid], finals[rid]) for rid in tokens}
+        return run_requests(engine, requests, on_finish=lambda _: bars.update(task, advance=1))
 
 
 def save_samples(samples: Sequence[Sample], path: Path) -> None:
