@@ -203,6 +203,15 @@ class DSparkAttention(nn.Module):
             k = self.k_norm(k)
         return self.rope(positions, k, k)[1], v
 
+    def block_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Block rows [N, d] -> q [N, heads, hd], k/v [N, kv_heads, hd] (q/k norm and RoPE applied)."""
+        q, k, v = self.qkv_proj(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q, k, v = q.view(-1, self.heads, self.hd), k.view(-1, self.kv_heads, self.hd), v.view(-1, self.kv_heads, self.hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor, batch: DraftBatch,
                 pool: DraftKVPool | None) -> torch.Tensor:
         if batch.groups:
@@ -211,11 +220,7 @@ class DSparkAttention(nn.Module):
         G = x.shape[0] // B
         if ctx.shape[0]:
             pool.write(self.layer, batch.ctx_slots, *self.context_kv(ctx, batch.ctx_positions))
-        q, k, v = self.qkv_proj(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
-        q, k, v = q.view(-1, self.heads, self.hd), k.view(-1, self.kv_heads, self.hd), v.view(-1, self.kv_heads, self.hd)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
+        q, k, v = self.block_qkv(x, positions)
         flat = batch.slot_table.reshape(-1)
         keys = torch.cat([pool.k[self.layer].index_select(0, flat).view(B, C, self.kv_heads, self.hd).to(q.dtype),
                           k.view(B, G, self.kv_heads, self.hd)], dim=1)  # [B, C + G, kv_heads, hd]
@@ -240,11 +245,7 @@ class DSparkAttention(nn.Module):
         S, G = N // A, x.shape[0] // N
         T = ctx.shape[0] // S
         ck, cv = self.context_kv(ctx, batch.ctx_positions)  # [S * T, kv_heads, hd]
-        q, k, v = self.qkv_proj(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
-        q, k, v = q.view(-1, self.heads, self.hd), k.view(-1, self.kv_heads, self.hd), v.view(-1, self.kv_heads, self.hd)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
+        q, k, v = self.block_qkv(x, positions)
         keys = torch.cat([ck.view(S, T, self.kv_heads, self.hd).to(q.dtype), k.view(S, A * G, self.kv_heads, self.hd)], 1)
         values = torch.cat([cv.view(S, T, self.kv_heads, self.hd).to(q.dtype), v.view(S, A * G, self.kv_heads, self.hd)], 1)
         ctx_visible = torch.arange(T, device=x.device)[None, None, :] < batch.ctx_lens.view(S, A, 1)  # [S, A, T]
