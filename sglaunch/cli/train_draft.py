@@ -74,6 +74,8 @@ def train_draft(
     time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
     train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the speed of steps 6-25 (overrides --epochs/--max-steps).")] = None,
     gen_batch: Annotated[Optional[int], typer.Option(help="Requests the engine decodes at once while generating responses (default: 256 on cuda, 32 on cpu).")] = None,
+    extra_text: Annotated[Optional[list[Path]], typer.Option(help="Plain-text file (.txt or .txt.gz) cut into --max-length pieces and trained beside the responses; repeatable.")] = None,
+    extra_text_max_seqs: Annotated[Optional[int], typer.Option(help="Use at most this many --extra-text pieces (a seeded subset).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train a DSpark drafter on the target's own responses; write drafter/, eval.json and sts.json."""
@@ -82,13 +84,19 @@ def train_draft(
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     if dtype not in ("float32", "bfloat16"):
         raise SglaunchError(f"--dtype {dtype!r} is not float32 or bfloat16", hint="bfloat16 on GPUs, float32 on CPUs")
-    for flag, value in (("--train-minutes", train_minutes), ("--gen-batch", gen_batch)):
+    for flag, value in (("--train-minutes", train_minutes), ("--gen-batch", gen_batch),
+                        ("--extra-text-max-seqs", extra_text_max_seqs)):
         if value is not None and value <= 0:
             raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
     if not prompts.is_file():
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
                                  "builds one from the license-clean corpus)")
+    for path in extra_text or []:
+        if not path.is_file():
+            raise SglaunchError(f"--extra-text file {path} does not exist",
+                                hint="pass plain-text files (.txt or .txt.gz); `python -m sglaunch.training.corpus "
+                                     "CORPUS --train-text FILE` writes one from the training part of the corpus")
     if target is None:
         from sglaunch.hub.default_model import ensure_default_model
 
@@ -107,7 +115,7 @@ def train_draft(
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
         time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min, train_minutes=train_minutes,
-        gen_batch=gen_batch,
+        gen_batch=gen_batch, extra_text=list(extra_text or []), extra_text_max_seqs=extra_text_max_seqs,
     )
     trainer = Trainer(args)
     if generate_only:

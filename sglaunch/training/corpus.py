@@ -9,12 +9,15 @@ Prompt types (the `type` field; the evaluation reports accept length per type):
   chat-docs   chat instructions about a Python docs paragraph: explain simply / give an example
   chat-qa     short questions built from the Python docs' section titles
 Held-out prompts come only from the last `--heldout-fraction` of every corpus file, so no
-held-out text is ever trained on. Torch-free, deterministic for a seed.
+held-out text is ever trained on. `--train-text FILE` also writes plain text for train-draft's
+`--extra-text`: windows drawn from the training part of every file only, in equal shares per file
+(`--train-text-chars` in all). Torch-free, deterministic for a seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import re
@@ -100,6 +103,24 @@ def build(corpus: Path, train_count: int, heldout_count: int, fraction: float, s
             make_prompts(held_texts, heldout_count, random.Random(seed + 1)))
 
 
+def train_text(corpus: Path, chars: int, fraction: float, seed: int, window: int = 4000) -> str:
+    """About `chars` characters of plain text from the training part of every corpus file, in
+    equal shares: non-overlapping windows of `window` characters cut at line ends, in file order."""
+    files = sorted(corpus.glob("*.txt"))
+    if not files:
+        raise SystemExit(f"no corpus files (*.txt) in {corpus}")
+    rng, share, parts = random.Random(seed), chars // len(files), []
+    for file in files:
+        text, _ = split_text(file.read_text(encoding="utf-8", errors="replace"), fraction)
+        slots = max(1, len(text) // window)
+        for slot in sorted(rng.sample(range(slots), min(slots, max(1, share // window)))):
+            piece = text[slot * window: (slot + 1) * window]
+            start = piece.find("\n") + 1 if slot else 0
+            end = piece.rfind("\n")
+            parts.append(piece[start: end if end > start else None].strip())
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("corpus", type=Path, help="folder written by build_corpus.sh")
@@ -109,11 +130,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout-count", type=int, default=250, help="held-out prompts")
     parser.add_argument("--heldout-fraction", type=float, default=0.05, help="tail of each file kept for held-out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-text", type=Path, help="also write plain text for train-draft --extra-text "
+                                                        "(.gz: compressed)")
+    parser.add_argument("--train-text-chars", type=int, default=12_000_000, help="characters of --train-text")
     args = parser.parse_args(argv)
     train, held = build(args.corpus, args.count, args.heldout_count, args.heldout_fraction, args.seed)
     for path, rows in ((args.train, train), (args.heldout, held)):
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         print(f"wrote {len(rows)} prompts to {path}")
+    if args.train_text:
+        text = train_text(args.corpus, args.train_text_chars, args.heldout_fraction, args.seed)
+        raw = text.encode("utf-8")
+        args.train_text.write_bytes(gzip.compress(raw, 9, mtime=0) if args.train_text.suffix == ".gz" else raw)
+        print(f"wrote {len(text)} characters of training text to {args.train_text}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,16 @@ Prompt file: JSONL, one object per line with `prompt` (raw text, no template: co
 (token ids as is); optional `type` (reported per type by the evaluation) and `id`.
 Responses are cached in `<out>/responses.jsonl` (prompt ids, response ids, type), so resuming
 or re-running training does not generate again.
+
+Plain-text files (`--extra-text`) add fixed sequences beside the generated responses, the way
+EAGLE-style drafters train on a fixed corpus: the text is cut into `max_length`-token pieces and
+every token after the first `TEXT_PROMPT_TOKENS` is supervised. The loss still follows the
+target's own distribution (the L1 term), so only the contexts come from the text.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from dataclasses import dataclass
@@ -165,3 +171,52 @@ def load_samples(path: Path) -> list[Sample]:
             r = json.loads(line)
             out.append(Sample(list(r["prompt_ids"]), list(r["response_ids"]), r.get("type", "text")))
     return out
+
+
+TEXT_PROMPT_TOKENS = 16  # leading tokens of a text piece that are context only
+
+
+def read_text_file(path: Path) -> str:
+    if not path.is_file():
+        raise SglaunchError(f"--extra-text file {path} does not exist",
+                            hint="pass plain-text files (.txt or .txt.gz); `python -m sglaunch.training.corpus "
+                                 "CORPUS --train-text FILE` writes one from the training part of the corpus")
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SglaunchError(f"--extra-text file {path} is not UTF-8 text (or gzip of it): {exc}",
+                            hint="plain UTF-8 text, optionally gzip-compressed with a .gz suffix") from None
+
+
+def text_samples(paths: Sequence[Path], target: Path, *, max_length: int, seed: int,
+                 limit: int | None = None) -> list[Sample]:
+    """Cut plain-text files into `max_length`-token training sequences of type `extra-text`.
+
+    Each file is tokenized in paragraph batches (no special tokens) and split into consecutive
+    pieces; the last, shorter piece is kept if it has room for supervision. With `limit`, a
+    seeded random subset of that many pieces is returned (all files pooled)."""
+    if max_length < TEXT_PROMPT_TOKENS + 2:
+        raise SglaunchError(f"--max-length {max_length} is too short for --extra-text pieces",
+                            hint=f"use at least {TEXT_PROMPT_TOKENS + 2}")
+    tokenizer = _load_tokenizer(target)
+    pieces: list[Sample] = []
+    for path in paths:
+        text = read_text_file(path)
+        ids: list[int] = []
+        paragraphs = text.split("\n\n")
+        for start in range(0, len(paragraphs), 256):  # bounded memory, paragraph boundaries kept
+            chunk = "\n\n".join(paragraphs[start:start + 256])
+            if start + 256 < len(paragraphs):
+                chunk += "\n\n"
+            ids += tokenizer.encode(chunk, add_special_tokens=False)
+        for at in range(0, len(ids), max_length):
+            piece = ids[at:at + max_length]
+            if len(piece) >= TEXT_PROMPT_TOKENS + 2:
+                pieces.append(Sample(piece[:TEXT_PROMPT_TOKENS], piece[TEXT_PROMPT_TOKENS:], "extra-text"))
+    if not pieces:
+        raise SglaunchError(f"--extra-text gave no usable text in {', '.join(map(str, paths))}",
+                            hint="each file needs at least a few dozen tokens of text")
+    if limit is not None and limit < len(pieces):
+        pieces = random.Random(seed).sample(pieces, limit)
+    return pieces

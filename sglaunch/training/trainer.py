@@ -52,6 +52,8 @@ class TrainArgs:
     gen_temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     gen_top_p: float = 0.9
     gen_batch: int | None = None  # engine max running requests while generating (None: by device)
+    extra_text: list[Path] = field(default_factory=list)  # plain-text files trained beside the responses
+    extra_text_max_seqs: int | None = None  # cap on the text pieces (a seeded subset)
     # optimisation
     epochs: float = 1.0
     max_steps: int | None = None
@@ -98,6 +100,7 @@ class Trainer:
         self.target_cfg = target_mod.read_target_config(args.target)
         self.out = args.output
         self.log_rows: list[dict[str, Any]] = []
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation of the samples)
 
     # ------------------------------------------------------------------ setup
     def drafter_config(self):
@@ -138,6 +141,12 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         samples = [s for s in samples if len(s.response) >= 2 and len(s.prompt) + 2 <= a.max_length]
+        if a.extra_text:
+            texts = data.text_samples(a.extra_text, a.target, max_length=a.max_length, seed=a.seed,
+                                      limit=a.extra_text_max_seqs)
+            self.say(f"adding {len(texts)} text pieces of up to {a.max_length} tokens from "
+                     f"{len(a.extra_text)} --extra-text file(s) to {len(samples)} responses")
+            samples = samples + texts
         if not samples:
             raise SglaunchError("the target produced no usable responses (each needs >= 2 tokens)",
                                 hint="check the prompts and --max-new-tokens")
@@ -209,9 +218,16 @@ class Trainer:
         out = []
         for i in range(index * b, index * b + b):
             epoch, pos = divmod(i, n)
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed * 7919 + epoch))
-            out.append(self.samples[int(perm[pos])])
+            out.append(self.samples[int(self.epoch_order(epoch)[pos])])
         return out
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        cached = self._order
+        if cached is None or cached[0] != epoch:
+            n = len(self.samples)
+            cached = (epoch, torch.randperm(n, generator=torch.Generator().manual_seed(self.args.seed * 7919 + epoch)))
+            self._order = cached
+        return cached[1]
 
     def compute_loss(self, samples: list[data.Sample], gen: torch.Generator):
         a = self.args

@@ -252,3 +252,56 @@ def test_bad_train_minutes_is_a_clear_error(tiny_target, prompt_file, tmp_path):
     result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
                     str(tmp_path / "o"), "--train-minutes", "0")
     assert result.exit_code == 2 and "--train-minutes must be positive" in result.output
+
+
+# ----------------------------------------------------------------------------- --extra-text
+
+
+def test_extra_text_is_cut_into_supervised_pieces_and_trained(tiny_target, prompt_file, tmp_path):
+    import gzip
+
+    from sglaunch.server.tokenizer import load_tokenizer
+    from sglaunch.training import data
+
+    text = "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(40))
+    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    pieces = data.text_samples([plain], tiny_target, max_length=60, seed=0)
+    ids = load_tokenizer(tiny_target).encode(text, add_special_tokens=False)
+    assert [t for p in pieces for t in p.prompt + p.response] == ids[: sum(len(p.prompt + p.response) for p in pieces)]
+    assert all(p.type == "extra-text" and len(p.prompt) == data.TEXT_PROMPT_TOKENS and len(p.prompt + p.response) <= 60
+               for p in pieces)
+    assert len(ids) - sum(len(p.prompt + p.response) for p in pieces) < data.TEXT_PROMPT_TOKENS + 2  # only a stub dropped
+    both = data.text_samples([plain, packed], tiny_target, max_length=60, seed=0)
+    assert len(both) == 2 * len(pieces)
+    subset = data.text_samples([plain, packed], tiny_target, max_length=60, seed=0, limit=3)
+    assert len(subset) == 3 and all(s in both for s in subset)
+
+    run = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "x", max_steps=2, extra_text=[packed]))
+    run.setup()
+    kinds = [s.type for s in run.samples]
+    expected = len(data.text_samples([packed], tiny_target, max_length=run.args.max_length, seed=0))
+    assert kinds.count("extra-text") == expected and len(kinds) > expected
+    assert run.train() == tmp_path / "x" / "drafter"
+
+
+def test_missing_extra_text_is_a_clear_error(tiny_target, prompt_file, tmp_path):
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                    str(tmp_path / "o"), "--extra-text", str(tmp_path / "none.txt"))
+    assert result.exit_code == 2 and "--extra-text file" in result.output and "Hint:" in result.output
+
+
+def test_corpus_train_text_never_reads_the_heldout_tail(tmp_path):
+    from sglaunch.training import corpus
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("kjv.txt", "pydocs.txt"):
+        lines = [f"{name} train line {i}" for i in range(2000)] + [f"{name} HELDOUT line {i}" for i in range(100)]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    text = corpus.train_text(folder, chars=40_000, fraction=100 / 2100, seed=0, window=2000)
+    assert "HELDOUT" not in text
+    assert "kjv.txt train" in text and "pydocs.txt train" in text
+    assert 25_000 < len(text) <= 40_000
+    assert corpus.train_text(folder, chars=40_000, fraction=100 / 2100, seed=0, window=2000) == text  # seeded
