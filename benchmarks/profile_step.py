@@ -1,0 +1,236 @@
+"""Where one engine step's time goes: plain decoding against DSpark, on the real engine.
+
+    python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
+        [--concurrency 1] [--steps 30] [--attention-backend flashinfer] [--random-like]
+
+For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
+given) it builds the engine in-process, keeps `--concurrency` greedy requests in flight (EOS
+ignored), warms up, then measures `--steps` steps three ways:
+- wall time per step (median, with a device sync per step so that queued work is counted);
+- `torch.profiler`: host-side operator calls per step (each one is a dispatch and often a kernel
+  launch: on a GPU machine with a slow host, this count times the per-launch cost bounds a step
+  that runs outside a CUDA graph), kernel launches and graph replays per step, and the
+  operators with the most host time;
+- `cProfile`: the Python functions with the most cumulative time per step.
+
+`--random-like` replaces the model's weights with random ones of the same config and tokenizer
+(written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
+profile needs only a config and a tokenizer. Prints a report; `--json FILE` also saves the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+
+
+def random_like(model: Path, work: Path) -> Path:
+    """A random-weight copy of the model folder (config, tokenizer files, new weights)."""
+    import torch
+    import transformers
+
+    out = work / "target"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".json.index")) and f.name != "sglaunch-model.json":
+            shutil.copy(f, out / f.name)
+    config = transformers.AutoConfig.from_pretrained(str(model))
+    torch.manual_seed(0)
+    net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    net.save_pretrained(str(out))
+    return out
+
+
+def random_drafter(target: Path, like: Path | None, work: Path) -> Path:
+    """A random drafter: the shape of `like` (a drafter folder) or a 2-layer default."""
+    from sglaunch.speculative.checkpoint import init_drafter_state, save_drafter
+    from sglaunch.speculative.drafter_config import load_drafter_config
+    from sglaunch.training import target as target_mod
+
+    if like is not None:
+        cfg = load_drafter_config(like)
+    else:
+        tcfg = target_mod.read_target_config(target)
+        n = int(tcfg["num_hidden_layers"])
+        cfg = target_mod.drafter_config_for(tcfg, num_layers=2, block_size=7,
+                                            layer_ids=target_mod.default_layer_ids(n, 5),
+                                            mask_token_id=target_mod.default_mask_token(tcfg, target),
+                                            markov_rank=8, markov_head_type="vanilla")
+    return save_drafter(work / "drafter", cfg, init_drafter_state(cfg, with_embed=False, with_lm_head=False))
+
+
+def build_engine(args, mode: str | None, drafter: Path | None):
+    import dataclasses
+
+    from sglaunch.config import EngineConfig, SpeculativeConfig
+    from sglaunch.engine.launch import create_engine
+
+    spec = None
+    if mode is not None:
+        block = json.loads((drafter / "config.json").read_text())["block_size"]
+        spec = SpeculativeConfig(algorithm="DSPARK", draft_model_path=str(drafter), block_size=block,
+                                 num_draft_tokens=block + 1, ragged_verify_mode=mode)
+    config = EngineConfig(model_path=str(args.model), tokenizer_path=str(args.model), served_model_name="profile",
+                          dtype=args.dtype, context_length=None, device=args.device, kv_cache_dtype=args.dtype,
+                          max_running_requests=max(args.concurrency, 1), speculative=spec, random_seed=0,
+                          attention_backend=args.attention_backend or ("flashinfer" if args.device == "cuda" else "torch"),
+                          disable_cuda_graph=args.disable_cuda_graph)
+    if args.device == "cuda":
+        config = dataclasses.replace(config, mem_fraction_static=0.5)
+    else:
+        config = dataclasses.replace(config, max_total_tokens=65536)
+    return create_engine(config)
+
+
+class Load:
+    """Keeps `concurrency` greedy requests in flight."""
+
+    def __init__(self, engine, concurrency: int, prompt_len: int, max_tokens: int, vocab: int):
+        from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+        self.engine, self.n, self.made = engine, 0, 0
+        self.make = lambda i: GenerateRequest(
+            f"r{i}", tuple((17 * i + 31 * j) % (vocab - 100) + 50 for j in range(prompt_len)),
+            SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        self.concurrency, self.live = concurrency, set()
+
+    def top_up(self):
+        while len(self.live) < self.concurrency:
+            req = self.make(self.made)
+            self.made += 1
+            self.live.add(req.rid)
+            self.engine.add_request(req)
+
+    def step(self):
+        self.top_up()
+        for out in self.engine.step():
+            if out.finished:
+                self.live.discard(out.rid)
+
+
+def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if mode is not None:
+        os.environ[MODE_ENV] = mode
+    engine, cluster = build_engine(args, mode, drafter)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    try:
+        vocab = engine.runner.spec.vocab_size if hasattr(engine, "runner") else 32000
+        load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, vocab)
+        for _ in range(args.warmup):
+            load.step()
+        sync()
+        times = []
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            load.step()
+            sync()
+            times.append(time.perf_counter() - t)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(args.steps):
+                load.step()
+            sync()
+        events = prof.key_averages()
+        per = 1.0 / args.steps
+        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                            "cuLaunchKernelEx"))
+        graph_launches = sum(e.count for e in events if e.key in ("cudaGraphLaunch", "cuGraphLaunch"))
+        syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                         "cudaMemcpyAsync", "cudaMemcpy", "cudaEventSynchronize"))
+        aten = [e for e in events if e.key.startswith("aten::")]
+        aten_calls = sum(e.count for e in aten)
+        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
+        top_ops = [{"op": e.key, "calls_per_step": round(e.count * per, 1),
+                    "self_cpu_ms_per_step": round(e.self_cpu_time_total * per / 1e3, 3)} for e in top]
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.steps):
+            load.step()
+        sync()
+        profiler.disable()
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
+        stats = engine.live_stats() if hasattr(engine, "live_stats") else {}
+    finally:
+        cluster.stop(engine)
+        os.environ.pop(MODE_ENV, None)
+    return {"config": name, "step_ms_median": round(1e3 * statistics.median(times), 3),
+            "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
+            "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
+            "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
+            "cprofile": buf.getvalue(), "spec": stats.get("speculative") if isinstance(stats, dict) else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="target folder (config + tokenizer at least)")
+    parser.add_argument("--drafter", default=None, help="drafter folder, or `random` (with --random-like)")
+    parser.add_argument("--random-like", action="store_true", help="random weights of the model's config")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--disable-cuda-graph", action="store_true")
+    parser.add_argument("--modes", default="static,compact")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="profile-step-"))
+    try:
+        if args.random_like:
+            args.model = random_like(args.model, work)
+        drafter = None
+        if args.drafter == "random":
+            drafter = random_drafter(args.model, None, work)
+        elif args.drafter:
+            drafter = Path(args.drafter)
+            if args.random_like:  # the real drafter's shape with random weights (its aliasing matches any target)
+                drafter = random_drafter(args.model, drafter, work)
+        configs = [("plain", None)] + [(f"dspark-{m}", m) for m in args.modes.split(",") if drafter is not None and m]
+        results = []
+        for name, mode in configs:
+            r = measure(args, name, mode, drafter)
+            results.append(r)
+            print(f"\n=== {name}: step {r['step_ms_median']} ms (min {r['step_ms_min']}); per step: "
+                  f"{r['aten_calls_per_step']} aten calls, {r['kernel_launches_per_step']} kernel launches, "
+                  f"{r['graph_launches_per_step']} graph launches, {r['memcpy_or_sync_calls_per_step']} memcpy/sync")
+            if r["spec"]:
+                print(f"spec: {json.dumps(r['spec'])[:400]}")
+            for op in r["top_ops"]:
+                print(f"  {op['self_cpu_ms_per_step']:8.3f} ms  {op['calls_per_step']:7.1f}x  {op['op'][:90]}")
+            print("\n".join(r["cprofile"].splitlines()[:60]))
+        if args.json:
+            args.json.write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
+        print("\nconfig           step ms   aten/step  launches/step  graphs/step")
+        for r in results:
+            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['aten_calls_per_step']:11.1f} "
+                  f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
