@@ -11,7 +11,10 @@ ignored), warms up, then measures `--steps` steps three ways:
   launch: on a GPU machine with a slow host, this count times the per-launch cost bounds a step
   that runs outside a CUDA graph), kernel launches and graph replays per step, and the
   operators with the most host time;
-- `cProfile`: the Python functions with the most cumulative time per step.
+- `cProfile`: the Python functions with the most cumulative time per step;
+- phases: the time (device-synchronised at both ends) and the operators dispatched in each part
+  of the step (the drafter's forward, `sample_block`, the rest of `propose`, the target forward,
+  `accept`), and how many target forwards replayed a CUDA graph.
 
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import contextlib
 import io
 import json
 import os
@@ -123,6 +127,82 @@ class Load:
                 self.live.discard(out.rid)
 
 
+class OpCounter:
+    """Counts the aten operators dispatched (a TorchDispatchMode); `.total` so far."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.total += 1
+                return func(*args, **(kwargs or {}))
+
+        self.total, self.mode = 0, Mode()
+
+
+def phase_profile(engine, load, steps: int, sync) -> dict:
+    """Per phase of a step: milliseconds (one pass) and dispatched operators (a second pass,
+    since counting slows every operator) per step; wrapped methods, synchronised at both ends
+    so that queued device work is charged to its phase."""
+    timed, counted = _phase_pass(engine, load, steps, sync, False), _phase_pass(engine, load, steps, sync, True)
+    for name, value in timed.items():
+        if "ms" in value and name in counted:
+            value["ops"] = counted[name]["ops"]
+    return timed
+
+
+def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
+    counter, spent, ops = OpCounter(), {}, {}
+    runner, decoder = engine.runner, getattr(engine, "spec", None)
+
+    def wrap(obj, attr: str, name: str):
+        original = getattr(obj, attr)
+
+        def timed(*a, **k):
+            sync()
+            t, n = time.perf_counter(), counter.total
+            try:
+                return original(*a, **k)
+            finally:
+                sync()
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+                ops[name] = ops.get(name, 0) + counter.total - n
+
+        setattr(obj, attr, timed)
+        return lambda: setattr(obj, attr, original)
+
+    undo = [wrap(runner, "forward", "target forward"), wrap(runner, "draft_block", "draft forward")]
+    if decoder is not None:
+        undo += [wrap(decoder, "propose", "propose (all)"), wrap(decoder.drafter, "sample_block", "sample_block"),
+                 wrap(decoder, "accept", "accept")]
+    graphs = getattr(runner, "graphs", None)
+    before = dict(graphs.replays) if graphs is not None else {}
+    try:
+        sync()
+        t, n = time.perf_counter(), counter.total
+        with counter.mode if count else contextlib.nullcontext():
+            for _ in range(steps):
+                load.step()
+        sync()
+        wall, total = time.perf_counter() - t, counter.total - n
+    finally:
+        for u in undo:
+            u()
+    out = {"step": {"ms": 1e3 * wall / steps, "ops": total / steps}}
+    for name in spent:
+        out[name] = {"ms": 1e3 * spent[name] / steps, "ops": ops[name] / steps}
+    if "propose (all)" in out:  # propose contains the draft forward and sample_block
+        rest = {k: out["propose (all)"][k] - out.get("draft forward", {}).get(k, 0) - out.get("sample_block", {}).get(k, 0)
+                for k in ("ms", "ops")}
+        out["propose (rest)"] = rest
+    if graphs is not None:
+        out["graph replays per step"] = {k: (graphs.replays[k] - before.get(k, 0)) / steps for k in graphs.replays}
+    return out
+
+
 def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -169,6 +249,7 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
         stats = engine.live_stats() if hasattr(engine, "live_stats") else {}
+        phases = phase_profile(engine, load, args.steps, sync)
     finally:
         cluster.stop(engine)
         os.environ.pop(MODE_ENV, None)
@@ -176,7 +257,8 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
-            "cprofile": buf.getvalue(), "spec": stats.get("speculative") if isinstance(stats, dict) else None}
+            "cprofile": buf.getvalue(), "phases": phases,
+            "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
 
 def main() -> int:
@@ -217,7 +299,12 @@ def main() -> int:
                   f"{r['aten_calls_per_step']} aten calls, {r['kernel_launches_per_step']} kernel launches, "
                   f"{r['graph_launches_per_step']} graph launches, {r['memcpy_or_sync_calls_per_step']} memcpy/sync")
             if r["spec"]:
-                print(f"spec: {json.dumps(r['spec'])[:400]}")
+                print(f"spec: {json.dumps(r['spec'])[:600]}")
+            for name, v in r["phases"].items():
+                if "ms" in v:
+                    print(f"  phase {name:<16} {v['ms']:8.3f} ms  {v['ops']:8.1f} ops/step")
+                else:
+                    print(f"  {name}: {v}")
             for op in r["top_ops"]:
                 print(f"  {op['self_cpu_ms_per_step']:8.3f} ms  {op['calls_per_step']:7.1f}x  {op['op'][:90]}")
             print("\n".join(r["cprofile"].splitlines()[:60]))
