@@ -74,6 +74,7 @@ def train_draft(
     time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
     train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the speed of steps 6-25 (overrides --epochs/--max-steps).")] = None,
     gen_batch: Annotated[Optional[int], typer.Option(help="Requests the engine decodes at once while generating responses (default: 256 on cuda, 32 on cpu).")] = None,
+    gen_attention_backend: Annotated[str, typer.Option(help="Engine attention backend while generating: auto (FlashInfer with CUDA graphs on CUDA when installed), torch or flashinfer.")] = "auto",
     extra_text: Annotated[Optional[list[Path]], typer.Option(help="Plain-text file (.txt or .txt.gz) cut into --max-length pieces and trained beside the responses; repeatable.")] = None,
     extra_text_max_seqs: Annotated[Optional[int], typer.Option(help="Use at most this many --extra-text pieces (a seeded subset).")] = None,
     as_json: JsonOption = False,
@@ -88,6 +89,12 @@ def train_draft(
                         ("--extra-text-max-seqs", extra_text_max_seqs)):
         if value is not None and value <= 0:
             raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
+    if gen_attention_backend not in ("auto", "torch", "flashinfer"):
+        raise SglaunchError(f"--gen-attention-backend {gen_attention_backend!r} is not auto, torch or flashinfer",
+                            hint="auto picks FlashInfer on CUDA when it is installed")
+    if gen_attention_backend == "flashinfer" and (device != "cuda" or dtype == "float32"):
+        raise SglaunchError("--gen-attention-backend flashinfer needs --device cuda and bf16",
+                            hint="use auto, which falls back to the torch backend")
     if not prompts.is_file():
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
@@ -115,7 +122,8 @@ def train_draft(
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
         time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min, train_minutes=train_minutes,
-        gen_batch=gen_batch, extra_text=list(extra_text or []), extra_text_max_seqs=extra_text_max_seqs,
+        gen_batch=gen_batch, gen_attention_backend=gen_attention_backend, extra_text=list(extra_text or []),
+        extra_text_max_seqs=extra_text_max_seqs,
     )
     trainer = Trainer(args)
     if generate_only:

@@ -52,6 +52,7 @@ class TrainArgs:
     gen_temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     gen_top_p: float = 0.9
     gen_batch: int | None = None  # engine max running requests while generating (None: by device)
+    gen_attention_backend: str = "auto"  # auto: FlashInfer + CUDA graphs on CUDA when installed
     extra_text: list[Path] = field(default_factory=list)  # plain-text files trained beside the responses
     extra_text_max_seqs: int | None = None  # cap on the text pieces (a seeded subset)
     # optimisation
@@ -136,7 +137,7 @@ class Trainer:
             samples = data.generate_responses(
                 a.target, train, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens,
                 temperatures=a.gen_temperatures, top_p=a.gen_top_p, seed=a.seed, max_length=a.max_length,
-                max_running=a.gen_batch)
+                max_running=a.gen_batch, attention_backend=a.gen_attention_backend)
             data.save_samples(samples, cache)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -305,3 +305,15 @@ def test_corpus_train_text_never_reads_the_heldout_tail(tmp_path):
     assert "kjv.txt train" in text and "pydocs.txt train" in text
     assert 25_000 < len(text) <= 40_000
     assert corpus.train_text(folder, chars=40_000, fraction=100 / 2100, seed=0, window=2000) == text  # seeded
+
+
+def test_generation_backend_auto_is_torch_off_cuda_and_bad_choices_are_clear(tiny_target, prompt_file, tmp_path):
+    from sglaunch.training.data import generation_backend
+
+    assert generation_backend("auto", "cpu", "float32") == "torch"
+    assert generation_backend("auto", "cuda", "float32") == "torch"  # FlashInfer has no fp32 kernels
+    assert generation_backend("torch", "cuda", "bfloat16") == "torch"
+    for value, message in (("triton", "is not auto, torch or flashinfer"), ("flashinfer", "needs --device cuda")):
+        result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                        str(tmp_path / "o"), "--gen-attention-backend", value)
+        assert result.exit_code == 2 and message in result.output and "Hint:" in result.output
