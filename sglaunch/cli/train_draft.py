@@ -75,6 +75,7 @@ def train_draft(
     train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the speed of steps 6-25 (overrides --epochs/--max-steps).")] = None,
     gen_batch: Annotated[Optional[int], typer.Option(help="Requests the engine decodes at once while generating responses (default: 256 on cuda, 32 on cpu).")] = None,
     gen_attention_backend: Annotated[str, typer.Option(help="Engine attention backend while generating: auto (FlashInfer with CUDA graphs on CUDA when installed), torch or flashinfer.")] = "auto",
+    num_procs: Annotated[int, typer.Option(help="Data-parallel training processes: one per GPU with --device cuda (gradients averaged over NCCL), gloo processes on CPUs.")] = 1,
     extra_text: Annotated[Optional[list[Path]], typer.Option(help="Plain-text file (.txt or .txt.gz) cut into --max-length pieces and trained beside the responses; repeatable.")] = None,
     extra_text_max_seqs: Annotated[Optional[int], typer.Option(help="Use at most this many --extra-text pieces (a seeded subset).")] = None,
     as_json: JsonOption = False,
@@ -89,6 +90,14 @@ def train_draft(
                         ("--extra-text-max-seqs", extra_text_max_seqs)):
         if value is not None and value <= 0:
             raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
+    if num_procs < 1:
+        raise SglaunchError(f"--num-procs must be at least 1, got {num_procs}", hint="1 trains in this process")
+    if device == "cuda" and num_procs > 1:
+        from sglaunch.training.trainer import visible_gpus
+
+        if num_procs > visible_gpus():
+            raise SglaunchError(f"--num-procs {num_procs} needs {num_procs} GPUs; {visible_gpus()} visible",
+                                hint="one process per GPU: lower --num-procs or set CUDA_VISIBLE_DEVICES")
     if gen_attention_backend not in ("auto", "torch", "flashinfer"):
         raise SglaunchError(f"--gen-attention-backend {gen_attention_backend!r} is not auto, torch or flashinfer",
                             hint="auto picks FlashInfer on CUDA when it is installed")
@@ -108,7 +117,7 @@ def train_draft(
         from sglaunch.hub.default_model import ensure_default_model
 
         target = ensure_default_model(progress=not as_json)
-    from sglaunch.training.trainer import TrainArgs, Trainer, run_evaluation
+    from sglaunch.training.trainer import TrainArgs, Trainer, finish, run_data_parallel
 
     args = TrainArgs(
         target=target, prompts=prompts, output=output, eval_prompts=eval_prompts, eval_fraction=eval_fraction,
@@ -123,7 +132,7 @@ def train_draft(
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
         time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min, train_minutes=train_minutes,
         gen_batch=gen_batch, gen_attention_backend=gen_attention_backend, extra_text=list(extra_text or []),
-        extra_text_max_seqs=extra_text_max_seqs,
+        extra_text_max_seqs=extra_text_max_seqs, num_procs=num_procs,
     )
     trainer = Trainer(args)
     if generate_only:
@@ -131,21 +140,18 @@ def train_draft(
         print(json.dumps({"responses": len(samples), "heldout": len(held)}) if as_json else
               f"cached {len(samples)} responses in {output / 'responses.jsonl'} ({len(held)} held-out prompts)")
         return
-    trainer.setup()
-    folder = trainer.train()
-    if folder is None:
-        if as_json:
-            print(json.dumps({"stopped_at_step": trainer.step, "total_steps": trainer.total_steps}))
-        return
-    result = run_evaluation(trainer, folder)
-    summary = {"drafter": str(folder), "steps": trainer.step,
-               "first_loss": trainer.log_rows[0].get("loss") if trainer.log_rows else None,
-               "last_loss": trainer.log_rows[-1].get("loss") if trainer.log_rows else None,
-               "eval": {t: {k: v.get(k) for k in ("mean_accept_length", "per_type", "confidence_ece")}
-                        for t, v in result.get("temperatures", {}).items()}}
+    if num_procs > 1:
+        trainer.prepare_data()  # generate (and cache) the responses once, before the ranks start
+        summary = run_data_parallel(args)
+    else:
+        trainer.setup()
+        summary = finish(trainer, trainer.train())
     if as_json:
         print(json.dumps(summary))
         return
-    print(f"wrote the drafter to {folder} ({trainer.step} steps, loss {summary['first_loss']} -> {summary['last_loss']})")
+    if "drafter" not in summary:  # stopped by --time-limit-min: the checkpoint is saved, --resume goes on
+        return
+    print(f"wrote the drafter to {summary['drafter']} ({summary['steps']} steps, loss {summary['first_loss']} -> "
+          f"{summary['last_loss']})")
     for temp, figures in summary["eval"].items():
         print(f"held-out T={temp}: mean accept length {figures['mean_accept_length']}, per type {figures['per_type']}")

@@ -77,6 +77,7 @@ class TrainArgs:
     progress: bool = True
     time_limit_s: float | None = None  # stop (checkpointed) after this long; --resume continues
     train_minutes: float | None = None  # fix the step count from the first steps' speed to fill this budget
+    num_procs: int = 1  # data-parallel processes (one per GPU on cuda); each takes batch_size sequences
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -84,6 +85,10 @@ class TrainArgs:
 
 def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,9 +99,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Trainer:
-    def __init__(self, args: TrainArgs):
-        self.args = args
+    """One training process. With data parallelism (`rank`, `world` > 1, a process group already
+    initialised) every rank holds the whole drafter, takes its own micro-batches, and the ranks
+    average their gradients before each optimizer step, so the weights stay identical; rank 0
+    alone writes logs, checkpoints and the final drafter."""
+
+    def __init__(self, args: TrainArgs, rank: int = 0, world: int = 1):
+        self.args, self.rank, self.world = args, rank, world
         self.device = resolve_device(args.device)
+        if self.device.type == "cuda" and world > 1:
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
         self.dtype = torch_dtype(args.dtype)
         self.target_cfg = target_mod.read_target_config(args.target)
         self.out = args.output
@@ -151,8 +164,9 @@ class Trainer:
         if not samples:
             raise SglaunchError("the target produced no usable responses (each needs >= 2 tokens)",
                                 hint="check the prompts and --max-new-tokens")
-        (self.out / "heldout.jsonl").write_text("".join(
-            json.dumps({"input_ids": p.ids, "type": p.type, "line": p.index}) + "\n" for p in held))
+        if self.rank == 0:
+            (self.out / "heldout.jsonl").write_text("".join(
+                json.dumps({"input_ids": p.ids, "type": p.type, "line": p.index}) + "\n" for p in held))
         return samples, held
 
     def setup(self):
@@ -251,14 +265,18 @@ class Trainer:
         a = self.args
         self.drafter.train()
         totals: dict[str, Any] = {}
-        for micro in range(a.grad_accum):
+        per_step = a.grad_accum * self.world  # micro-batches per optimizer step, over all ranks
+        for local in range(a.grad_accum):
+            micro = self.rank * a.grad_accum + local  # this micro-batch's index within the step
             gen = torch.Generator().manual_seed(a.seed * 1_000_003 + self.step * 131 + micro)
-            loss, metrics = self.compute_loss(self.micro_batch(self.step * a.grad_accum + micro), gen)
+            loss, metrics = self.compute_loss(self.micro_batch(self.step * per_step + micro), gen)
             if loss is None:
                 continue
-            (loss / a.grad_accum).backward()
+            (loss / per_step).backward()
             for k, v in metrics.items():
                 totals.setdefault(k, []).append(v)
+        if self.world > 1:
+            self.sum_gradients()
         norm = torch.nn.utils.clip_grad_norm_(self.params, a.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -268,6 +286,33 @@ class Trainer:
         for k, vs in totals.items():
             row[k] = [sum(x) / len(vs) for x in zip(*vs)] if isinstance(vs[0], list) else sum(vs) / len(vs)
         return row
+
+    def sum_gradients(self) -> None:
+        """All-reduce the gradients (each already divided by the step's micro-batch count) in one
+        flat buffer, so that every rank steps with the same averaged gradient."""
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            n = g.numel()
+            p.grad = flat[offset: offset + n].view_as(p).clone()
+            offset += n
+
+    def agree(self, value: float, op: str = "max") -> float:
+        """The ranks' common value (rank 0's for op="rank0", the maximum for "max")."""
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        if op == "rank0":
+            dist.broadcast(t, 0)
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
 
     def train(self) -> Path | None:
         """Run to total_steps -> the final drafter folder; None when the time limit stopped it first."""
@@ -291,7 +336,8 @@ class Trainer:
                     self.log(row)
                 if self.step % a.save_every == 0 and self.step < self.total_steps:
                     self.save_checkpoint()
-                if a.time_limit_s is not None and time.monotonic() - start > a.time_limit_s and self.step < self.total_steps:
+                over = a.time_limit_s is not None and time.monotonic() - start > a.time_limit_s
+                if a.time_limit_s is not None and self.agree(float(over)) and self.step < self.total_steps:
                     self.save_checkpoint()
                     self.say(f"time limit reached at step {self.step}/{self.total_steps}; rerun with --resume")
                     return None
@@ -305,6 +351,7 @@ class Trainer:
         saved in checkpoints, so --resume keeps it."""
         left = self.args.train_minutes * 60.0 - elapsed
         self.total_steps = max(self.step + 1, self.step + int(left * steps / max(timed, 1e-6)))
+        self.total_steps = int(self.agree(self.total_steps, "rank0"))  # every rank follows rank 0's clock
         self.calibrated = True
         self.say(f"{steps} steps took {timed:.1f} s after warm-up: training for {self.total_steps} steps "
                  f"(--train-minutes {self.args.train_minutes:g})")
@@ -312,6 +359,8 @@ class Trainer:
     # ------------------------------------------------------------------ files
     def log(self, row: dict[str, Any]) -> None:
         self.log_rows.append(row)
+        if self.rank != 0:
+            return
         with open(self.out / "train_log.jsonl", "a") as handle:
             handle.write(json.dumps(row) + "\n")
 
@@ -319,6 +368,8 @@ class Trainer:
         from sglaunch.speculative.checkpoint import save_drafter
 
         folder = self.out / "checkpoints" / f"step-{self.step}"
+        if self.rank != 0:
+            return folder
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_drafter(tmp, self.dcfg, model.export_state(self.drafter), self.target_cfg)
@@ -353,6 +404,8 @@ class Trainer:
         from sglaunch.speculative.checkpoint import save_drafter
 
         folder = self.out / "drafter"
+        if self.rank != 0:
+            return folder
         tmp = folder.with_name("drafter.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_drafter(tmp, self.dcfg, model.export_state(self.drafter), self.target_cfg, dtype=torch.bfloat16)
@@ -361,7 +414,7 @@ class Trainer:
         return folder
 
     def say(self, message: str) -> None:
-        if self.args.progress:
+        if self.args.progress and self.rank == 0:
             from rich.console import Console
 
             Console(stderr=True, highlight=False).print(message)
@@ -370,7 +423,7 @@ class Trainer:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.args.progress)
+                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.args.progress or self.rank != 0)
 
 
 CALIBRATION_WARMUP, CALIBRATION_STEPS = 5, 20
@@ -418,3 +471,67 @@ def run_evaluation(trainer: Trainer, folder: Path) -> dict[str, Any]:
         sts.save_sts(fit, folder / "sts.json")
         result["sts"] = str(folder / "sts.json")
     return result
+
+
+def finish(trainer: Trainer, folder: Path | None) -> dict[str, Any]:
+    """After train(): the held-out evaluation (when training ended) and a summary of the run."""
+    if folder is None:
+        return {"stopped_at_step": trainer.step, "total_steps": trainer.total_steps}
+    result = run_evaluation(trainer, folder)
+    rows = trainer.log_rows
+    return {"drafter": str(folder), "steps": trainer.step,
+            "first_loss": rows[0].get("loss") if rows else None, "last_loss": rows[-1].get("loss") if rows else None,
+            "eval": {t: {k: v.get(k) for k in ("mean_accept_length", "per_type", "confidence_ece")}
+                     for t, v in result.get("temperatures", {}).items()}}
+
+
+# ------------------------------------------------------------------ data parallelism
+
+SUMMARY_FILE = "summary.json"
+
+
+def run_data_parallel(args: TrainArgs) -> dict[str, Any]:
+    """Train with `args.num_procs` processes (one per GPU with --device cuda, gloo on CPUs): the
+    responses must already be cached in the output folder (the caller generates them first).
+    Rank 0 evaluates and writes OUT/summary.json, which is returned."""
+    import torch.multiprocessing as mp
+
+    from sglaunch.engine.distributed import free_port
+
+    summary = args.output / SUMMARY_FILE
+    summary.unlink(missing_ok=True)
+    try:
+        mp.spawn(_rank_main, args=(args, free_port()), nprocs=args.num_procs, join=True)
+    except mp.ProcessRaisedException as exc:
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        raise SglaunchError(f"a training process failed: {lines[-1] if lines else exc}",
+                            hint="the full traceback is above; rerun with --num-procs 1 to see it in this process") from None
+    return json.loads(summary.read_text())
+
+
+def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
+    import datetime
+    import dataclasses
+    import os
+
+    import torch.distributed as dist
+
+    world = args.num_procs
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    else:  # the ranks share the host's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
+    try:
+        trainer = Trainer(args if rank == 0 else dataclasses.replace(args, progress=False), rank, world)
+        trainer.setup()
+        folder = trainer.train()
+        if rank == 0:
+            summary = finish(trainer, folder)
+            tmp = args.output / (SUMMARY_FILE + ".tmp")
+            tmp.write_text(json.dumps(summary))
+            tmp.replace(args.output / SUMMARY_FILE)
+        dist.barrier()  # no rank tears the group down while rank 0 still evaluates (its store lives there)
+    finally:
+        dist.destroy_process_group()

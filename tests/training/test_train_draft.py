@@ -317,3 +317,42 @@ def test_generation_backend_auto_is_torch_off_cuda_and_bad_choices_are_clear(tin
         result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
                         str(tmp_path / "o"), "--gen-attention-backend", value)
         assert result.exit_code == 2 and message in result.output and "Hint:" in result.output
+
+
+# ----------------------------------------------------------------------------- --num-procs
+
+
+def test_data_parallel_over_gloo_equals_gradient_accumulation(tiny_target, prompt_file, tmp_path):
+    """Two ranks with one micro-batch each take exactly the step of one process accumulating the
+    same two micro-batches (same samples, same anchors, averaged gradients)."""
+    single = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "one", max_steps=3, grad_accum=2,
+                               eval_max_prompts=2, eval_max_new_tokens=8))
+    single.setup()
+    single.train()
+    # through the CLI: it generates the responses once, then starts the ranks
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                    str(tmp_path / "two"), "--num-procs", "2", "--max-steps", "3", "--lr", "3e-3", "--json",
+                    *FAST[: FAST.index("--eval-max-new-tokens")], "--eval-max-new-tokens", "8", "--eval-max-prompts",
+                    "2", "--eval-fraction", "0.2")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["drafter"] == str(tmp_path / "two" / "drafter")
+    assert (tmp_path / "two" / "responses.jsonl").read_text() == (tmp_path / "one" / "responses.jsonl").read_text()
+    assert (tmp_path / "two" / "drafter" / "eval.json").is_file()
+    one = torch.load(tmp_path / "one/checkpoints/step-3/trainer.pt", weights_only=False)["drafter"]
+    two = torch.load(tmp_path / "two/checkpoints/step-3/trainer.pt", weights_only=False)["drafter"]
+    assert one.keys() == two.keys()
+    for name in one:
+        assert torch.allclose(one[name], two[name], atol=1e-5, rtol=1e-4), name
+    rows = [json.loads(line) for line in (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows][-1] == 3  # rank 0 alone logs
+
+
+def test_bad_num_procs_is_a_clear_error(tiny_target, prompt_file, tmp_path):
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                    str(tmp_path / "o"), "--num-procs", "0")
+    assert result.exit_code == 2 and "--num-procs must be at least 1" in result.output
+    if not torch.cuda.is_available():
+        result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                        str(tmp_path / "o"), "--num-procs", "2", "--device", "cuda")
+        assert result.exit_code == 2 and "CUDA" in result.output
