@@ -40,6 +40,10 @@ def test_tp1_and_tp2_over_gloo_give_identical_tokens(tmp_path, capsys, keep_torc
         assert by_name[name]["tokens_vs_tp1"]["identical"], by_name[name]["tokens_vs_tp1"]
         assert by_name[name]["first_logits_max_abs_diff"] <= doc["logits_tolerance"] == 1e-3
     assert by_name["tp2-dspark"]["tokens_vs_plain_tp1"]["identical"]  # DSpark is lossless
+    forced = by_name["tp2-plain"]["forced_check"]  # TP 1's tokens forced: every step compared
+    assert forced["passed"] and forced["steps"] == forced["argmax_agree"] == 2 * 6
+    assert forced["max_abs_diff_top_k"] <= doc["logits_tolerance"] and not forced["mismatches_beyond_tol"]
+    assert "forced_check" not in by_name["tp1-plain"] and "forced_check" not in by_name["tp2-dspark"]
     tp2 = by_name["tp2-plain"]
     assert [row["batch"] for row in tp2["steps"]] == [1, 3] and all(r["all_reduce_share"] > 0 for r in tp2["steps"])
     assert "verify_s" in by_name["tp2-dspark"]["steps"][0] and "speedup_vs_tp1" in tp2["steps"][1]
@@ -138,3 +142,44 @@ def test_token_mismatch_reports_the_tp1_margin_and_the_table_shows_errors():
     assert not tps.passed(results)
     assert tps.tokens_cell(tie) == "DIFF p0@1 m=0.100 tie" and tps.tokens_cell(reference) == "ref"
     assert "tp8-plain    ERROR killed after 90 s" in tps.table_lines(results, 0.25)
+
+
+def test_forced_check_compares_every_step_and_flags_a_real_mismatch(tmp_path, keep_torch_threads):
+    pytest.importorskip("transformers")
+    from engine_vs_hf import make_prompts
+
+    from sglaunch.engine.launch import create_engine
+
+    args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), *SMALL_RUN])
+    tps.build_models(args)
+    tokens, environ = tps.serve_tokens(args, 1, False)
+    engine, cluster = create_engine(tps.sweep.build_config(tokens, environ))
+    try:
+        prompts = make_prompts(2, 12, tps.SHAPES["small"]["vocab_size"])
+        reference, _ = tps.greedy_check(engine, prompts, 6, keep_top_k=True)
+        same = tps.forced_check(engine, prompts, reference, tol=1e-3)
+        assert same["passed"] and same["steps"] == same["argmax_agree"] == 12 and same["max_abs_diff_top_k"] < 1e-5
+        # a reference whose step 2 of prompt 1 prefers another token by a clear margin
+        bad = json.loads(json.dumps(reference))
+        ids, values = bad["top_k"][1][2]
+        ids[0], ids[1] = ids[1], ids[0]
+        values[0] = values[1] + 1.0
+        found = tps.forced_check(engine, prompts, bad, tol=1e-3)
+        assert not found["passed"] and found["argmax_agree"] == 11
+        assert [(m["prompt"], m["token_index"]) for m in found["mismatches_beyond_tol"]] == [(1, 2)]
+        # the same swap inside the tolerance is a near-tie, not a failure
+        values[0] = values[1] + 1e-4
+        assert tps.forced_check(engine, prompts, bad, tol=1e-3)["passed"]
+    finally:
+        cluster.stop(engine)
+
+
+def test_pass_criterion():
+    plain2 = {"config": "tp2-plain", "tp": 2, "dspark": False, "forced_check": {"passed": True},
+              "tokens_vs_tp1": {"identical": False, "near_tie": True}}
+    dspark2 = {"config": "tp2-dspark", "tp": 2, "dspark": True, "tokens_vs_tp1": {"identical": True}}
+    assert tps.passed([plain2, dspark2])
+    assert not tps.passed([{**plain2, "forced_check": {"passed": False}}, dspark2])
+    assert not tps.passed([{k: v for k, v in plain2.items() if k != "forced_check"}])  # the check must run
+    assert not tps.passed([plain2, {**dspark2, "tokens_vs_tp1": {"identical": False, "near_tie": False}}])
+    assert not tps.passed([plain2, {**dspark2, "error": "boom"}])
