@@ -58,6 +58,9 @@ part() {  # part NAME LIMIT_S COMMAND...: run it under `timeout`, append its out
 # FlashInfer's JIT cache: compiling one head layout takes 65-90 s on the H200, so a run can start
 # from the cache an earlier run brought back (FI_CACHE_IN=flashinfer_cache.tgz) and brings its
 # own back as OUT/flashinfer_cache.tgz when it fits what a call returns (16 MiB).
+# NOTE: the cache's build.ninja files hold absolute paths (the workspace and FlashInfer's install
+# prefix, /tmp/site here): restored under another FLASHINFER_WORKSPACE_BASE or with FlashInfer
+# installed elsewhere, ninja rebuilds everything (seen on 2026-11-30: more than 110 s lost)
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}
 mkdir -p "$FLASHINFER_WORKSPACE_BASE"
 if [ -n "${FI_CACHE_IN:-}" ] && [ -f "$FI_CACHE_IN" ]; then
