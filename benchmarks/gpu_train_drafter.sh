@@ -9,6 +9,8 @@
 #    set so that everything ends inside BUDGET_S (default 560 s) from the start of this script,
 # 4. puts OUT/A.tar, OUT/B.tar (drafter folder + train_log), OUT/responses.jsonl.gz and OUT/logs.txt.
 # With one GPU, the recipes run one after the other and share the time.
+# DP=1: instead of two recipes, recipe A alone, data-parallel over every visible GPU (--num-procs);
+# OUT/A.tar only. EXTRA_TEXT=FILE adds --extra-text FILE to every recipe.
 set -uo pipefail
 out=$1 wheel=$2 prompts=$3 heldout=$4 budget=${5:-560}
 start=$(date +%s)
@@ -37,9 +39,14 @@ echo "responses generated ($(( $(date +%s) - start )) s)"
 read -r -a recipe_A <<<"${RECIPE_A:---num-draft-layers 2 --intermediate-size 1024 --num-feature-layers 5 --markov-rank 8 --lr 2e-3 --batch-size 8 --anchors-per-seq 64}"
 read -r -a recipe_B <<<"${RECIPE_B:---num-draft-layers 2 --intermediate-size 1024 --num-feature-layers 5 --markov-rank 8 --lr 1e-3 --batch-size 16 --anchors-per-seq 128}"
 read -r -a train <<<"${TRAIN:---grad-accum 1 --save-every 100000 --log-every 50 --fit-sts --eval-temperatures 0 --eval-max-prompts 24 --eval-max-new-tokens 64}"
+[ -n "${EXTRA_TEXT:-}" ] && train+=(--extra-text "$EXTRA_TEXT")
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 left=$(( budget - ($(date +%s) - start) - 75 ))   # keep 75 s for start-up, evaluation and copying
-if [ "$gpus" -ge 2 ]; then
+if [ "${DP:-0}" = 1 ]; then
+  minutes=$(python3 -c "print(max(0.5, $left / 60))")
+  sglaunch train-draft "${common[@]}" "${recipe_A[@]}" "${train[@]}" -o "$work/A" --num-procs "$gpus" \
+    --train-minutes "$minutes" >"$work/A.log" 2>&1
+elif [ "$gpus" -ge 2 ]; then
   minutes=$(python3 -c "print(max(0.5, $left / 60))")
   CUDA_VISIBLE_DEVICES=0 sglaunch train-draft "${common[@]}" "${recipe_A[@]}" "${train[@]}" -o "$work/A" \
     --train-minutes "$minutes" >"$work/A.log" 2>&1 &
@@ -52,6 +59,7 @@ else
   sglaunch train-draft "${common[@]}" "${recipe_B[@]}" "${train[@]}" -o "$work/B" --train-minutes "$minutes" >"$work/B.log" 2>&1
 fi
 for r in A B; do  # what comes back: at most 8 files, so one tar per recipe
+  [ -f "$work/$r.log" ] || continue
   grep -v "━" "$work/$r.log" | tail -12
   (cd "$work/$r" && tar -cf "$out/$r.tar" drafter/config.json drafter/model.safetensors drafter/eval.json \
     drafter/sts.json train_log.jsonl 2>/dev/null)
