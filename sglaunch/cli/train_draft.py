@@ -108,11 +108,10 @@ def train_draft(
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
                                  "builds one from the license-clean corpus)")
+    from sglaunch.training.data import require_text_file  # torch-free
+
     for path in extra_text or []:
-        if not path.is_file():
-            raise SglaunchError(f"--extra-text file {path} does not exist",
-                                hint="pass plain-text files (.txt or .txt.gz); `python -m sglaunch.training.corpus "
-                                     "CORPUS --train-text FILE` writes one from the training part of the corpus")
+        require_text_file(path)
     if target is None:
         from sglaunch.hub.default_model import ensure_default_model
 

@@ -188,11 +188,15 @@ def load_samples(path: Path) -> list[Sample]:
 TEXT_PROMPT_TOKENS = 16  # leading tokens of a text piece that are context only
 
 
-def read_text_file(path: Path) -> str:
+def require_text_file(path: Path) -> None:
     if not path.is_file():
         raise SglaunchError(f"--extra-text file {path} does not exist",
                             hint="pass plain-text files (.txt or .txt.gz); `python -m sglaunch.training.corpus "
                                  "CORPUS --train-text FILE` writes one from the training part of the corpus")
+
+
+def read_text_file(path: Path) -> str:
+    require_text_file(path)
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
         return raw.decode("utf-8")
