@@ -334,9 +334,11 @@ class DSparkDrafter(nn.Module):
     @torch.inference_mode()
     def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
                      uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                     return_probs: bool = True) -> DraftBlock:
+                     return_probs: bool = True, all_greedy: bool = False) -> DraftBlock:
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
-        softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}]."""
+        softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
+        all_greedy: the caller knows every row is greedy (from the host, so no device read here):
+        the softmax and the draw are skipped, and no probabilities are returned."""
         B, G, V = out.logits.shape
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
@@ -354,15 +356,18 @@ class DSparkDrafter(nn.Module):
                 l_k = l_k + bias
             if self.confidence_head is not None:
                 conf.append(self.confidence_head(h, e))
-            q = torch.softmax(l_k / temp, dim=-1)  # [B, V]
             argmax = l_k.argmax(-1)
-            x = torch.where(greedy, argmax, inverse_cdf(q, uniforms[:, k].float()))
-            if return_probs:
-                probs.append(torch.where(greedy[:, None], F.one_hot(argmax, V).float(), q))
+            if all_greedy:
+                x = argmax
+            else:
+                q = torch.softmax(l_k / temp, dim=-1)  # [B, V]
+                x = torch.where(greedy, argmax, inverse_cdf(q, uniforms[:, k].float()))
+                if return_probs:
+                    probs.append(torch.where(greedy[:, None], F.one_hot(argmax, V).float(), q))
             tokens.append(x)
             logits.append(l_k)
             prev = x
-        return DraftBlock(torch.stack(tokens, 1), torch.stack(probs, 1) if return_probs else None,
+        return DraftBlock(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None,
                           torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
 
     def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:

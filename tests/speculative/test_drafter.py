@@ -42,6 +42,26 @@ def test_shapes_and_sampling(qwen3_ckpt):
 
 
 @pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
+def test_all_greedy_fast_path_drafts_what_the_general_path_drafts(tmp_path, markov):
+    """all_greedy skips the softmax and the draw; tokens, logits and confidences are unchanged."""
+    drafter = build(tmp_path, markov_head_type=markov)
+    cfg = drafter.config
+    cache = DraftContextCache(drafter.make_pool(64))
+    for rid, n in enumerate((5, 8, 3)):
+        cache.add(rid)
+        cache.append(rid, feature_rows(n, cfg, seed=20 + rid))
+    out = run_batch(drafter, cache, [0, 1, 2], [7, 8, 9])
+    greedy = torch.zeros(3)
+    general = drafter.sample_block(out, torch.tensor([7, 8, 9]), greedy, uniforms=torch.rand(3, cfg.block_size))
+    fast = drafter.sample_block(out, torch.tensor([7, 8, 9]), greedy, return_probs=False, all_greedy=True)
+    assert torch.equal(fast.tokens, general.tokens) and fast.probs is None
+    torch.testing.assert_close(fast.logits, general.logits, rtol=0, atol=0)
+    torch.testing.assert_close(fast.conf_logits, general.conf_logits, rtol=0, atol=0)
+    # the drafts really follow the Markov chain: slot k's token is the argmax of its corrected logits
+    assert torch.equal(fast.tokens, fast.logits.argmax(-1))
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
 def test_batched_cached_forward_matches_naive_reference(tmp_path, markov):
     drafter = build(tmp_path, markov_head_type=markov)
     cfg = drafter.config
