@@ -261,7 +261,7 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="target folder (config + tokenizer at least)")
     parser.add_argument("--drafter", default=None, help="drafter folder, or `random` (with --random-like)")
@@ -278,7 +278,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-step-"))
     try:
         if args.random_like:
@@ -309,7 +309,7 @@ def main() -> int:
                 print(f"  {op['self_cpu_ms_per_step']:8.3f} ms  {op['calls_per_step']:7.1f}x  {op['op'][:90]}")
             print("\n".join(r["cprofile"].splitlines()[:60]))
         if args.json:
-            args.json.write_text(json.dumps({"argv": sys.argv, "results": results}, indent=1))
+            args.json.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "results": results}, indent=1))
         print("\nconfig           step ms   aten/step  launches/step  graphs/step")
         for r in results:
             print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['aten_calls_per_step']:11.1f} "
