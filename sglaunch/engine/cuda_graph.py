@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
+from sglaunch.engine.progress import step_bar
 from sglaunch.engine.step import StepInput
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class CudaGraphRunner:
 
     def _capture_all(self, show_progress: bool) -> None:
         keys, start = self.plan.keys(), time.perf_counter()
-        with _progress(show_progress, len(keys)) as advance:
+        with step_bar("Capturing CUDA graphs", show_progress, len(keys)) as advance:
             for key in keys:
                 logger.debug("capturing CUDA graph: %s", key)
                 self.graphs[key] = self._capture(key)
@@ -255,27 +255,6 @@ class CudaGraphRunner:
 
 def _span(values: list[int]) -> str:
     return f"{min(values)}-{max(values)}" if values else "none"
-
-
-def _progress(show: bool, total: int):
-    """Context manager yielding an `advance()` callable (a rich bar on rank 0)."""
-    if not show:
-        return nullcontext(lambda: None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    class _Bar:
-        def __enter__(self):
-            self.progress = Progress(TextColumn("Capturing CUDA graphs"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=Console(stderr=True))
-            self.progress.start()
-            task = self.progress.add_task("capture", total=total)
-            return lambda: self.progress.advance(task)
-
-        def __exit__(self, *exc):
-            self.progress.stop()
-
-    return _Bar()
 
 
 def extra_tiers_from_env() -> tuple[int, ...]:

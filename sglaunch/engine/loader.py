@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from safetensors import safe_open
 from torch import nn
 
 from sglaunch.engine.models import PACKED_MODULES, CausalLM
+from sglaunch.engine.progress import step_bar
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def load_checkpoint(model: CausalLM, files: list[Path], show_progress: bool) -> 
     module_paths = {module: path for path, module in model.named_modules()}
     loaded: set[tuple[str, str, int]] = set()
     total = sum(_count_tensors(f) for f in files)
-    with _progress(show_progress, total) as advance:
+    with step_bar("Loading weights", show_progress, total) as advance:
         for file in files:
             with safe_open(str(file), framework="pt", device="cpu") as handle:
                 for name in handle.keys():
@@ -89,29 +89,3 @@ def _load_one(model: CausalLM, handle: Any, name: str, module_paths: dict, loade
 def _count_tensors(file: Path) -> int:
     with safe_open(str(file), framework="pt", device="cpu") as handle:
         return len(list(handle.keys()))
-
-
-def _progress(show: bool, total: int):
-    """Context manager yielding an `advance()` callable (a rich bar on rank 0)."""
-    if not show:
-        return nullcontext(lambda: None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    class _Bar:
-        def __enter__(self):
-            self.progress = Progress(
-                TextColumn("Loading weights"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-            )
-            self.progress.start()
-            task = self.progress.add_task("load", total=total)
-            return lambda: self.progress.advance(task)
-
-        def __exit__(self, *exc):
-            self.progress.stop()
-
-    return _Bar()
