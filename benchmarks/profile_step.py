@@ -39,6 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # the sibling scripts (dspark_sweep)
 
 MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 
@@ -51,7 +52,7 @@ def random_like(model: Path, work: Path) -> Path:
     out = work / "target"
     out.mkdir(parents=True, exist_ok=True)
     for f in model.iterdir():
-        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".json.index")) and f.name != "sglaunch-model.json":
+        if f.is_file() and ".safetensors" not in f.name and not f.name.endswith(".bin") and f.name != "sglaunch-model.json":
             shutil.copy(f, out / f.name)
     config = transformers.AutoConfig.from_pretrained(str(model))
     torch.manual_seed(0)
@@ -79,26 +80,22 @@ def random_drafter(target: Path, like: Path | None, work: Path) -> Path:
 
 
 def build_engine(args, mode: str | None, drafter: Path | None):
-    import dataclasses
+    """The engine `sglaunch serve` would boot with these flags (dspark_sweep.build_config), in-process."""
+    from dspark_sweep import build_config
 
-    from sglaunch.config import EngineConfig, SpeculativeConfig
     from sglaunch.engine.launch import create_engine
 
-    spec = None
+    tokens = ["--model-path", str(args.model), "--served-model-name", "profile", "--device", args.device,
+              "--dtype", args.dtype, "--max-running-requests", str(max(args.concurrency, 1)), "--random-seed", "0"]
+    if args.attention_backend:
+        tokens += ["--attention-backend", args.attention_backend]
+    if args.disable_cuda_graph:
+        tokens.append("--disable-cuda-graph")
+    environ = {k: v for k, v in os.environ.items() if k != MODE_ENV}
     if mode is not None:
-        block = json.loads((drafter / "config.json").read_text())["block_size"]
-        spec = SpeculativeConfig(algorithm="DSPARK", draft_model_path=str(drafter), block_size=block,
-                                 num_draft_tokens=block + 1, ragged_verify_mode=mode)
-    config = EngineConfig(model_path=str(args.model), tokenizer_path=str(args.model), served_model_name="profile",
-                          dtype=args.dtype, context_length=None, device=args.device, kv_cache_dtype=args.dtype,
-                          max_running_requests=max(args.concurrency, 1), speculative=spec, random_seed=0,
-                          attention_backend=args.attention_backend or ("flashinfer" if args.device == "cuda" else "torch"),
-                          disable_cuda_graph=args.disable_cuda_graph)
-    if args.device == "cuda":
-        config = dataclasses.replace(config, mem_fraction_static=0.5)
-    else:
-        config = dataclasses.replace(config, max_total_tokens=65536)
-    return create_engine(config)
+        tokens += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(drafter)]
+        environ[MODE_ENV] = mode
+    return create_engine(build_config(tokens, environ))
 
 
 class Load:
@@ -107,7 +104,7 @@ class Load:
     def __init__(self, engine, concurrency: int, prompt_len: int, max_tokens: int, vocab: int):
         from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
-        self.engine, self.n, self.made = engine, 0, 0
+        self.engine, self.made = engine, 0
         self.make = lambda i: GenerateRequest(
             f"r{i}", tuple((17 * i + 31 * j) % (vocab - 100) + 50 for j in range(prompt_len)),
             SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True))
@@ -207,13 +204,10 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    if mode is not None:
-        os.environ[MODE_ENV] = mode
     engine, cluster = build_engine(args, mode, drafter)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     try:
-        vocab = engine.runner.spec.vocab_size if hasattr(engine, "runner") else 32000
-        load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, vocab)
+        load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size)
         for _ in range(args.warmup):
             load.step()
         sync()
@@ -252,7 +246,6 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
         phases = phase_profile(engine, load, args.steps, sync)
     finally:
         cluster.stop(engine)
-        os.environ.pop(MODE_ENV, None)
     return {"config": name, "step_ms_median": round(1e3 * statistics.median(times), 3),
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
@@ -268,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-like", action="store_true", help="random weights of the model's config")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--attention-backend", default=None, help="as `serve` (default: its auto)")
     parser.add_argument("--disable-cuda-graph", action="store_true")
     parser.add_argument("--modes", default="static,compact")
     parser.add_argument("--concurrency", type=int, default=1)
