@@ -155,12 +155,6 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         samples = [s for s in samples if len(s.response) >= 2 and len(s.prompt) + 2 <= a.max_length]
-        if a.extra_text:
-            texts = data.text_samples(a.extra_text, a.target, max_length=a.max_length, seed=a.seed,
-                                      limit=a.extra_text_max_seqs)
-            self.say(f"adding {len(texts)} text pieces of up to {a.max_length} tokens from "
-                     f"{len(a.extra_text)} --extra-text file(s) to {len(samples)} responses")
-            samples = samples + texts
         if not samples:
             raise SglaunchError("the target produced no usable responses (each needs >= 2 tokens)",
                                 hint="check the prompts and --max-new-tokens")
@@ -174,6 +168,13 @@ class Trainer:
         torch.manual_seed(a.seed)
         self.dcfg = self.drafter_config()
         self.samples, self.heldout = self.prepare_data()
+        if a.extra_text:  # not in prepare_data: generating responses (--generate-only, or the CLI
+            # before it starts its ranks) needs no text
+            texts = data.text_samples(a.extra_text, a.target, max_length=a.max_length, seed=a.seed,
+                                      limit=a.extra_text_max_seqs)
+            self.say(f"adding {len(texts)} text pieces of up to {a.max_length} tokens from "
+                     f"{len(a.extra_text)} --extra-text file(s) to {len(self.samples)} responses")
+            self.samples = self.samples + texts
         self.target = target_mod.Target(a.target, list(self.dcfg.target_layer_ids), self.dtype, self.device)
         final_norm = self.target.model.model.norm.weight.detach()
         self.drafter = model.build_drafter(self.dcfg, self.target.embed_tokens, self.target.lm_head, self.device,
@@ -181,7 +182,7 @@ class Trainer:
         model.init_weights(self.drafter, a.seed, final_norm)
         if a.init_from is None:
             self.whiten_fc()
-        if a.init_from is not None:
+        else:
             model.load_checkpoint_weights(self.drafter, a.init_from)
         self.params = list(model.own_parameters(self.drafter).values())
         self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95))
