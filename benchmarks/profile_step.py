@@ -234,6 +234,12 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
         top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
         top_ops = [{"op": e.key, "calls_per_step": round(e.count * per, 1),
                     "self_cpu_ms_per_step": round(e.self_cpu_time_total * per / 1e3, 3)} for e in top]
+        # device busy time: the kernels' own time (host operators carry none of their own)
+        device = [e for e in events if getattr(e, "self_device_time_total", 0) > 0]
+        device_ms = sum(e.self_device_time_total for e in device) * per / 1e3
+        top_kernels = [{"kernel": e.key[:90], "calls_per_step": round(e.count * per, 1),
+                        "device_ms_per_step": round(e.self_device_time_total * per / 1e3, 3)}
+                       for e in sorted(device, key=lambda e: e.self_device_time_total, reverse=True)[:args.top]]
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(args.steps):
@@ -250,8 +256,19 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
+            "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
             "cprofile": buf.getvalue(), "phases": phases,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
+
+
+def release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for name, mode in configs:
             r = measure(args, name, mode, drafter)
+            release_device_memory()  # the next configuration plans its KV cache from the free memory
             results.append(r)
             print(f"\n=== {name}: step {r['step_ms_median']} ms (min {r['step_ms_min']}); per step: "
                   f"{r['aten_calls_per_step']} aten calls, {r['kernel_launches_per_step']} kernel launches, "
@@ -300,13 +318,17 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name}: {v}")
             for op in r["top_ops"]:
                 print(f"  {op['self_cpu_ms_per_step']:8.3f} ms  {op['calls_per_step']:7.1f}x  {op['op'][:90]}")
+            if r["top_kernels"]:
+                print(f"  device busy {r['device_busy_ms_per_step']:.3f} ms/step; kernels with the most device time:")
+                for k in r["top_kernels"]:
+                    print(f"  {k['device_ms_per_step']:8.3f} ms  {k['calls_per_step']:7.1f}x  {k['kernel']}")
             print("\n".join(r["cprofile"].splitlines()[:60]))
         if args.json:
             args.json.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "results": results}, indent=1))
-        print("\nconfig           step ms   aten/step  launches/step  graphs/step")
+        print("\nconfig           step ms  device ms   aten/step  launches/step  graphs/step")
         for r in results:
-            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['aten_calls_per_step']:11.1f} "
-                  f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
+            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['device_busy_ms_per_step']:10.2f} "
+                  f"{r['aten_calls_per_step']:11.1f} {r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -50,6 +50,9 @@ class ModelRunner:
         self.config, self.spec, self.tp, self.device = config, spec, tp, device
         if device.type == "cuda":
             torch.cuda.set_device(device)
+            # NOTE: cuDNN's SDPA builds an execution plan for every new shape, ~25 ms of host time
+            # on an H200; the drafter's and the torch backend's attention change shape every step
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.context_length = resolve_context_length(spec, config.context_length)
         max_positions = max(self.context_length, spec.max_position_embeddings)
         self.model_dtype = DTYPES[config.dtype]

@@ -229,3 +229,15 @@ def test_torch_backend_on_cuda_runs_eagerly(files):
     assert replays == {}
     flashinfer_out, _ = greedy_outputs(cuda_config(files), batch, 8)
     assert_same_greedy(flashinfer_out, torch_out, "flashinfer + graphs vs torch backend")
+
+
+@pytest.mark.parametrize("drafter,backend", [("random", "flashinfer"), (None, "torch")])
+def test_engine_steps_do_not_plan_cudnn_attention(files, drafter, backend):
+    """The drafter's context (and the torch backend's padded batch) changes shape every step;
+    cuDNN's SDPA would build a new execution plan each time (tens of ms on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        greedy_outputs(cuda_config(files, drafter=drafter, backend=backend), prompts(2, seed=5), 6)
+    cudnn = [e.key for e in prof.key_averages() if "cudnn_attention" in e.key]
+    assert not cudnn, f"SDPA ran on cuDNN: {cudnn}"
