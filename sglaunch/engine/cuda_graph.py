@@ -11,6 +11,9 @@ Two families, captured at start-up largest first into one shared memory pool:
   min(T, max_bs) + 1 requests so there is always a spare one: the first dummy owns the T - t
   padding rows (its own causal attention over the padding page), the others have no query rows.
 
+With a DSpark drafter, every graph also writes the draft context K/V of its rows (the drafter's
+`write_context` from the captured target features), so no eager draft work follows a replay.
+
 Steps that fit no graph (prefill chunks longer than the window, batches over the largest bucket,
 page tables over the fixed index buffer) run eagerly. The torch attention backend builds
 shape-dependent metadata per step, so graphs are only used with FlashInfer.
@@ -232,10 +235,14 @@ class CudaGraphRunner:
         self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
 
     def _body(self, n: int) -> None:
-        hidden, features = self.runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
+        runner = self.runner
+        hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
         self.hidden[:n].copy_(hidden)
         if features is not None:
             self.features[:n].copy_(features)
+            # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
+            # operators per draft layer each step. Padding rows write to the padding page's slots.
+            runner.draft.write_context(features, self.inputs[1, :n], self.inputs[2, :n])
 
     def pick(self, step: StepInput) -> GraphKey | None:
         key = self.plan.pick(step)
@@ -243,7 +250,8 @@ class CudaGraphRunner:
 
     def replay(self, key: GraphKey, step: StepInput):
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
-        static buffers, valid until the next replay."""
+        static buffers, valid until the next replay. With a drafter, the replay has also written
+        the rows' draft context K/V."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
         graph.replay()
