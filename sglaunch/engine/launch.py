@@ -100,12 +100,12 @@ def validate_before_spawning(config: EngineConfig):
 def create_engine(config: EngineConfig):
     """Synchronously boot rank 0: returns (LLMEngine, Cluster); call cluster.stop(engine)."""
     from sglaunch.engine.engine import LLMEngine
-    from sglaunch.engine.model_runner import ModelRunner, rank_device, set_cpu_threads
+    from sglaunch.engine.model_runner import ModelRunner, rank_device, configure_cpu_rank
 
     spec = validate_before_spawning(config)
     cluster = Cluster(config)
     if config.device == "cpu":
-        set_cpu_threads(cluster.layout.ranks_per_node)
+        configure_cpu_rank(cluster.layout.ranks_per_node)
     try:
         tp = cluster.start()
         runner = ModelRunner(config, spec, tp, rank_device(config, 0), show_progress=True)

@@ -31,13 +31,13 @@ def worker_main(config: EngineConfig, rank: int, host: str, port: int) -> None:
 
 def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
     from sglaunch.engine.distributed import connect_store, destroy_tp_group, init_tp_group, rank_layout
-    from sglaunch.engine.model_runner import ModelRunner, rank_device, set_cpu_threads
+    from sglaunch.engine.model_runner import ModelRunner, rank_device, configure_cpu_rank
     from sglaunch.engine.model_spec import load_model_spec
     from sglaunch.engine.watchdog import WorkerHeartbeat
 
     layout = rank_layout(config)
     if config.device == "cpu":
-        set_cpu_threads(layout.ranks_per_node)
+        configure_cpu_rank(layout.ranks_per_node)
     store = connect_store(host, port, rank, layout.world_size)
     heartbeat = WorkerHeartbeat(host, port, rank)
     heartbeat.start()
