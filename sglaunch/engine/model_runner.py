@@ -76,6 +76,11 @@ class ModelRunner:
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
         self.attn.set_query_dtype(self.model_dtype)
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
+        if self.graphs is not None and self.draft is not None:
+            from sglaunch.speculative.draft_graphs import enabled_from_env
+
+            if enabled_from_env():  # NOTE: opt-in until a GPU run has checked it (docs/gpu.md)
+                self.draft.enable_graphs(list(self.graphs.plan.decode_sizes), max_positions)
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner

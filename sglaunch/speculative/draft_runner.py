@@ -40,6 +40,7 @@ class DraftRunner:
         self.layer_ids = tuple(c.target_layer_ids)
         self.block_size = c.block_size
         self.pool: DraftKVPool | None = None
+        self.graphs = None  # DraftGraphRunner, when enable_graphs() was called
 
     def bytes_per_token(self, kv_dtype: torch.dtype) -> int:
         c = self.drafter.config
@@ -48,6 +49,12 @@ class DraftRunner:
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 
+    def enable_graphs(self, batch_sizes: list[int], max_context: int) -> None:
+        """CUDA graphs of the block forward (draft_graphs.py), captured as keys come up."""
+        from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner
+
+        self.graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device)
+
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """features [num_tokens, n * hidden] of one target forward -> draft K/V at its KV slots."""
         self.drafter.write_context(features, positions, slots, self.pool)
@@ -55,6 +62,14 @@ class DraftRunner:
     @torch.inference_mode()
     def forward(self, step: DraftStepInput, page_size: int) -> BlockOutput:
         """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
+        batch, context = len(step.anchor_tokens), max(step.anchor_positions, default=0)
+        key = self.graphs.pick(batch, context) if self.graphs is not None else None
+        if key is not None:
+            from sglaunch.speculative.draft_graphs import padded_inputs
+
+            table = context_slots(step.page_tables, step.anchor_positions, page_size)
+            flat = padded_inputs(step.anchor_tokens, step.anchor_positions, table, key)
+            return self.graphs.run(key, to_device([flat], self.device)[0], batch)  # one copy down
         host = [torch.tensor(step.anchor_tokens, dtype=torch.int64),
                 torch.tensor(step.anchor_positions, dtype=torch.int64),
                 context_slots(step.page_tables, step.anchor_positions, page_size)]

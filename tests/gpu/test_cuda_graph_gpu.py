@@ -182,6 +182,9 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
                 out[o.rid][1].extend(o.logprobs)
         graphs = engine.runner.graphs
         replays = dict(graphs.replays) if graphs is not None else {}
+        draft = engine.runner.draft
+        if draft is not None and draft.graphs is not None:
+            replays["draft"] = draft.graphs.replays
     return out, replays
 
 
@@ -241,3 +244,19 @@ def test_engine_steps_do_not_plan_cudnn_attention(files, drafter, backend):
         greedy_outputs(cuda_config(files, drafter=drafter, backend=backend), prompts(2, seed=5), 6)
     cudnn = [e.key for e in prof.key_averages() if "cudnn_attention" in e.key]
     assert not cudnn, f"SDPA ran on cuDNN: {cudnn}"
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "random"])
+def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
+    """SGLAUNCH_DRAFT_CUDA_GRAPH=1: the block forward replays graphs (padded batch and context),
+    and DSpark still equals plain greedy; the oracle drafter's accept lengths need exact drafts."""
+    from sglaunch.speculative.draft_graphs import ENABLE_ENV
+
+    batch = prompts(10, seed=6)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 20)
+    eager, _ = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
+    monkeypatch.setenv(ENABLE_ENV, "1")
+    graphed, replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
+    assert replays.get("draft", 0) > 0, f"no drafter graph was replayed: {replays}"
+    assert_same_greedy(graphed, plain, f"DSpark ({drafter} drafter, drafter graphs) vs plain greedy")
+    assert_same_greedy(graphed, eager, f"DSpark ({drafter} drafter) with drafter graphs vs without")

@@ -1,0 +1,74 @@
+"""The drafter's CUDA-graph layout on the CPU: which key a step picks, and that the padded
+static input (dummy requests, padded slot table) gives the real requests the eager output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_helpers import feature_rows, tiny_config
+from sglaunch.speculative.checkpoint import init_drafter_state, load_drafter, save_drafter
+from sglaunch.speculative.draft_graphs import (
+    MIN_CONTEXT, DraftGraphKey, DraftGraphPlan, batch_from_flat, padded_inputs)
+from sglaunch.speculative.draft_runner import context_slots
+from sglaunch.speculative.drafter import DraftBatch
+
+BUCKETS = [1, 2, 4, 8, 16, 24, 32]
+
+
+def test_plan_rounds_batch_to_a_bucket_and_context_to_a_power_of_two():
+    plan = DraftGraphPlan(BUCKETS, max_context=2000, max_cells=1 << 14)
+    assert plan.pick(1, 5) == DraftGraphKey(1, MIN_CONTEXT)
+    assert plan.pick(3, 129) == DraftGraphKey(4, 256)
+    assert plan.pick(17, 256) == DraftGraphKey(24, 256)
+    assert plan.pick(8, 2000) == DraftGraphKey(8, 2048)  # the plan's limit is 2000 rounded up
+    assert plan.pick(8, 2049) is None  # longer than any context the plan allows
+    assert plan.pick(33, 10) is None  # above the largest bucket
+    assert plan.pick(16, 1025) is None  # 16 x 2048 cells: over max_cells
+
+
+def test_static_buffer_holds_every_key_the_plan_picks():
+    plan = DraftGraphPlan(BUCKETS, max_context=3000, max_cells=1 << 15)
+    keys = {plan.pick(b, c) for b in range(1, 40) for c in range(1, 5000, 7)} - {None}
+    assert keys and max(k.flat_size for k in keys) == plan.max_flat_size
+
+
+def test_padded_inputs_layout():
+    key = DraftGraphKey(4, 8)
+    table = torch.tensor([[5, 6, 7], [9, 9, 9]])
+    flat = padded_inputs([11, 12], [3, 1], table, key)
+    assert flat.shape == (key.flat_size,)
+    assert flat[:4].tolist() == [11, 12, 0, 0] and flat[4:8].tolist() == [3, 1, 0, 0]
+    grid = flat[8:].view(4, 8)
+    assert grid[0].tolist() == [5, 6, 7, 0, 0, 0, 0, 0] and grid[1, :3].tolist() == [9, 9, 9]
+    assert grid[2:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "rnn"])
+def test_padded_batch_gives_the_eager_output(tmp_path, markov):
+    cfg = tiny_config(markov_head_type=markov)
+    drafter = load_drafter(save_drafter(tmp_path / "d", cfg, init_drafter_state(cfg, seed=5)))
+    page_size, pool = 4, drafter.make_pool(64)
+    # three requests on pages 2.., context lengths 6, 10 and 3; page 0 (the padding's slot 0)
+    # is nobody's, filled with garbage that the masks must hide
+    pages, lengths, anchors = [[2, 3], [4, 5, 6], [7]], [6, 10, 3], [10, 20, 30]
+    for r, (table, n) in enumerate(zip(pages, lengths)):
+        slots = torch.tensor([table[i // page_size] * page_size + i % page_size for i in range(n)])
+        drafter.write_context(feature_rows(n, cfg, seed=40 + r), torch.arange(n), slots, pool)
+    for layer in range(cfg.num_layers):
+        pool.k[layer][:page_size] = 1e3
+        pool.v[layer][:page_size] = -1e3
+    table = context_slots(pages, lengths, page_size)
+    positions = torch.tensor(lengths)
+    eager = drafter.forward_block(DraftBatch(
+        anchor_tokens=torch.tensor(anchors), anchor_positions=positions,
+        ctx_features=torch.empty(0, cfg.num_features * cfg.hidden_size), ctx_positions=torch.empty(0, dtype=torch.int64),
+        ctx_slots=torch.empty(0, dtype=torch.int64), slot_table=table, ctx_lens=positions), pool)
+    key = DraftGraphPlan(BUCKETS, max_context=256).pick(3, max(lengths))
+    assert key == DraftGraphKey(4, MIN_CONTEXT)
+    static = torch.zeros(key.flat_size + 50, dtype=torch.int64)  # a larger static buffer, as on the GPU
+    static[: key.flat_size] = padded_inputs(anchors, lengths, table, key)
+    padded = drafter.forward_block(batch_from_flat(static, key, cfg.num_features * cfg.hidden_size, torch.float32), pool)
+    assert padded.logits.shape[0] == key.batch and torch.isfinite(padded.logits).all()
+    torch.testing.assert_close(padded.hidden[:3], eager.hidden, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded.logits[:3], eager.logits, rtol=1e-5, atol=1e-5)
