@@ -77,7 +77,7 @@ class LLMEngine:
             return
         if os.environ.get("SGLAUNCH_DSPARK_PROFILE_SPS", "1") == "0":
             return
-        from sglaunch.speculative.sps_profile import DEFAULT_TOKENS, ProfilePlan, profile_sps
+        from sglaunch.speculative.sps_profile import DEFAULT_TOKENS, ProfilePlan, profile_draft_costs, profile_sps
 
         window = self.spec.gamma + 1
         biggest = min(256, self.limits.max_running_requests * window)
@@ -89,12 +89,15 @@ class LLMEngine:
         start = time.perf_counter()
         try:
             table, seconds = profile_sps(self, plan)
+            draft = profile_draft_costs(self, plan)
         except ValueError as exc:  # e.g. a KV pool too small for even one verify-shaped step
             logger.warning("DSpark: no step-cost profile (%s); compact verifies every draft", exc)
             return
-        self.spec.planner.sps = table
-        logger.info("DSpark: profiled step costs at start-up in %.1f s (%s)", time.perf_counter() - start,
-                    ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in sorted(seconds.items())))
+        self.spec.planner.sps = table.with_draft_costs(draft)
+        logger.info("DSpark: profiled step costs at start-up in %.1f s (verify %s; draft %s)",
+                    time.perf_counter() - start,
+                    ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in sorted(seconds.items())),
+                    ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(draft.items())))
 
     # ---- requests -----------------------------------------------------------------------
     def check(self, request: GenerateRequest) -> None:

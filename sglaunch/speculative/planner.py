@@ -1,8 +1,10 @@
 """How many drafted tokens each request verifies [DSpark §3.2.2, Algorithm 1; production §5.2].
 
 Survival a_{r,j} = prod_{i<=j} c_{r,i} of calibrated confidences; a verify batch of B tokens
-(each request's anchor plus its window) is worth Theta = tau * SPS(B), tau = sum_r (1 + sum_{j <
-window_r} a_{r,j}) expected committed tokens.
+(each request's anchor plus its window) over R requests is worth Theta = tau / step_seconds(B, R),
+tau = sum_r (1 + sum_{j < window_r} a_{r,j}) expected committed tokens, step_seconds = 1 / SPS(B)
+plus the draft stage's cost for R requests when the table has one (sps.py); without it, the
+paper's Theta = tau * SPS(B).
 
 - `greedy_admission`: the paper's Algorithm 1. Admit candidates by survival, stop at the FIRST
   non-improvement of Theta, so no admission looks at a draft's own value through later
@@ -30,8 +32,9 @@ from sglaunch.speculative.sps import SpsTable
 DEFAULT_LAG_STEPS = 2
 
 
-def theta(tau: float, batch_tokens: int, sps: SpsTable) -> float:
-    return tau * sps.sps(batch_tokens)
+def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
+    """Expected committed tokens per second of a step verifying `batch_tokens` for `requests`."""
+    return tau / sps.step_seconds(batch_tokens, requests)
 
 
 def greedy_admission(survivals: Sequence[Sequence[float]], sps: SpsTable | None, extra_tokens: int = 0) -> list[int]:
@@ -42,11 +45,11 @@ def greedy_admission(survivals: Sequence[Sequence[float]], sps: SpsTable | None,
         return [len(row) for row in survivals]
     candidates = sorted(((-a, j, r) for r, row in enumerate(survivals) for j, a in enumerate(row) if a > 0))
     windows, batch, tau = [0] * R, extra_tokens + R, float(R)
-    best = theta(tau, batch, sps)
+    best = theta(tau, batch, sps, R)
     for neg_a, j, r in candidates:
         if j != windows[r]:  # NOTE: cannot happen for non-increasing rows; keeps prefixes regardless
             break
-        trial = theta(tau - neg_a, batch + 1, sps)
+        trial = theta(tau - neg_a, batch + 1, sps, R)
         if trial <= best:
             break  # first non-improvement: stop (non-anticipating)
         windows[r], batch, tau, best = j + 1, batch + 1, tau - neg_a, trial
@@ -55,16 +58,16 @@ def greedy_admission(survivals: Sequence[Sequence[float]], sps: SpsTable | None,
 
 def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable | None,
                   extra_tokens: int = 0) -> int:
-    """Total draft tokens K to verify: argmax_k tau(k) * SPS(extra + R + k) over the k best lagged
-    survivals (smallest k among equal maxima). Without a table: all of them."""
+    """Total draft tokens K to verify: argmax_k tau(k) / step_seconds(extra + R + k, R) over the k
+    best lagged survivals (smallest k among equal maxima). Without a table: all of them."""
     values = sorted((float(a) for a in lagged_survivals), reverse=True)
     if sps is None:
         return len(values)
     best_k, tau = 0, float(num_requests)
-    best = theta(tau, extra_tokens + num_requests, sps)
+    best = theta(tau, extra_tokens + num_requests, sps, num_requests)
     for k, a in enumerate(values, start=1):
         tau += a
-        value = theta(tau, extra_tokens + num_requests + k, sps)
+        value = theta(tau, extra_tokens + num_requests + k, sps, num_requests)
         if value > best:
             best_k, best = k, value
     return best_k

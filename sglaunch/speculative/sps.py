@@ -1,13 +1,23 @@
-"""Step-cost table: forward steps per second of the target at a given verify-batch size (tokens).
+"""Step-cost table: forward steps per second of the target at a given verify-batch size (tokens),
+and optionally what the drafter's stage costs per step at a given number of requests.
 
-File format (JSON; `sglaunch profile-sps` will write it):
+File format (JSON; `sglaunch profile-sps` writes it):
 
     {"version": 1,
      "interpolation": "step",            # or "linear"; optional, default "step"
      "points": [{"tokens": 1, "steps_per_second": 95.0},
-                {"tokens": 64, "steps_per_second": 90.1}, ...]}
+                {"tokens": 64, "steps_per_second": 90.1}, ...],
+     "draft_points": [{"requests": 1, "seconds": 0.004}, ...]}   # optional
 
 Column form is accepted too: {"tokens": [1, 64, ...], "steps_per_second": [95.0, 90.1, ...]}.
+
+A DSpark step pays the draft stage (block forward and sampling, for every speculating request)
+whatever it then verifies, so the planner divides the expected committed tokens by the whole
+step's time, `step_seconds(B, R) = 1 / SPS(B) + draft_seconds(R)` (vLLM's `draft_cost[num_reqs] +
+verify_cost[tokens]`). Without draft points the draft term is 0: Theta = tau * SPS(B), the paper's
+form, which prices every extra verify token against the target forward alone and so trims more
+than it should where drafting is a large part of the step. draft_seconds(R): linear between the
+profiled request counts, the nearest point outside them, non-decreasing (running maximum).
 
 Lookup of SPS(B) for B verify tokens:
 - monotone forcing: points are sorted by tokens and SPS made non-increasing (running minimum):
@@ -35,6 +45,40 @@ class SpsTable:
     tokens: tuple[int, ...]  # strictly increasing
     steps_per_second: tuple[float, ...]  # non-increasing after monotone forcing
     interpolation: str = "step"
+    draft_requests: tuple[int, ...] = ()  # strictly increasing; empty: no draft term
+    draft_seconds_at: tuple[float, ...] = ()  # non-decreasing after forcing
+
+    def with_draft_costs(self, points: dict[int, float]) -> SpsTable:
+        """This table plus the draft stage's seconds per step by request count."""
+        merged: dict[int, float] = {}
+        for requests, seconds in sorted(points.items()):
+            if int(requests) < 1 or not float(seconds) >= 0:
+                raise ValueError(f"draft cost point ({requests}, {seconds}) needs requests >= 1 and seconds >= 0")
+            merged[int(requests)] = max(float(seconds), merged.get(int(requests), 0.0))
+        running, forced = 0.0, []
+        for requests in sorted(merged):
+            running = max(running, merged[requests])
+            forced.append(running)
+        return SpsTable(self.tokens, self.steps_per_second, self.interpolation, tuple(sorted(merged)), tuple(forced))
+
+    def draft_seconds(self, requests: int) -> float:
+        """The draft stage's seconds per step with `requests` speculating requests (0 without points)."""
+        xs, ys = self.draft_requests, self.draft_seconds_at
+        if not xs:
+            return 0.0
+        if requests <= xs[0]:
+            return ys[0]
+        if requests >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_left(xs, requests)
+        if xs[i] == requests:
+            return ys[i]
+        frac = (requests - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+
+    def step_seconds(self, tokens: int, requests: int) -> float:
+        """A whole DSpark step: the target's forward over `tokens` plus the draft stage for `requests`."""
+        return 1.0 / self.sps(tokens) + self.draft_seconds(requests)
 
     @classmethod
     def from_points(cls, points: dict[int, float] | list[tuple[int, float]], interpolation: str = "step") -> SpsTable:
@@ -77,8 +121,11 @@ class SpsTable:
         return 1.0 / ys[-1] + slope * (tokens - xs[-1])
 
     def to_json(self) -> dict:
-        return {"version": 1, "interpolation": self.interpolation,
-                "points": [{"tokens": t, "steps_per_second": s} for t, s in zip(self.tokens, self.steps_per_second)]}
+        out = {"version": 1, "interpolation": self.interpolation,
+               "points": [{"tokens": t, "steps_per_second": s} for t, s in zip(self.tokens, self.steps_per_second)]}
+        if self.draft_requests:
+            out["draft_points"] = [{"requests": r, "seconds": s} for r, s in zip(self.draft_requests, self.draft_seconds_at)]
+        return out
 
 
 def load_sps_table(path: str | Path) -> SpsTable:
@@ -104,8 +151,16 @@ def load_sps_table(path: str | Path) -> SpsTable:
         points = list(zip(map(int, data["tokens"]), map(float, data["steps_per_second"])))
     else:
         raise ValueError(f"SPS table {path}: needs 'points' (or 'tokens' + 'steps_per_second' columns)")
+    draft = data.get("draft_points", [])
+    if not isinstance(draft, list):
+        raise ValueError(f"SPS table {path}: 'draft_points' must be a list of {{'requests', 'seconds'}} objects")
     try:
-        return SpsTable.from_points(points, interpolation)
+        draft_points = {int(p["requests"]): float(p["seconds"]) for p in draft}
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"SPS table {path}: every entry of 'draft_points' needs 'requests' and 'seconds'") from None
+    try:
+        table = SpsTable.from_points(points, interpolation)
+        return table.with_draft_costs(draft_points) if draft_points else table
     except ValueError as exc:
         raise ValueError(f"SPS table {path}: {exc}") from None
 

@@ -5,6 +5,10 @@ Each measured step is shaped like a DSpark verify: ceil(B / window) requests, ea
 row wanted. It runs through the engine (`LLMEngine._run_on_all_ranks`), so tensor-parallel ranks
 take part; the KV content is whatever the pool holds (timing only). Median of `repeats` runs
 after `warmup` runs; SPS = 1 / median seconds.
+
+With a drafter (`profile_draft_costs`), the draft stage is timed too, per number of requests R:
+the block forward on every rank (`_draft_on_all_ranks`) and rank 0's greedy `sample_block`, for
+R requests with `context_len` tokens of context each.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ def verify_step(engine, num_tokens: int, plan: ProfilePlan, rng: random.Random) 
 
 
 def time_step(engine, step: StepInput, plan: ProfilePlan) -> float:
+    return _median_seconds(engine, plan, lambda: engine._run_on_all_ranks(step))
+
+
+def _median_seconds(engine, plan: ProfilePlan, run) -> float:
     import torch
 
     cuda = engine.runner.device.type == "cuda"
@@ -65,11 +73,51 @@ def time_step(engine, step: StepInput, plan: ProfilePlan) -> float:
         if cuda:
             torch.cuda.synchronize(engine.runner.device)
         start = time.perf_counter()
-        engine._run_on_all_ranks(step)
+        run()
         if cuda:
             torch.cuda.synchronize(engine.runner.device)
         times.append(time.perf_counter() - start)
     return statistics.median(times[plan.warmup:])
+
+
+def draft_request_counts(plan: ProfilePlan) -> tuple[int, ...]:
+    """The request counts of the profiled verify steps (ceil(B / window) for each size B)."""
+    return tuple(sorted({math.ceil(t / plan.window) for t in plan.token_sizes}))
+
+
+def profile_draft_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, float]:
+    """Seconds of the draft stage per step, by number of requests (engine with a drafter)."""
+    import torch
+
+    from sglaunch.engine.step import DraftStepInput
+
+    page, vocab = engine.config.page_size, engine.runner.spec.vocab_size
+    rng, seconds = random.Random(1), {}
+    device = engine.runner.device
+    for requests in draft_request_counts(plan):
+        borrowed, tables = [], []
+        try:
+            for _ in range(requests):
+                pages = engine.allocator.alloc(math.ceil(plan.context_len / page))
+                if pages is None:
+                    raise ValueError(f"the KV pool cannot hold a {requests}-request draft step")
+                borrowed += pages
+                tables.append(pages)
+            anchors = [rng.randrange(vocab) for _ in range(requests)]
+            step = DraftStepInput(anchors, [plan.context_len] * requests, tables)
+            anchor_ids = torch.tensor(anchors, dtype=torch.int64, device=device)
+            greedy = torch.zeros(requests, device=device)
+
+            def draft_stage():
+                out = engine._draft_on_all_ranks(step)
+                engine.spec.drafter.sample_block(out, anchor_ids, greedy, return_probs=False, all_greedy=True)
+
+            seconds[requests] = _median_seconds(engine, plan, draft_stage)
+        finally:
+            engine.allocator.free(borrowed)
+        if progress is not None:
+            progress(requests, seconds[requests])
+    return seconds
 
 
 def profile_sps(engine, plan: ProfilePlan, progress=None) -> tuple[SpsTable, dict[int, float]]:

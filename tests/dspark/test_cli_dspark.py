@@ -25,8 +25,26 @@ def test_profile_sps_writes_a_loadable_table(dspark_files, tmp_path):
     assert set(summary["seconds_per_step"]) == {"1", "4", "16"}
     table = load_sps_table(out)
     assert table.tokens == (1, 4, 16) and all(s > 0 for s in table.steps_per_second)
+    assert "draft_points" not in json.loads(out.read_text())  # no drafter: no draft stage to price
     bad = CliRunner().invoke(app, ["profile-sps", "--model-path", str(tmp_path), "--tokens", "1,x"])
     assert bad.exit_code == 2 and "Error:" in bad.output
+
+
+def test_profile_sps_with_a_drafter_prices_the_draft_stage(dspark_files, tmp_path):
+    out = tmp_path / "sps.json"
+    args = ["profile-sps", "--model-path", str(dspark_files["target"]), "--device", "cpu", "--tokens", "1,4,16",
+            "--context-len", "32", "--repeats", "2", "--warmup", "1", "-o", str(out), "--json",
+            "--draft-model-path", str(dspark_files["oracle"])]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    # the window defaults to the drafter's block size + 1, so 16 tokens are ceil(16 / 5) = 4 requests
+    assert set(summary["draft_seconds_per_step"]) == {"1", "4"}
+    table = load_sps_table(out)
+    assert table.draft_requests == (1, 4) and 0 < table.draft_seconds(1) <= table.draft_seconds(4)
+    assert table.step_seconds(4, 1) == 1 / table.sps(4) + table.draft_seconds(1)
+    wrong = CliRunner().invoke(app, [*args, "--window", str(GAMMA + 3)])
+    assert wrong.exit_code != 0 and "block size" in wrong.output
 
 
 def test_recorded_blocks_fit_sts_and_the_engine_uses_it(dspark_files, tmp_path, monkeypatch):

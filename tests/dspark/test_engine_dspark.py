@@ -217,6 +217,8 @@ def test_compact_without_a_table_profiles_step_costs_at_start(dspark_files, monk
         table = engine.spec.planner.sps
         assert table is not None  # measured, so compact plans windows instead of verifying all
         assert table.sps(1) > 0 and table.sps(GAMMA + 1) > 0
+        # the draft stage is priced too, per number of requests, starting at one request
+        assert table.draft_requests and table.draft_requests[0] == 1 and table.draft_seconds(1) > 0
     finally:
         cluster.stop(engine)
     monkeypatch.setenv("SGLAUNCH_DSPARK_PROFILE_SPS", "0")

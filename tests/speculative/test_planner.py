@@ -37,6 +37,40 @@ def test_sps_step_linear_extrapolation_and_monotone(tmp_path):
         load_sps_table(tmp_path / "none.json")
 
 
+def test_draft_costs_interpolate_force_monotone_and_round_trip(tmp_path):
+    table = SpsTable.from_points({1: 100.0, 8: 80.0}).with_draft_costs({1: 0.004, 4: 0.010, 2: 0.003, 16: 0.012})
+    assert table.draft_requests == (1, 2, 4, 16)
+    assert table.draft_seconds_at == (0.004, 0.004, 0.010, 0.012)  # running maximum: 2 costs what 1 does
+    assert table.draft_seconds(3) == pytest.approx(0.007) and table.draft_seconds(100) == 0.012
+    assert table.draft_seconds(1) == table.draft_seconds(0) == 0.004
+    assert table.step_seconds(8, 4) == pytest.approx(1 / 80 + 0.010)
+    assert SpsTable.from_points({1: 100.0}).step_seconds(1, 50) == pytest.approx(0.01)  # no points: no term
+    from sglaunch.speculative.sps import save_sps_table
+    save_sps_table(table, tmp_path / "d.json")
+    assert load_sps_table(tmp_path / "d.json") == table
+    (tmp_path / "bad.json").write_text(json.dumps({"points": [{"tokens": 1, "steps_per_second": 1}],
+                                                   "draft_points": [{"requests": 1}]}))
+    with pytest.raises(ValueError, match="draft_points"):
+        load_sps_table(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="requests >= 1"):
+        table.with_draft_costs({0: 0.1})
+
+
+def test_a_costly_draft_stage_makes_extra_verify_tokens_worth_more():
+    """A step pays its draft stage whatever it verifies: with that cost in the step time, the
+    relative price of the extra verify tokens falls and the budget grows."""
+    verify_only = SpsTable.from_points({1: 1 / 0.020, 4: 1 / 0.022, 8: 1 / 0.030})
+    with_draft = verify_only.with_draft_costs({1: 0.015})
+    lagged = [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.08]
+    k_verify_only = choose_budget(lagged, 1, verify_only)
+    k_with_draft = choose_budget(lagged, 1, with_draft)
+    # verify-only: 1 + 0.8 + 0.6 + 0.45 = 2.85 tokens in 22 ms beats 3.55 in 30 ms; with the 15 ms
+    # draft stage in both, 3.55 / 45 ms beats 2.85 / 37 ms
+    assert (k_verify_only, k_with_draft) == (3, 7)
+    # Algorithm 1 stops at the first non-improvement: the 4th draft opens the 30 ms tier either way
+    assert greedy_admission([lagged], verify_only) == greedy_admission([lagged], with_draft) == [3]
+
+
 def test_algorithm1_admits_by_survival_and_stops_at_first_non_improvement():
     sps = SpsTable.from_points({1: 100.0, 2: 100.0, 3: 100.0, 4: 60.0, 5: 60.0})
     surv = [[0.9, 0.8, 0.1], [0.95, 0.2, 0.1]]
