@@ -70,6 +70,9 @@ def train_draft(
     eval_max_prompts: Annotated[int, typer.Option(help="Held-out prompts evaluated.")] = 64,
     eval_max_new_tokens: Annotated[int, typer.Option(help="Tokens decoded per evaluated prompt.")] = 128,
     fit_sts: Annotated[bool, typer.Option("--fit-sts", help="Fit the STS calibration file on the evaluation blocks.")] = False,
+    draft_vocab_size: Annotated[int, typer.Option(
+        help="Also write draft_vocab.json: the K most frequent tokens of the target's responses, which the "
+             "engine then drafts over (a K-row LM head; TP 1). 0: the whole vocabulary.")] = 0,
     generate_only: Annotated[bool, typer.Option("--generate-only", help="Only generate (and cache) the target's responses, then stop.")] = False,
     time_limit_min: Annotated[Optional[float], typer.Option(help="Stop with a checkpoint after this many minutes; --resume continues.")] = None,
     train_minutes: Annotated[Optional[float], typer.Option(help="Train for about this long: the step count is fixed from the speed of steps 6-25 (overrides --epochs/--max-steps).")] = None,
@@ -92,6 +95,9 @@ def train_draft(
             raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
     if num_procs < 1:
         raise SglaunchError(f"--num-procs must be at least 1, got {num_procs}", hint="1 trains in this process")
+    if draft_vocab_size < 0:
+        raise SglaunchError(f"--draft-vocab-size must be 0 or more, got {draft_vocab_size}",
+                            hint="0 drafts over the whole vocabulary")
     if device == "cuda" and num_procs > 1:
         from sglaunch.training.trainer import visible_gpus
 
@@ -128,7 +134,8 @@ def train_draft(
         max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, lr=lr,
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
-        eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, progress=not as_json,
+        eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, draft_vocab_size=draft_vocab_size,
+        progress=not as_json,
         time_limit_s=None if time_limit_min is None else 60.0 * time_limit_min, train_minutes=train_minutes,
         gen_batch=gen_batch, gen_attention_backend=gen_attention_backend, extra_text=list(extra_text or []),
         extra_text_max_seqs=extra_text_max_seqs, num_procs=num_procs,

@@ -13,6 +13,8 @@ context and need no recompute.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from sglaunch.config import EngineConfig
@@ -21,6 +23,8 @@ from sglaunch.engine.kv_pool import kv_bytes_per_token
 from sglaunch.engine.step import DraftStepInput
 from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftKVPool
 from sglaunch.engine.transfer import to_device
+
+logger = logging.getLogger(__name__)
 
 
 class DraftRunner:
@@ -37,10 +41,27 @@ class DraftRunner:
             raise ValueError(f"--speculative-dspark-block-size {spec.block_size} differs from the drafter's "
                              f"block_size {c.block_size}; drop the flag or use the checkpoint's value")
         self.tp, self.device = tp, device
+        self._use_draft_vocab(spec.draft_model_path)
         self.layer_ids = tuple(c.target_layer_ids)
         self.block_size = c.block_size
         self.pool: DraftKVPool | None = None
         self.graphs = None  # DraftGraphRunner, when enable_graphs() was called
+
+    def _use_draft_vocab(self, folder: str) -> None:
+        """A draft_vocab.json beside the drafter restricts what it drafts (draft_vocab.py)."""
+        from pathlib import Path
+
+        from sglaunch.speculative.draft_vocab import FILE_NAME, load_draft_vocab
+
+        path = Path(folder) / FILE_NAME
+        if not path.is_file():
+            return
+        if self.tp.size > 1:
+            logger.warning("DSpark: %s ignored: a draft vocabulary needs --tp-size 1; drafting over all tokens", path)
+            return
+        ids = load_draft_vocab(path, self.drafter.config.vocab_size)
+        self.drafter.restrict_vocab(ids)
+        logger.info("DSpark: drafting over %d of %d tokens (%s)", len(ids), self.drafter.config.vocab_size, path)
 
     def bytes_per_token(self, kv_dtype: torch.dtype) -> int:
         c = self.drafter.config

@@ -135,8 +135,10 @@ class MarkovHead(nn.Module):
     def init_state(self, batch: int, like: torch.Tensor) -> torch.Tensor:
         return like.new_zeros(batch, self.rank)  # s_0 = 0 (used by rnn only)
 
-    def bias(self, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """e = W1[x_{k-1}] [B, r], h = h_k [B, d] -> (B_k [B, V] float32, next state [B, r])."""
+    def bias(self, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor,
+             w2_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """e = W1[x_{k-1}] [B, r], h = h_k [B, d] -> (B_k [B, V] float32, next state [B, r]).
+        w2_rows: W2's rows of a draft vocabulary [K, r] (then B_k is [B, K])."""
         if self.kind == "gated":
             z = torch.sigmoid(self.gate_proj(torch.cat([h, e], dim=-1))) * e
         elif self.kind == "rnn":
@@ -146,7 +148,7 @@ class MarkovHead(nn.Module):
             z = torch.tanh(o)
         else:
             z = e
-        return self.markov_w2(z).float(), state
+        return (F.linear(z, w2_rows) if w2_rows is not None else self.markov_w2(z)).float(), state
 
 
 class ConfidenceHead(nn.Module):
@@ -295,6 +297,26 @@ class DSparkDrafter(nn.Module):
         self.norm = RMSNorm(d, c.rms_norm_eps, dtype, device)
         self.markov_head = MarkovHead(c, dtype, device) if c.markov_rank > 0 else None
         self.confidence_head = ConfidenceHead(c, dtype, device) if c.enable_confidence_head else None
+        # restrict_vocab(): the draft vocabulary [K] and the LM-head / Markov rows it keeps
+        self.draft_vocab: torch.Tensor | None = None
+        self.draft_head_weight: torch.Tensor | None = None
+        self.draft_markov_w2: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def restrict_vocab(self, token_ids) -> None:
+        """Draft only these target token ids (draft_vocab.py): the block's logits, the Markov bias
+        and the sampling run over K of the V tokens; drafts are still target ids, and the draft
+        probabilities of the other tokens are 0, so verification stays exact. TP 1 only: the LM
+        head (the target's) must be whole on this rank."""
+        if self.tp.size != 1:
+            raise ValueError("a draft vocabulary needs --tp-size 1 (the LM head is split across ranks)")
+        ids = torch.tensor(sorted({int(t) for t in token_ids}), dtype=torch.int64, device=self.fc.weight.device)
+        if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in [0, {self.config.vocab_size})")
+        self.draft_vocab = ids
+        self.draft_head_weight = self.lm_head.weight.index_select(0, ids)  # [K, d]
+        if self.markov_head is not None:
+            self.draft_markov_w2 = self.markov_head.markov_w2.weight.index_select(0, ids)  # [K, r]
 
     def make_pool(self, num_slots: int, dtype=None) -> DraftKVPool:
         c = self.config
@@ -328,7 +350,10 @@ class DSparkDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, positions, ctx, batch, pool)
         hidden = self.norm(x)  # [B * G, d]
-        logits = self.lm_head(hidden).float()  # [B * G, V]
+        if self.draft_vocab is not None:
+            logits = F.linear(hidden, self.draft_head_weight).float()  # [B * G, K]: the draft vocabulary's rows
+        else:
+            logits = self.lm_head(hidden).float()  # [B * G, V]
         return BlockOutput(hidden.view(B, G, -1), logits.view(B, G, -1))
 
     @torch.inference_mode()
@@ -338,8 +363,10 @@ class DSparkDrafter(nn.Module):
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
         softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
         all_greedy: the caller knows every row is greedy (from the host, so no device read here):
-        the softmax and the draw are skipped, and no probabilities are returned."""
-        B, G, V = out.logits.shape
+        the softmax and the draw are skipped, and no probabilities are returned.
+        With a draft vocabulary (restrict_vocab), out.logits and the returned logits are over its
+        K tokens; tokens are target ids and probs cover the whole vocabulary (0 outside it)."""
+        B, G, V = out.logits.shape  # V: the draft vocabulary's size
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
         greedy = temperatures < GREEDY_TEMPERATURE  # [B]
@@ -352,7 +379,7 @@ class DSparkDrafter(nn.Module):
             l_k = out.logits[:, k]
             if self.markov_head is not None:
                 state = self.markov_head.init_state(B, e) if state is None else state
-                bias, state = self.markov_head.bias(e, h, state)
+                bias, state = self.markov_head.bias(e, h, state, self.draft_markov_w2)
                 l_k = l_k + bias
             if self.confidence_head is not None:
                 conf.append(self.confidence_head(h, e))
@@ -364,11 +391,16 @@ class DSparkDrafter(nn.Module):
                 x = torch.where(greedy, argmax, inverse_cdf(q, uniforms[:, k].float()))
                 if return_probs:
                     probs.append(torch.where(greedy[:, None], F.one_hot(argmax, V).float(), q))
+            if self.draft_vocab is not None:
+                x = self.draft_vocab[x]  # the draft vocabulary's index -> the target's token id
             tokens.append(x)
             logits.append(l_k)
             prev = x
-        return DraftBlock(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None,
-                          torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
+        q_all = torch.stack(probs, 1) if probs else None
+        if q_all is not None and self.draft_vocab is not None:  # [B, G, K] -> [B, G, vocab], 0 elsewhere
+            full = q_all.new_zeros(B, G, self.config.vocab_size)
+            q_all = full.index_copy_(2, self.draft_vocab, q_all)
+        return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
 
     def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:
         """forward_block + sample_block."""

@@ -74,6 +74,7 @@ class TrainArgs:
     eval_max_prompts: int = 64
     eval_max_new_tokens: int = 128
     fit_sts: bool = False
+    draft_vocab_size: int = 0  # > 0: write draft_vocab.json (the K most frequent response tokens)
     progress: bool = True
     time_limit_s: float | None = None  # stop (checkpointed) after this long; --resume continues
     train_minutes: float | None = None  # fix the step count from the first steps' speed to fill this budget
@@ -168,6 +169,7 @@ class Trainer:
         torch.manual_seed(a.seed)
         self.dcfg = self.drafter_config()
         self.samples, self.heldout = self.prepare_data()
+        self.num_responses = len(self.samples)  # the target's responses come first; text pieces follow
         if a.extra_text:  # not in prepare_data: generating responses (--generate-only, or the CLI
             # before it starts its ranks) needs no text
             texts = data.text_samples(a.extra_text, a.target, max_length=a.max_length, seed=a.seed,
@@ -474,10 +476,25 @@ def run_evaluation(trainer: Trainer, folder: Path) -> dict[str, Any]:
     return result
 
 
+def write_draft_vocab(trainer: Trainer, folder: Path) -> None:
+    """folder/draft_vocab.json from the target's responses; the evaluation then drafts over it,
+    as the engine will (draft_vocab.py)."""
+    from sglaunch.speculative.draft_vocab import FILE_NAME, frequent_tokens, save_draft_vocab
+
+    responses = (s.response for s in trainer.samples[: trainer.num_responses])
+    ids, covered = frequent_tokens(responses, trainer.args.draft_vocab_size)
+    source = f"the {len(ids)} most frequent tokens of {trainer.num_responses} training responses (cover {covered:.4%})"
+    save_draft_vocab(folder / FILE_NAME, ids, source)
+    trainer.drafter.restrict_vocab(ids)
+    trainer.say(f"draft vocabulary: {source}")
+
+
 def finish(trainer: Trainer, folder: Path | None) -> dict[str, Any]:
     """After train(): the held-out evaluation (when training ended) and a summary of the run."""
     if folder is None:
         return {"stopped_at_step": trainer.step, "total_steps": trainer.total_steps}
+    if trainer.args.draft_vocab_size > 0:
+        write_draft_vocab(trainer, folder)
     result = run_evaluation(trainer, folder)
     rows = trainer.log_rows
     return {"drafter": str(folder), "steps": trainer.step,

@@ -234,3 +234,21 @@ def test_compact_without_a_table_profiles_step_costs_at_start(dspark_files, monk
         assert engine.spec.planner.sps is None  # static verifies the whole block: no cost model
     finally:
         cluster.stop(engine)
+
+
+def test_draft_vocabulary_keeps_greedy_output_and_restricts_the_drafts(dspark_files, baselines, tmp_path):
+    """A draft_vocab.json beside the drafter: the engine drafts only its tokens; the output is
+    still plain greedy, and drafts outside it (half the vocabulary here) lower the accept length."""
+    import shutil
+
+    from sglaunch.speculative.draft_vocab import save_draft_vocab
+
+    folder = tmp_path / "oracle-half-vocab"
+    shutil.copytree(dspark_files["oracle"], folder)
+    save_draft_vocab(folder / "draft_vocab.json", range(0, 256, 2), "even ids, for the test")
+    config = engine_config(dspark_files["target"], folder, "static")
+    results, stats, engine = run_batches(config, BATCHES)
+    assert engine.runner.draft.drafter.draft_vocab is not None
+    assert tokens_of(results) == tokens_of(baselines[1])
+    _, full_stats, _ = run_batches(engine_config(dspark_files["target"], dspark_files["oracle"], "static"), BATCHES)
+    assert stats["mean_accept_length"] < full_stats["mean_accept_length"]

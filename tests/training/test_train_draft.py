@@ -356,3 +356,20 @@ def test_bad_num_procs_is_a_clear_error(tiny_target, prompt_file, tmp_path):
         result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
                         str(tmp_path / "o"), "--num-procs", "2", "--device", "cuda")
         assert result.exit_code == 2 and "CUDA" in result.output
+
+
+def test_draft_vocab_size_writes_the_most_frequent_response_tokens(tiny_target, prompt_file, tmp_path):
+    from sglaunch.speculative.draft_vocab import frequent_tokens, load_draft_vocab
+
+    out = tmp_path / "run"
+    result = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o", str(out),
+                    "--max-steps", "3", "--draft-vocab-size", "20", "--eval-temperatures", "0", *FAST)
+    assert result.exit_code == 0, result.output
+    responses = [json.loads(line)["response_ids"] for line in (out / "responses.jsonl").read_text().splitlines()]
+    expected, _ = frequent_tokens(responses, 20)
+    vocab_size = json.loads((tiny_target / "config.json").read_text())["vocab_size"]
+    assert load_draft_vocab(out / "drafter" / "draft_vocab.json", vocab_size) == expected
+    assert (out / "drafter" / "eval.json").is_file()  # evaluated with the restricted drafter
+    bad = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                 str(tmp_path / "o"), "--draft-vocab-size", "-1")
+    assert bad.exit_code == 2 and "--draft-vocab-size must be 0 or more" in bad.output
