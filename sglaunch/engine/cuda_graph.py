@@ -192,8 +192,6 @@ class CudaGraphRunner:
             self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
             self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
             self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
-            width = runner.feature_width
-            self.features = torch.zeros(n, width, dtype=dtype, device=device) if width else None
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[GraphKey, tuple] = {}
         self.replays = {"decode": 0, "verify": 0}  # steps served by a graph, for tests and logs
@@ -238,8 +236,7 @@ class CudaGraphRunner:
         runner = self.runner
         hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
         self.hidden[:n].copy_(hidden)
-        if features is not None:
-            self.features[:n].copy_(features)
+        if features is not None:  # NOTE: used inside the graph only, so no static copy of them
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
             runner.draft.write_context(features, self.inputs[1, :n], self.inputs[2, :n])
@@ -249,16 +246,13 @@ class CudaGraphRunner:
         return key if key in self.graphs else None
 
     def replay(self, key: GraphKey, step: StepInput):
-        """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
-        static buffers, valid until the next replay. With a drafter, the replay has also written
-        the rows' draft context K/V."""
+        """-> hidden states of the step's real rows: a view of a static buffer, valid until the
+        next replay. With a drafter, the replay has also written the rows' draft context K/V."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
-        t = step.num_tokens
-        features = self.features[:t] if self.features is not None else None
-        return self.hidden[:t], features, self.inputs[1, :t], self.inputs[2, :t]
+        return self.hidden[: step.num_tokens]
 
 
 def _span(values: list[int]) -> str:

@@ -100,11 +100,6 @@ class ModelRunner:
         return CudaGraphRunner(self, plan, show_progress)
 
     @property
-    def feature_width(self) -> int:
-        """Width of the captured target features (0 without DSpark)."""
-        return len(self.draft.layer_ids) * self.spec.hidden_size if self.draft is not None else 0
-
-    @property
     def verify_token_tiers(self) -> tuple[int, ...]:
         """Total-token tiers of the captured verify graphs (empty when none are captured)."""
         return self.graphs.plan.verify_tiers if self.graphs is not None else ()
@@ -134,7 +129,7 @@ class ModelRunner:
         vocab] in float32 (identical on every rank)."""
         key = self.graphs.pick(step) if self.graphs is not None else None
         if key is not None:
-            hidden = self.graphs.replay(key, step)[0]  # the graph also writes the draft context
+            hidden = self.graphs.replay(key, step)  # the graph also writes the draft context
         else:
             input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
             meta = self.attn.prepare(step)
