@@ -512,14 +512,19 @@ def run_data_parallel(args: TrainArgs) -> dict[str, Any]:
     """Train with `args.num_procs` processes (one per GPU with --device cuda, gloo on CPUs): the
     responses must already be cached in the output folder (the caller generates them first).
     Rank 0 evaluates and writes OUT/summary.json, which is returned."""
-    import torch.multiprocessing as mp
+    import datetime
 
-    from sglaunch.engine.distributed import free_port
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
 
     summary = args.output / SUMMARY_FILE
     summary.unlink(missing_ok=True)
+    # The rendezvous store lives here, in the parent, on a port the OS picks: it outlives every
+    # rank, so no rank's exit can pull it from under another still tearing down its group.
+    store = dist.TCPStore("127.0.0.1", 0, args.num_procs + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(minutes=30))
     try:
-        mp.spawn(_rank_main, args=(args, free_port()), nprocs=args.num_procs, join=True)
+        mp.spawn(_rank_main, args=(args, store.port), nprocs=args.num_procs, join=True)
     except mp.ProcessRaisedException as exc:
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
         raise SglaunchError(f"a training process failed: {lines[-1] if lines else exc}",
@@ -528,9 +533,10 @@ def run_data_parallel(args: TrainArgs) -> dict[str, Any]:
 
 
 def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
-    import datetime
     import dataclasses
+    import datetime
     import os
+    import sys
 
     import torch.distributed as dist
 
@@ -539,8 +545,10 @@ def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
         torch.cuda.set_device(rank)
     else:  # the ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
+    timeout = datetime.timedelta(minutes=30)
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timeout)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+                            timeout=timeout)
     try:
         trainer = Trainer(args if rank == 0 else dataclasses.replace(args, progress=False), rank, world)
         trainer.setup()
@@ -550,6 +558,12 @@ def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
             tmp = args.output / (SUMMARY_FILE + ".tmp")
             tmp.write_text(json.dumps(summary))
             tmp.replace(args.output / SUMMARY_FILE)
-        dist.barrier()  # no rank tears the group down while rank 0 still evaluates (its store lives there)
+        dist.barrier()  # every rank is done with the group before any tears it down
     finally:
         dist.destroy_process_group()
+    # NOTE: a rank that finished leaves here, past the interpreter's teardown: there gloo's worker
+    # threads could be destroyed unjoined ("terminate called without an active exception", SIGABRT),
+    # failing a run whose work was complete. Failures still raise above and reach mp.spawn.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
