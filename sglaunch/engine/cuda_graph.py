@@ -11,8 +11,10 @@ Two families, captured at start-up largest first into one shared memory pool:
   min(T, max_bs) + 1 requests so there is always a spare one: the first dummy owns the T - t
   padding rows (its own causal attention over the padding page), the others have no query rows.
 
-With a DSpark drafter, every graph also writes the draft context K/V of its rows (the drafter's
-`write_context` from the captured target features), so no eager draft work follows a replay.
+With a DSpark drafter, the target features of the rows are copied to a static buffer and the
+model runner writes the draft context K/V from them after the replay. With
+SGLAUNCH_DRAFT_CUDA_GRAPH=1 (opt-in until a GPU run has checked it, like the drafter's own graphs)
+every graph writes the draft context K/V itself, so no eager draft work follows a replay.
 
 Steps that fit no graph (prefill chunks longer than the window, batches over the largest bucket,
 page tables over the fixed index buffer) run eagerly. The torch attention backend builds
@@ -184,7 +186,10 @@ class CudaGraphRunner:
 
         from sglaunch.engine.attention.flashinfer_backend import GraphBuffers
 
+        from sglaunch.speculative.draft_graphs import enabled_from_env
+
         self.runner, self.plan, self.torch = runner, plan, torch
+        self.draft_in_graph = runner.draft is not None and enabled_from_env()
         self.attn, pool = runner.attn, runner.kv_pool
         self.padding_page, self.page_size = pool.padding_page, pool.page_size
         device, dtype, n = runner.device, runner.model_dtype, plan.max_tokens
@@ -192,6 +197,10 @@ class CudaGraphRunner:
             self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
             self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
             self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
+            self.features = None
+            if runner.draft is not None and not self.draft_in_graph:
+                width = len(runner.draft.layer_ids) * runner.spec.hidden_size
+                self.features = torch.zeros(n, width, dtype=dtype, device=device)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[GraphKey, tuple] = {}
         self.replays = {"decode": 0, "verify": 0}  # steps served by a graph, for tests and logs
@@ -236,23 +245,28 @@ class CudaGraphRunner:
         runner = self.runner
         hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
         self.hidden[:n].copy_(hidden)
-        if features is not None:  # NOTE: used inside the graph only, so no static copy of them
+        if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
             runner.draft.write_context(features, self.inputs[1, :n], self.inputs[2, :n])
+        elif self.features is not None:
+            self.features[:n].copy_(features)
 
     def pick(self, step: StepInput) -> GraphKey | None:
         key = self.plan.pick(step)
         return key if key in self.graphs else None
 
     def replay(self, key: GraphKey, step: StepInput):
-        """-> hidden states of the step's real rows: a view of a static buffer, valid until the
-        next replay. With a drafter, the replay has also written the rows' draft context K/V."""
+        """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
+        static buffers, valid until the next replay. features is None without a drafter and when
+        the graph has written the draft context K/V itself (draft_in_graph)."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
-        return self.hidden[: step.num_tokens]
+        t = step.num_tokens
+        features = self.features[:t] if self.features is not None else None
+        return self.hidden[:t], features, self.inputs[1, :t], self.inputs[2, :t]
 
 
 def _span(values: list[int]) -> str:

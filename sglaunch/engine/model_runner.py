@@ -129,13 +129,14 @@ class ModelRunner:
         vocab] in float32 (identical on every rank)."""
         key = self.graphs.pick(step) if self.graphs is not None else None
         if key is not None:
-            hidden = self.graphs.replay(key, step)  # the graph also writes the draft context
+            hidden, features, positions, out_slots = self.graphs.replay(key, step)
         else:
             input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
             meta = self.attn.prepare(step)
-            hidden, features = self.model_forward(input_ids, meta.positions)
-            if self.draft is not None:
-                self.draft.write_context(features, meta.positions, meta.out_slots)
+            positions, out_slots = meta.positions, meta.out_slots
+            hidden, features = self.model_forward(input_ids, positions)
+        if features is not None:  # None after a graph that wrote the draft context itself
+            self.draft.write_context(features, positions, out_slots)
         if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
             return torch.empty(0, self.spec.vocab_size, device=self.device)
         rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)

@@ -151,7 +151,12 @@ def test_decode_graphs_replay_the_eager_forward(files):
             assert_close_logits(graph, eager, f"decode bs={bs} (graph {key})")
 
 
-def test_verify_tier_with_padding_replays_the_eager_forward(files):
+@pytest.mark.parametrize("in_graph", ["0", "1"])
+def test_verify_tier_with_padding_replays_the_eager_forward(files, in_graph, monkeypatch):
+    """in_graph=1 (SGLAUNCH_DRAFT_CUDA_GRAPH): the graph writes the draft context itself."""
+    from sglaunch.speculative.draft_graphs import ENABLE_ENV
+
+    monkeypatch.setenv(ENABLE_ENV, in_graph)
     with booted(cuda_config(files, drafter="oracle")) as engine:
         runner, page_size = engine.runner, engine.config.page_size
         window = runner.draft.block_size + 1
