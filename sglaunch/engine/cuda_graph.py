@@ -185,7 +185,6 @@ class CudaGraphRunner:
         import torch
 
         from sglaunch.engine.attention.flashinfer_backend import GraphBuffers
-
         from sglaunch.speculative.draft_graphs import enabled_from_env
 
         self.runner, self.plan, self.torch = runner, plan, torch
