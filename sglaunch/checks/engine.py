@@ -103,3 +103,32 @@ def fall_back_to_engine_backends(ctx: LaunchContext) -> list[Diagnostic]:
     elif DTYPE_NAMES[kv] != kv:
         ctx.resolve("kv_cache_dtype", DTYPE_NAMES[kv], f"'{kv}' is another name for it")
     return found
+
+
+def resolve_engine_attention(model_path, device: str, dtype: str, backend: str) -> tuple[str, list[str]]:
+    """The attention backend `serve` would run for these settings (`auto` resolved as in
+    checks/resolve.py, then the engine's fallback) and the warnings given on the way. For the
+    commands that boot an engine without serve's pipeline (profile-sps, train-draft's generation).
+    model_path: the checkpoint (its head_dim matters to FlashInfer), or None."""
+    import os
+
+    from sglaunch.checks.resolve import resolve_attention
+    from sglaunch.errors import SglaunchError
+    from sglaunch.flags.registry import SCHEMA
+    from sglaunch.flags.sources import collect_settings
+    from sglaunch.probe.checkpoint import read_checkpoint
+    from sglaunch.probe.environment import probe_environment
+    from sglaunch.releases import CURRENT_RELEASE
+
+    tokens = ["--device", device, "--dtype", dtype, "--kv-cache-dtype", dtype, "--attention-backend", backend]
+    settings, _ = collect_settings(tokens, {}, SCHEMA, CURRENT_RELEASE)
+    checkpoint = None
+    if model_path is not None:
+        try:
+            checkpoint = read_checkpoint(str(model_path))
+        except SglaunchError:  # the engine reports an unusable checkpoint with its own hint
+            checkpoint = None
+    ctx = LaunchContext(settings, {}, "serve", probe_environment(os.environ, with_gpus=False), checkpoint)
+    resolve_attention(ctx)
+    warnings = [d.message for d in fall_back_to_engine_backends(ctx)]
+    return ctx.get("attention_backend"), warnings

@@ -36,30 +36,6 @@ def _token_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def resolve_attention_backend(model_path: Path, device: str, dtype: str, backend: str) -> tuple[str, list[str]]:
-    """The engine backend `serve` would run for these settings, through the same resolution
-    (checks/resolve.py, then the engine fallback), and the warnings it gives on the way."""
-    from sglaunch.checks.context import LaunchContext
-    from sglaunch.checks.engine import fall_back_to_engine_backends
-    from sglaunch.checks.resolve import resolve_attention
-    from sglaunch.flags.registry import SCHEMA
-    from sglaunch.flags.sources import collect_settings
-    from sglaunch.probe.checkpoint import read_checkpoint
-    from sglaunch.probe.environment import probe_environment
-    from sglaunch.releases import CURRENT_RELEASE
-
-    tokens = ["--device", device, "--dtype", dtype, "--kv-cache-dtype", dtype, "--attention-backend", backend]
-    settings, _ = collect_settings(tokens, {}, SCHEMA, CURRENT_RELEASE)
-    try:
-        checkpoint = read_checkpoint(str(model_path))
-    except SglaunchError:  # create_engine reports an unusable checkpoint with its own hint
-        checkpoint = None
-    ctx = LaunchContext(settings, {}, "serve", probe_environment(os.environ, with_gpus=False), checkpoint)
-    resolve_attention(ctx)
-    warnings = [d.message for d in fall_back_to_engine_backends(ctx)]
-    return ctx.get("attention_backend"), warnings
-
-
 @funnel
 def profile_sps(
     model_path: Annotated[Path, typer.Option("--model-path", help="Target checkpoint folder.")],
@@ -90,6 +66,7 @@ def profile_sps(
 
     import torch
 
+    from sglaunch.checks.engine import resolve_engine_attention
     from sglaunch.config import EngineConfig
     from sglaunch.speculative.sps import save_sps_table
     from sglaunch.speculative.sps_profile import ProfilePlan, profile_draft_costs, profile_sps as measure
@@ -102,7 +79,7 @@ def profile_sps(
         raise SglaunchError("--window and --repeats must be >= 1, --warmup and --context-len >= 0")
     plan = ProfilePlan(_token_sizes(tokens), window, context_len, repeats, warmup)
     console = stderr_console()
-    backend, warnings = resolve_attention_backend(model_path, device, dtype, attention_backend)
+    backend, warnings = resolve_engine_attention(model_path, device, dtype, attention_backend)
     for warning in warnings:
         console.print(f"Warning: {warning}")
     config = EngineConfig(model_path=str(model_path), tokenizer_path=str(model_path), served_model_name="profile",

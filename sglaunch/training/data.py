@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from sglaunch.errors import SglaunchError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,16 +109,16 @@ def split_heldout(prompts: list[Prompt], fraction: float, seed: int) -> tuple[li
     return train, held
 
 
-def generation_backend(requested: str, device: str, dtype: str) -> str:
-    """The engine's attention backend for generating responses: `auto` is FlashInfer (with CUDA
-    graphs) on a CUDA device in bf16/fp16 when it is installed, else the torch backend."""
-    if requested != "auto":
-        return requested
-    if device != "cuda" or dtype == "float32":
-        return "torch"
-    from importlib.util import find_spec
+def generation_backend(requested: str, device: str, dtype: str, target: Path | None = None) -> str:
+    """The engine's attention backend for generating responses, resolved as `serve` resolves
+    --attention-backend (checks.engine.resolve_engine_attention): `auto` is FlashInfer (with CUDA
+    graphs) where it can run this target in this dtype, else the torch backend."""
+    from sglaunch.checks.engine import resolve_engine_attention
 
-    return "flashinfer" if find_spec("flashinfer") is not None else "torch"
+    backend, warnings = resolve_engine_attention(target, device, dtype, requested)
+    for warning in warnings:
+        logger.warning("generating responses: %s", warning)
+    return backend
 
 
 def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, dtype: str, max_new_tokens: int,
@@ -130,7 +133,7 @@ def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, 
 
     config = EngineConfig(model_path=str(target), tokenizer_path=str(target), served_model_name="train-draft",
                           dtype=dtype, context_length=None, device=device, kv_cache_dtype=dtype,
-                          random_seed=seed, attention_backend=generation_backend(attention_backend, device, dtype))
+                          random_seed=seed, attention_backend=generation_backend(attention_backend, device, dtype, target))
     config = dataclasses.replace(config, max_running_requests=max_running or (256 if device == "cuda" else 32),
                                  **({"mem_fraction_static": 0.4} if device == "cuda" else {"max_total_tokens": 32768}))
     requests, kept = [], []
