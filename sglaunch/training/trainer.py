@@ -533,7 +533,6 @@ def run_data_parallel(args: TrainArgs) -> dict[str, Any]:
 
 
 def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
-    import dataclasses
     import datetime
     import os
     import sys
@@ -550,7 +549,7 @@ def _rank_main(rank: int, args: TrainArgs, port: int) -> None:
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timeout)
     try:
-        trainer = Trainer(args if rank == 0 else dataclasses.replace(args, progress=False), rank, world)
+        trainer = Trainer(args, rank, world)  # only rank 0 prints or shows progress
         trainer.setup()
         folder = trainer.train()
         if rank == 0:
