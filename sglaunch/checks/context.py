@@ -14,6 +14,17 @@ Mode = Literal["serve", "check"]
 RESOLVED = Origin("resolved")
 
 
+class UnknownAtCheckTime(Exception):
+    """A check asked for a value that is shell text (`--tp $TP`) only known when the script runs.
+
+    The pipeline catches it and skips that check (recording which one), so no default is ever
+    substituted for a value the user did give."""
+
+    def __init__(self, dest: str):
+        super().__init__(dest)
+        self.dest = dest
+
+
 @dataclass(frozen=True)
 class Resolution:
     """One `auto` (or unset value) turned into a concrete value, and why."""
@@ -35,10 +46,20 @@ class LaunchContext:
     default_model_pending: bool = False  # the built-in model is not cached yet: serve fetches it
 
     def get(self, dest: str) -> Any:
+        if dest in self.settings.unexpanded and dest not in self.settings.values:
+            raise UnknownAtCheckTime(dest)
         return self.settings.get(dest)
 
+    def known(self, dest: str) -> Any:
+        """The value, or None where it is shell text (for checks that look at many flags and
+        simply pass over the unknown ones, which FLAG014 reports)."""
+        try:
+            return self.get(dest)
+        except UnknownAtCheckTime:
+            return None
+
     def given(self, dest: str) -> bool:
-        return self.settings.given(dest)
+        return self.settings.given(dest) or dest in self.settings.unexpanded
 
     def origin(self, dest: str) -> str:
         return str(self.settings.origin(dest))

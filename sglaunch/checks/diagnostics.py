@@ -38,6 +38,7 @@ CODES: dict[str, CodeInfo] = {
     "FLAG011": CodeInfo(E, "value out of range"),
     "FLAG012": CodeInfo(I, "flag changes in a later release"),
     "FLAG013": CodeInfo(W, "flag has no effect without another flag"),
+    "FLAG014": CodeInfo(I, "value is shell text, unknown until the script runs"),
     # --config files
     "CFG001": CodeInfo(E, "config key is not kebab-case"),
     "CFG002": CodeInfo(W, "--config=FILE is not expanded by SGLang"),

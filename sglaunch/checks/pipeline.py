@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from sglaunch.checks import engine, notices, quantization, speculative, topology, values
-from sglaunch.checks.context import LaunchContext, Mode, Resolution
+from sglaunch.checks.context import LaunchContext, Mode, Resolution, UnknownAtCheckTime
 from sglaunch.checks.diagnostics import Diagnostic, DiagnosticList, Severity, diag
 from sglaunch.checks.memory import MemoryEstimate, check_memory, estimate_memory
-from sglaunch.checks.resolve import resolve_all, resolve_default_model
+from sglaunch.checks.resolve import RESOLVERS, resolve_default_model
 from sglaunch.config import EngineConfig, SpeculativeConfig
 from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence
@@ -66,16 +66,26 @@ def run_pipeline(tokens: Sequence[str], environ: Mapping[str, str], *, mode: Mod
     if env_info is None:
         env_info = probe_environment(environ, with_gpus=probe)
     ctx = LaunchContext(settings, environ, mode, env_info)
-    resolve_default_model(ctx)
-    found.extend(_load_checkpoints(ctx))
-    found.extend(resolve_all(ctx))
-    for check in CHECKS:
-        found.extend(check(ctx))
-    found.extend(engine.check_engine_support(ctx))
+    skipped: dict[str, list[str]] = {}  # dest given as shell text -> steps that needed it
+
+    def guarded(step, *args):
+        try:
+            return step(ctx, *args)
+        except UnknownAtCheckTime as exc:
+            skipped.setdefault(exc.dest, []).append(step.__name__.strip("_").replace("_", " "))
+            return None
+
+    guarded(resolve_default_model)
+    found.extend(guarded(_load_checkpoints) or [])
+    for resolver in RESOLVERS:
+        found.extend(guarded(resolver) or [])
+    for check in (*CHECKS, engine.check_engine_support):
+        found.extend(guarded(check) or [])
     if mode == "serve":
-        found.extend(engine.fall_back_to_engine_backends(ctx))
-    memory = estimate_memory(ctx)
-    found.extend(check_memory(ctx, memory))
+        found.extend(guarded(engine.fall_back_to_engine_backends) or [])
+    memory = guarded(estimate_memory)
+    found.extend(guarded(check_memory, memory) or [])
+    found.extend(_unknown_values(ctx, skipped))
     return Report(release, mode, settings, _ordered(found.items), ctx.resolutions, env_info,
                   ctx.checkpoint, memory, environ=dict(environ),
                   default_model_pending=ctx.default_model_pending)
@@ -95,6 +105,23 @@ def _load_checkpoints(ctx: LaunchContext) -> list[Diagnostic]:
         except SglaunchError as exc:
             code = "MODEL001" if "not a folder" in exc.message else "MODEL002"
             found.append(diag(code, exc.message, flags=(flag,), origin=ctx.origin(dest), fix=exc.hint))
+    return found
+
+
+def _unknown_values(ctx: LaunchContext, skipped: dict[str, list[str]]) -> list[Diagnostic]:
+    """One notice per value left as shell text: it is unknown until the script runs, and the
+    checks that needed it did not run (no default was put in its place)."""
+    found = []
+    for dest, setting in ctx.settings.unexpanded.items():
+        if dest in ctx.settings.values:
+            continue  # a later, literal value (e.g. on the command line) won
+        raw = " ".join(setting.value) if isinstance(setting.value, tuple) else setting.value
+        steps = skipped.get(dest, [])
+        what = f"; skipped because of it: {', '.join(dict.fromkeys(steps))}" if steps else ""
+        found.append(diag("FLAG014", f"{setting.spelling} {raw} is shell text, so its value is unknown "
+                          f"until the script runs{what}", flags=(setting.flag.name,), origin=str(setting.origin),
+                          fix=f"check again with the value on the command line, e.g. "
+                          f"`sglaunch check-config --script FILE {setting.flag.name} VALUE`"))
     return found
 
 

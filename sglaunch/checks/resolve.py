@@ -1,6 +1,6 @@
 """Resolve every `auto` and every unset value the engine needs, logging each decision.
 
-One function per setting; `resolve_all` runs them in dependency order. Checks that need
+One function per setting; the pipeline runs `RESOLVERS` in dependency order. Checks that need
 a resolved value run after this (see `pipeline.py`).
 """
 
@@ -212,12 +212,7 @@ def _derive_draft_tokens(ctx: LaunchContext, gamma: int) -> None:
         ctx.resolve("speculative_num_draft_tokens", gamma + 1, "DSpark verify window = block size + 1")
 
 
-def resolve_all(ctx: LaunchContext) -> list[Diagnostic]:
-    resolve_device(ctx)
-    resolve_dtype(ctx)
-    resolve_attention(ctx)
-    resolve_model_defaults(ctx)
-    found = resolve_speculative(ctx)
-    resolve_memory(ctx)
-    resolve_fp4_backend(ctx)
-    return found
+# in dependency order; each returns diagnostics or None. The pipeline runs them one by one, so
+# one that needs a value only known when a script runs ($TP) is skipped alone.
+RESOLVERS = (resolve_device, resolve_dtype, resolve_attention, resolve_model_defaults,
+             resolve_speculative, resolve_memory, resolve_fp4_backend)

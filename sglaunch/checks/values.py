@@ -27,18 +27,18 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
 def check_ranges(ctx: LaunchContext) -> list[Diagnostic]:
     found = []
     for dest, (low, high, what) in RANGES.items():
-        value = ctx.get(dest)
+        value = ctx.known(dest)
         if isinstance(value, (int, float)) and ((low is not None and value < low) or
                                                 (high is not None and value > high)):
             flag = ctx.settings.schema.by_dest(dest).name
             found.append(diag("FLAG011", f"{flag} {value} is out of range", flags=(flag,),
                               origin=ctx.origin(dest), fix=f"use {what}"))
-    fraction = ctx.get("mem_fraction_static")
+    fraction = ctx.known("mem_fraction_static")
     if fraction is not None and not 0 < fraction <= 1:
         found.append(diag("FLAG011", f"--mem-fraction-static {fraction} is not a fraction",
                           flags=("--mem-fraction-static",), origin=ctx.origin("mem_fraction_static"),
                           fix="use a value in (0, 1], e.g. 0.85"))
-    chunk = ctx.get("chunked_prefill_size")
+    chunk = ctx.known("chunked_prefill_size")
     if chunk is not None and chunk != -1 and chunk < 1:
         found.append(diag("FLAG011", f"--chunked-prefill-size {chunk} is out of range",
                           flags=("--chunked-prefill-size",), origin=ctx.origin("chunked_prefill_size"),

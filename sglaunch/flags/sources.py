@@ -49,7 +49,9 @@ class Settings:
         return dest in self.values
 
     def origin(self, dest: str) -> Origin:
-        return self.values[dest].origin if dest in self.values else DEFAULT
+        if dest in self.values:
+            return self.values[dest].origin
+        return self.unexpanded[dest].origin if dest in self.unexpanded else DEFAULT
 
     def set(self, flag: Flag, value: Any, origin: Origin, spelling: str | None = None) -> None:
         self.values[flag.dest] = Setting(flag, value, origin, spelling or flag.name)
@@ -120,9 +122,11 @@ def _admit(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
                      fix=f"drop {occ.spelling}, or target SGLang {flag.added} or newer")]
     if status is Status.REMOVED:
         return [_removed_flag(occ, release)]
-    if occ.dynamic:
+    if occ.dynamic:  # the last occurrence wins: shell text replaces an earlier literal value
+        settings.values.pop(flag.dest, None)
         settings.unexpanded[flag.dest] = Setting(flag, occ.raw, occ.origin, occ.spelling)
         return []
+    settings.unexpanded.pop(flag.dest, None)
     value = convert(flag, occ.raw, occ.spelling)
     if status is Status.DEPRECATED and flag.replaced_by:
         return _deprecated_flag(occ, value, settings)

@@ -70,3 +70,42 @@ def test_unknown_flag_in_script_names_the_line(tmp_path):
 def test_missing_script(tmp_path):
     result = invoke("check-config", "--script", str(tmp_path / "absent.sh"))
     assert result.exit_code == 2 and "cannot read script" in result.stderr
+
+
+def test_unexpanded_model_path_is_never_replaced_by_the_default_model(tmp_path):
+    """`--model-path "$MODEL"`: unknown until the script runs, so no built-in model, no checks
+    against it (a false --tp-size error against SmolLM2's 9 heads was reported before)."""
+    _, result = run(tmp_path, 'MODEL=/models/x\npython -m sglang.launch_server --model-path "$MODEL" --tp 2\n')
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    settings = {s["flag"]: s for s in data["settings"]}
+    assert settings["--model-path"]["value"] == "$MODEL"
+    assert "unexpanded" in settings["--model-path"]["origin"]
+    assert "--served-model-name" not in settings  # the default model's name was not resolved either
+    codes = [d["code"] for d in data["diagnostics"]]
+    assert "PAR005" not in codes
+    (note,) = [d for d in data["diagnostics"] if d["code"] == "FLAG014"]
+    assert "$MODEL" in note["message"] and "load checkpoints" in note["message"]
+
+
+def test_unexpanded_tp_skips_the_head_check_and_says_so(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_attention_heads": 9, "num_key_value_heads": 3,
+        "hidden_size": 576, "num_hidden_layers": 2, "vocab_size": 100}))
+    _, literal = run(tmp_path, f"python -m sglang.launch_server --model-path {model} --tp 2\n")
+    assert "PAR005" in [d["code"] for d in json.loads(literal.stdout)["diagnostics"]]  # the check is real
+    _, result = run(tmp_path, f"python -m sglang.launch_server --model-path {model} --tp ${{TP}} --port 1\n")
+    data = json.loads(result.stdout)
+    codes = [d["code"] for d in data["diagnostics"]]
+    assert "PAR005" not in codes and result.exit_code == 0, result.output
+    (note,) = [d for d in data["diagnostics"] if d["code"] == "FLAG014"]
+    assert "${TP}" in note["message"] and "check heads" in note["message"]
+
+
+def test_a_literal_value_on_the_command_line_replaces_the_shell_text(tmp_path):
+    _, result = run(tmp_path, "python -m sglang.launch_server --model-path /m --port $PORT\n", "--port", "0")
+    data = json.loads(result.stdout)
+    assert "FLAG014" not in [d["code"] for d in data["diagnostics"]]
+    assert "FLAG011" in [d["code"] for d in data["diagnostics"]]  # port 0 is checked, and out of range
