@@ -77,7 +77,8 @@ class LLMEngine:
             return
         if os.environ.get("SGLAUNCH_DSPARK_PROFILE_SPS", "1") == "0":
             return
-        from sglaunch.speculative.sps_profile import DEFAULT_TOKENS, ProfilePlan, profile_draft_costs, profile_sps
+        from sglaunch.speculative.sps_profile import (DEFAULT_TOKENS, ProfilePlan, profile_decode_costs,
+                                                      profile_draft_costs, profile_sps)
 
         window = self.spec.gamma + 1
         biggest = min(256, self.limits.max_running_requests * window)
@@ -86,18 +87,32 @@ class LLMEngine:
         plan = ProfilePlan(sizes, window=window, context_len=context, repeats=3, warmup=1)
         while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
             plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
+        plan = dataclasses.replace(plan, request_counts=self._profile_request_counts(plan))
         start = time.perf_counter()
         try:
             table, seconds = profile_sps(self, plan)
             draft = profile_draft_costs(self, plan)
+            decode = profile_decode_costs(self, plan)
         except ValueError as exc:  # e.g. a KV pool too small for even one verify-shaped step
             logger.warning("DSpark: no step-cost profile (%s); compact verifies every draft", exc)
             return
-        self.spec.planner.sps = table.with_draft_costs(draft)
-        logger.info("DSpark: profiled step costs at start-up in %.1f s (verify %s; draft %s)",
+        self.spec.planner.sps = table.with_draft_costs(draft).with_decode_costs(decode)
+        logger.info("DSpark: profiled step costs at start-up in %.1f s (verify %s; DSpark work %s; plain decode %s)",
                     time.perf_counter() - start,
                     ", ".join(f"{t} tok {s * 1e3:.1f} ms" for t, s in sorted(seconds.items())),
-                    ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(draft.items())))
+                    ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(draft.items())),
+                    ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(decode.items())))
+
+    def _profile_request_counts(self, plan) -> tuple[int, ...]:
+        """Request counts of the draft and decode profiles: those of the verify sizes plus powers
+        of two up to max_running_requests, as many as the free KV pool holds at once."""
+        from sglaunch.speculative.sps_profile import draft_request_counts
+
+        page = self.config.page_size
+        per_request = -(-(plan.context_len + plan.window) // page) * page
+        most = min(self.limits.max_running_requests, self.allocator.num_free * page // per_request)
+        counts = set(draft_request_counts(plan)) | {1 << i for i in range(12) if 1 << i <= most}
+        return tuple(sorted(c for c in counts if c <= max(1, most)))
 
     # ---- requests -----------------------------------------------------------------------
     def check(self, request: GenerateRequest) -> None:
@@ -137,27 +152,34 @@ class LLMEngine:
         chunks = self.scheduler.schedule()
         sampled: list = [None] * len(chunks)  # per chunk: a token, a list (speculative) or None
         logprobs: list = [None] * len(chunks)
+        failed: dict[int, Exception] = {}  # chunk index -> why its request could not be sampled
         if chunks:
             proposal = self._propose(chunks)
             step = build_step_input(chunks, self.config.page_size)
             start = time.perf_counter()
             logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
             rows = sample_rows(chunks)
-            self._sample(chunks, logits, rows, sampled, logprobs)
+            self._sample(chunks, logits, rows, sampled, logprobs, failed)
             if proposal is not None:
                 self._accept(proposal, logits, rows, chunks, sampled, logprobs, time.perf_counter() - start)
             self.counters["steps"] += 1
         finished = self.scheduler.commit(chunks, sampled)
-        return self._outputs(chunks, sampled, logprobs, finished)
+        outputs = self._outputs(chunks, sampled, logprobs, finished)
+        return outputs + [out for i, exc in failed.items()
+                          if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
     def _propose(self, chunks: list[Chunk]):
-        """DSpark: draft for the chunks that speculate (their draft_tokens get filled)."""
+        """DSpark: draft for the chunks that speculate (their draft_tokens get filled), or None when
+        nothing speculates or the planner steps aside (then the step is a plain decode step)."""
         spec_chunks = [c for c in chunks if c.lookahead] if self.spec is not None else []
         if not spec_chunks:
             return None
         extra = sum(c.end - c.start for c in chunks if not c.lookahead)
-        return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
-                                 self._verify_tiers(chunks))
+        proposal = self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
+                                     self._verify_tiers(chunks))
+        if proposal is None:  # stepped aside: these chunks decode plainly, their draft pages go back
+            self.scheduler.drop_lookahead(spec_chunks)
+        return proposal
 
     def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
         """Captured verify-graph tiers a step of these chunks can replay; none when it will run
@@ -168,15 +190,34 @@ class LLMEngine:
             return ()
         return tuple(self.runner.verify_token_tiers)
 
-    def _sample(self, chunks: list[Chunk], logits: torch.Tensor, rows: list, sampled: list, logprobs: list) -> None:
+    def _sample(self, chunks: list[Chunk], logits: torch.Tensor, rows: list, sampled: list, logprobs: list,
+                failed: dict[int, Exception]) -> None:
         plain = [i for i, chunk in enumerate(chunks) if chunk.samples and not chunk.lookahead]
         if not plain:
             return
         params = [chunks[i].req.sampling for i in plain]
         generators = [self.generators.get(chunks[i].req.rid) for i in plain]
-        tokens, token_logprobs = sample(logits[[rows[i] for i in plain]], params, generators)
-        for i, token, logprob in zip(plain, tokens, token_logprobs):
-            sampled[i], logprobs[i] = token, logprob
+        failures: dict[int, Exception] = {}  # NOTE: a row that cannot be sampled fails its request only
+        tokens, token_logprobs = sample(logits[[rows[i] for i in plain]], params, generators, failures)
+        for row, (i, token, logprob) in enumerate(zip(plain, tokens, token_logprobs)):
+            if row in failures:
+                failed[i] = failures[row]
+            else:
+                sampled[i], logprobs[i] = token, logprob
+
+    def fail_request(self, rid: str, error: BaseException) -> TokenOutput | None:
+        """End one request because the engine could not run it: its pages are freed and its
+        last output carries `error` (finish_reason "abort"); None when it is not running."""
+        out = self.abort(rid)
+        if out is None:
+            return None
+        logger.warning("Request %s failed in the engine: %r", rid, error)
+        return dataclasses.replace(out, error=f"{type(error).__name__}: {error}")
+
+    def fail_running(self, error: BaseException) -> list[TokenOutput]:
+        """A step failed where no single request is to blame: fail the requests it may have run."""
+        rids = [req.rid for req in self.scheduler.running]
+        return [out for rid in rids if (out := self.fail_request(rid, error)) is not None]
 
     def _accept(self, proposal, logits, rows: list, chunks: list[Chunk], sampled: list, logprobs: list,
                 verify_seconds: float) -> None:

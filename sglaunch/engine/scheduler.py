@@ -192,6 +192,16 @@ class Scheduler:
             if lookahead > 0 and self._reserve(req, chunk.end + lookahead):
                 chunk.lookahead = lookahead
 
+    def drop_lookahead(self, chunks: list[Chunk]) -> None:
+        """The step verifies no drafts for these chunks (DSpark stepped aside): each decodes one
+        token, and the pages reserved for its drafts go back to the allocator."""
+        for chunk in chunks:
+            chunk.lookahead, chunk.draft_tokens = 0, []
+            keep = self._pages_for(chunk.end)
+            if len(chunk.req.pages) > keep:
+                self.allocator.free(chunk.req.pages[keep:])
+                del chunk.req.pages[keep:]
+
     def _lookahead_cap(self, req: Req) -> int:
         """Drafts worth verifying: a commit of n + 1 tokens stays within max_new_tokens and the
         context length."""

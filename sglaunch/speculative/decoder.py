@@ -93,11 +93,17 @@ class DSparkDecoder:
 
     # ---- before the target forward ------------------------------------------------------
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
-                run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = ()) -> Proposal:
-        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies.
+                run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = ()) -> Proposal | None:
+        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies;
+        None when the planner steps aside (nothing drafted: the chunks decode plainly).
         verify_tiers: the captured verify-graph tiers this step could replay (empty: eager)."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
+        budget = self.planner.plan_drafts([r.rid for r in reqs], extra_tokens)
+        if budget is None:  # drafting does not pay at this load: a plain step, no drafter
+            self.stats.record_step_aside(len(chunks))
+            self._maybe_log()
+            return None
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)])
         out = run_draft(step)
@@ -110,7 +116,7 @@ class DSparkDecoder:
             torch.tensor(greedy, dtype=torch.bool)], self.device)
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
                                           all_greedy=all(greedy))
-        windows, survival = self._windows(chunks, block, extra_tokens, caps, verify_tiers)
+        windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
         verify, accept = mode_lengths(self.mode, windows, self.gamma)
         verify, accept = torch.minimum(verify, caps), torch.minimum(accept, caps)
         columns = [verify, accept, block.tokens] + ([survival] if survival is not None else [])
@@ -131,13 +137,12 @@ class DSparkDecoder:
         u = torch.stack(rows)  # [R, 2G + 1]
         return u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
 
-    def _windows(self, chunks: list[Chunk], block: DraftBlock, extra_tokens: int, caps: torch.Tensor,
+    def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,
                  verify_tiers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Planned drafts to verify per request [R] and the survivals [R, G] (None without a
-        confidence head): lagged budget on the host, top-K on the device."""
+        confidence head): the lagged budget (planned on the host before drafting), top-K on the device."""
         if block.conf_logits is None:  # static mode without a confidence head: the whole block
             return torch.full((len(chunks),), self.gamma, dtype=torch.int32, device=self.device), None
-        budget = self.planner.budget([c.req.rid for c in chunks], extra_tokens)
         align = self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
         if align:  # the rows up to the graph's tier run anyway: make them the next-best drafts
             reachable = sum(min(c.lookahead, self.gamma) for c in chunks)
@@ -226,8 +231,15 @@ class DSparkDecoder:
     def release(self, rid: str) -> None:
         self.planner.release(rid)
 
+    def forget_profile(self, rids: Sequence[str]) -> None:
+        """After a step-cost profile's synthetic steps: statistics and survivals as before it."""
+        for rid in rids:
+            self.planner.release(rid)
+        self.planner.reset_prior()
+        self.stats = SpecStats(self.gamma)
+
     def _maybe_log(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= LOG_INTERVAL_S and self.stats.steps > self._logged_steps:
+        now, steps = time.monotonic(), self.stats.steps + self.stats.step_aside_steps
+        if now - self._last_log >= LOG_INTERVAL_S and steps > self._logged_steps:
             logger.info(self.stats.log_line())
-            self._last_log, self._logged_steps = now, self.stats.steps
+            self._last_log, self._logged_steps = now, steps

@@ -14,6 +14,13 @@ paper's Theta = tau * SPS(B).
   then each request gets its share of a top-K by *current* survival, ties broken by position
   then request (value-independent). Windows are prefixes because survival is non-increasing.
 - Without an SPS table nothing is trimmed: every request verifies its whole block.
+- Stepping aside (`plan_drafts`, compact and cap-accept with a table that prices the draft
+  stage): before anything is drafted, the best Theta over k is compared with a plain decode
+  step's R / plain_step_seconds(R) (no drafter at all). When drafting is not expected to beat
+  plain decoding by MIN_DRAFT_GAIN, the step drafts nothing: the engine runs its requests as
+  plain decodes and the drafter does not run. Requests with no lagged survivals are priced at
+  the engine's running mean survival (1.0 before any step), so a stream of new requests cannot
+  keep a loaded engine drafting on an optimistic guess.
 - Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
   target's verify CUDA graph is keyed on the step's TOTAL tokens rounded up to a captured tier,
   so the rows between the planned total and that tier run anyway as padding. Rounding the
@@ -30,6 +37,10 @@ from typing import Any, Iterable, Sequence
 from sglaunch.speculative.sps import SpsTable
 
 DEFAULT_LAG_STEPS = 2
+# NOTE: drafting must be expected to commit this much more per second than a plain step, since
+# the profile leaves out some host work of a DSpark step (the longer step input, the commit)
+MIN_DRAFT_GAIN = 1.05
+PRIOR_DECAY = 0.9  # weight of the old running mean survival per observed step
 
 
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
@@ -73,6 +84,32 @@ def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: Sps
     return best_k
 
 
+def best_budget(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable,
+                extra_tokens: int = 0) -> tuple[int, float]:
+    """(K, Theta(K)): choose_budget's K and the committed tokens per second it is expected to give."""
+    values = sorted((float(a) for a in lagged_survivals), reverse=True)
+    k = choose_budget(values, num_requests, sps, extra_tokens)
+    return k, theta(num_requests + sum(values[:k]), extra_tokens + num_requests + k, sps, num_requests)
+
+
+def plain_rate(num_requests: int, sps: SpsTable, extra_tokens: int = 0) -> float:
+    """Committed tokens per second of a plain step: one token per request, no drafter."""
+    return num_requests / sps.plain_step_seconds(num_requests, extra_tokens)
+
+
+def drafting_pays(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable, extra_tokens: int = 0,
+                  min_gain: float = MIN_DRAFT_GAIN) -> int | None:
+    """The budget K when drafting is expected to beat a plain step by `min_gain`, else None
+    (step aside: verify nothing, run no drafter). A budget of 0 always steps aside; the rate
+    comparison needs a table that prices the draft stage (without it drafting looks free)."""
+    k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens)
+    if k == 0:
+        return None
+    if sps.prices_drafting and rate < min_gain * plain_rate(num_requests, sps, extra_tokens):
+        return None
+    return k
+
+
 def align_to_tier(budget: int, fixed_tokens: int, max_budget: int, tiers: Sequence[int]) -> int:
     """The budget K rounded up so that fixed_tokens + K (the step's verify tokens: prefill rows,
     one anchor per request, then the drafts) fills the smallest captured tier >= it, never over
@@ -101,9 +138,11 @@ class ConfidenceRelay:
     def push(self, request_ids: Sequence[Any], survival_rows: Any) -> None:
         self.history.append((list(request_ids), survival_rows))
 
-    def lagged(self, request_ids: Sequence[Any]) -> list[list[float]]:
+    def lagged(self, request_ids: Sequence[Any], default: Sequence[float] | None = None) -> list[list[float]]:
+        """default: the row of a request unknown `lag` steps ago ([1.0] * G when not given)."""
         old = self._materialise(0) if len(self.history) == self.lag else {}
-        return [old.get(rid, [1.0] * self.block_size) for rid in request_ids]
+        fallback = list(default) if default is not None else [1.0] * self.block_size
+        return [old.get(rid, fallback) for rid in request_ids]
 
     def forget(self, request_id: Any) -> None:
         """A finished request's id may be reused: drop its rows so a newcomer starts at survival 1."""
@@ -136,14 +175,34 @@ class DSparkPlanner:
         self.block_size, self.mode, self.sps = block_size, mode, sps
         self.temperatures = list(sts_temperatures) if sts_temperatures is not None else [1.0] * block_size
         self.relay = ConfidenceRelay(block_size, lag_steps)
+        self.prior = [1.0] * block_size  # running mean survival per slot: unknown requests' row
+        self._observed = False
         self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
 
+    @property
+    def can_step_aside(self) -> bool:
+        """Whether plan_drafts may decide to draft nothing (compact / cap-accept with a table)."""
+        return self.mode != "static" and self.sps is not None
+
     def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int:
-        """Host: K for this step from survivals lagged N steps (no device sync)."""
+        """Host: K for this step from survivals lagged N steps (no device sync); a request unknown
+        then counts as surviving everywhere (verify all: new requests are drafted in full)."""
         if self.mode == "static" or self.sps is None:
             return len(request_ids) * self.block_size
         lagged = self.relay.lagged(request_ids)
         return choose_budget((a for row in lagged for a in row), len(request_ids), self.sps, extra_tokens)
+
+    def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int | None:
+        """Host, before anything is drafted: the budget K, or None to step aside (draft nothing:
+        the step is a plain decode step and the drafter does not run). The decision prices
+        unknown requests at the running mean survival, not at 1.0."""
+        if not self.can_step_aside:
+            return self.budget(request_ids, extra_tokens)
+        lagged = [a for row in self.relay.lagged(request_ids, self.prior) for a in row]
+        if drafting_pays(lagged, len(request_ids), self.sps, extra_tokens) is None:
+            return None
+        budget = self.budget(request_ids, extra_tokens)
+        return budget if budget > 0 else None
 
     def allocate(self, conf_logits, budget: int, active=None, caps=None):
         """Device: current survivals [R, G] and windows [R] (int32) from raw confidence logits.
@@ -174,8 +233,19 @@ class DSparkPlanner:
         return self._device_temperatures[key]
 
     def observe(self, request_ids: Sequence[Any], survival: Any) -> None:
-        """Record this step's survivals (copy to host non-blocking first) for use `lag` steps later."""
+        """Record this step's survivals (host rows) for use `lag` steps later, and fold their mean
+        into the prior of requests with no lagged survivals."""
         self.relay.push(request_ids, survival)
+        rows = survival.tolist() if hasattr(survival, "tolist") else [list(r) for r in survival]
+        if rows:
+            mean = [sum(col) / len(rows) for col in zip(*rows)]
+            decay = PRIOR_DECAY if self._observed else 0.0  # NOTE: the first step replaces the 1.0 guess
+            self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
+            self._observed = True
 
     def release(self, request_id: Any) -> None:
         self.relay.forget(request_id)
+
+    def reset_prior(self) -> None:
+        """Back to the 1.0 guess (after a profile's synthetic steps)."""
+        self.prior, self._observed = [1.0] * self.block_size, False

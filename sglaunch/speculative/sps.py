@@ -7,7 +7,8 @@ File format (JSON; `sglaunch profile-sps` writes it):
      "interpolation": "step",            # or "linear"; optional, default "step"
      "points": [{"tokens": 1, "steps_per_second": 95.0},
                 {"tokens": 64, "steps_per_second": 90.1}, ...],
-     "draft_points": [{"requests": 1, "seconds": 0.004}, ...]}   # optional
+     "draft_points": [{"requests": 1, "seconds": 0.004}, ...],   # optional
+     "decode_points": [{"requests": 1, "seconds": 0.002}, ...]}  # optional
 
 Column form is accepted too: {"tokens": [1, 64, ...], "steps_per_second": [95.0, 90.1, ...]}.
 
@@ -18,6 +19,10 @@ verify_cost[tokens]`). Without draft points the draft term is 0: Theta = tau * S
 form, which prices every extra verify token against the target forward alone and so trims more
 than it should where drafting is a large part of the step. draft_seconds(R): linear between the
 profiled request counts, the nearest point outside them, non-decreasing (running maximum).
+
+`decode_points` price the step DSpark takes when it steps aside: a plain decode step of R
+requests (one token each, the decode graph, the plain sampler), looked up like the draft points.
+Without them a plain step of B tokens costs 1 / SPS(B), the verify-shaped price.
 
 Lookup of SPS(B) for B verify tokens:
 - monotone forcing: points are sorted by tokens and SPS made non-increasing (running minimum):
@@ -33,6 +38,7 @@ Torch-free.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,38 +53,33 @@ class SpsTable:
     interpolation: str = "step"
     draft_requests: tuple[int, ...] = ()  # strictly increasing; empty: no draft term
     draft_seconds_at: tuple[float, ...] = ()  # non-decreasing after forcing
+    decode_requests: tuple[int, ...] = ()  # strictly increasing; empty: plain steps priced by SPS
+    decode_seconds_at: tuple[float, ...] = ()  # non-decreasing after forcing
 
     def with_draft_costs(self, points: dict[int, float]) -> SpsTable:
         """This table plus the draft stage's seconds per step by request count."""
-        merged: dict[int, float] = {}
-        for requests, seconds in sorted(points.items()):
-            if int(requests) < 1 or not float(seconds) >= 0:
-                raise ValueError(f"draft cost point ({requests}, {seconds}) needs requests >= 1 and seconds >= 0")
-            merged[int(requests)] = max(float(seconds), merged.get(int(requests), 0.0))
-        running, forced = 0.0, []
-        for requests in sorted(merged):
-            running = max(running, merged[requests])
-            forced.append(running)
-        return SpsTable(self.tokens, self.steps_per_second, self.interpolation, tuple(sorted(merged)), tuple(forced))
+        requests, seconds = _forced_request_points(points, "draft cost")
+        return dataclasses.replace(self, draft_requests=requests, draft_seconds_at=seconds)
+
+    def with_decode_costs(self, points: dict[int, float]) -> SpsTable:
+        """This table plus a plain decode step's seconds by request count (the step-aside path)."""
+        requests, seconds = _forced_request_points(points, "decode cost")
+        return dataclasses.replace(self, decode_requests=requests, decode_seconds_at=seconds)
 
     def draft_seconds(self, requests: int) -> float:
         """The draft stage's seconds per step with `requests` speculating requests (0 without points)."""
-        xs, ys = self.draft_requests, self.draft_seconds_at
-        if not xs:
-            return 0.0
-        if requests <= xs[0]:
-            return ys[0]
-        if requests >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_left(xs, requests)
-        if xs[i] == requests:
-            return ys[i]
-        frac = (requests - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+        return _interpolate(self.draft_requests, self.draft_seconds_at, requests)
 
     def step_seconds(self, tokens: int, requests: int) -> float:
         """A whole DSpark step: the target's forward over `tokens` plus the draft stage for `requests`."""
         return 1.0 / self.sps(tokens) + self.draft_seconds(requests)
+
+    def plain_step_seconds(self, requests: int, extra_tokens: int = 0) -> float:
+        """The step DSpark takes when it steps aside: `requests` decodes of one token each (plus
+        `extra_tokens` prefill rows in the same forward), no drafter."""
+        if self.decode_requests and extra_tokens == 0:
+            return _interpolate(self.decode_requests, self.decode_seconds_at, requests)
+        return 1.0 / self.sps(extra_tokens + requests)
 
     @classmethod
     def from_points(cls, points: dict[int, float] | list[tuple[int, float]], interpolation: str = "step") -> SpsTable:
@@ -98,6 +99,11 @@ class SpsTable:
             running = min(running, merged[tokens])
             forced.append(running)
         return cls(tuple(sorted(merged)), tuple(forced), interpolation)
+
+    @property
+    def prices_drafting(self) -> bool:
+        """True when the table holds the draft stage's cost (so stepping aside can pay)."""
+        return bool(self.draft_requests)
 
     def sps(self, tokens: int) -> float:
         """Steps per second at a verify batch of `tokens` tokens."""
@@ -125,7 +131,39 @@ class SpsTable:
                "points": [{"tokens": t, "steps_per_second": s} for t, s in zip(self.tokens, self.steps_per_second)]}
         if self.draft_requests:
             out["draft_points"] = [{"requests": r, "seconds": s} for r, s in zip(self.draft_requests, self.draft_seconds_at)]
+        if self.decode_requests:
+            out["decode_points"] = [{"requests": r, "seconds": s}
+                                    for r, s in zip(self.decode_requests, self.decode_seconds_at)]
         return out
+
+
+def _forced_request_points(points: dict[int, float], what: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Sorted request counts and their seconds, made non-decreasing (more requests never cost less)."""
+    merged: dict[int, float] = {}
+    for requests, seconds in sorted(points.items()):
+        if int(requests) < 1 or not float(seconds) >= 0:
+            raise ValueError(f"{what} point ({requests}, {seconds}) needs requests >= 1 and seconds >= 0")
+        merged[int(requests)] = max(float(seconds), merged.get(int(requests), 0.0))
+    running, forced = 0.0, []
+    for requests in sorted(merged):
+        running = max(running, merged[requests])
+        forced.append(running)
+    return tuple(sorted(merged)), tuple(forced)
+
+
+def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], requests: int) -> float:
+    """Linear between the points, the nearest point outside them, 0 without points."""
+    if not xs:
+        return 0.0
+    if requests <= xs[0]:
+        return ys[0]
+    if requests >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_left(xs, requests)
+    if xs[i] == requests:
+        return ys[i]
+    frac = (requests - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + frac * (ys[i] - ys[i - 1])
 
 
 def load_sps_table(path: str | Path) -> SpsTable:
@@ -151,18 +189,24 @@ def load_sps_table(path: str | Path) -> SpsTable:
         points = list(zip(map(int, data["tokens"]), map(float, data["steps_per_second"])))
     else:
         raise ValueError(f"SPS table {path}: needs 'points' (or 'tokens' + 'steps_per_second' columns)")
-    draft = data.get("draft_points", [])
-    if not isinstance(draft, list):
-        raise ValueError(f"SPS table {path}: 'draft_points' must be a list of {{'requests', 'seconds'}} objects")
-    try:
-        draft_points = {int(p["requests"]): float(p["seconds"]) for p in draft}
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"SPS table {path}: every entry of 'draft_points' needs 'requests' and 'seconds'") from None
+    draft_points = _request_points(data, "draft_points", path)
+    decode_points = _request_points(data, "decode_points", path)
     try:
         table = SpsTable.from_points(points, interpolation)
-        return table.with_draft_costs(draft_points) if draft_points else table
+        table = table.with_draft_costs(draft_points) if draft_points else table
+        return table.with_decode_costs(decode_points) if decode_points else table
     except ValueError as exc:
         raise ValueError(f"SPS table {path}: {exc}") from None
+
+
+def _request_points(data: dict, key: str, path: Path) -> dict[int, float]:
+    entries = data.get(key, [])
+    if not isinstance(entries, list):
+        raise ValueError(f"SPS table {path}: '{key}' must be a list of {{'requests', 'seconds'}} objects")
+    try:
+        return {int(p["requests"]): float(p["seconds"]) for p in entries}
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"SPS table {path}: every entry of '{key}' needs 'requests' and 'seconds'") from None
 
 
 def save_sps_table(table: SpsTable, path: str | Path) -> None:

@@ -6,9 +6,12 @@ row wanted. It runs through the engine (`LLMEngine._run_on_all_ranks`), so tenso
 take part; the KV content is whatever the pool holds (timing only). Median of `repeats` runs
 after `warmup` runs; SPS = 1 / median seconds.
 
-With a drafter (`profile_draft_costs`), the draft stage is timed too, per number of requests R:
-the block forward on every rank (`_draft_on_all_ranks`) and rank 0's greedy `sample_block`, for
-R requests with `context_len` tokens of context each.
+With a drafter (`profile_draft_costs`), DSpark's own work in a step is timed too, per number of
+requests R: rank 0's `propose` (the block forward on every rank, the Markov block sampling, the
+plan and its read-back) and `accept` (the accept rule, log-probabilities, the read-back) for R
+greedy requests with `context_len` tokens of context each, on logits of the verified rows. That
+is everything a DSpark step adds to the target forward. `profile_decode_costs` times the step
+DSpark takes when it steps aside: a plain decode step of R requests (forward and the sampler).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class ProfilePlan:
     context_len: int = 512  # cached tokens per request
     repeats: int = 5
     warmup: int = 2
+    request_counts: tuple[int, ...] = ()  # of the draft and decode profiles (default: from token_sizes)
 
     def kv_tokens(self, page_size: int) -> int:
         """KV slots the largest step needs."""
@@ -81,38 +85,95 @@ def _median_seconds(engine, plan: ProfilePlan, run) -> float:
 
 
 def draft_request_counts(plan: ProfilePlan) -> tuple[int, ...]:
-    """The request counts of the profiled verify steps (ceil(B / window) for each size B)."""
+    """The request counts of the draft and decode profiles: plan.request_counts, or those of the
+    profiled verify steps (ceil(B / window) for each size B)."""
+    if plan.request_counts:
+        return tuple(sorted(set(plan.request_counts)))
     return tuple(sorted({math.ceil(t / plan.window) for t in plan.token_sizes}))
 
 
+def _borrow_pages(engine, requests: int, tokens: int, borrowed: list[int]) -> list[list[int]]:
+    """Page tables of `requests` requests of `tokens` KV slots each (pages appended to borrowed)."""
+    page, tables = engine.config.page_size, []
+    for _ in range(requests):
+        pages = engine.allocator.alloc(math.ceil(tokens / page))
+        if pages is None:
+            raise ValueError(f"the KV pool cannot hold a {requests}-request step")
+        borrowed += pages
+        tables.append(pages)
+    return tables
+
+
+def _profile_chunks(engine, tables: list[list[int]], plan: ProfilePlan, rng: random.Random):
+    """Greedy decoding requests at position context_len, each with gamma pages of lookahead."""
+    from sglaunch.engine.interface import SamplingParams
+    from sglaunch.engine.request import Req
+    from sglaunch.engine.scheduler import Chunk
+
+    vocab, gamma, chunks = engine.runner.spec.vocab_size, engine.spec.gamma, []
+    for i, pages in enumerate(tables):
+        req = Req(f"__profile-{i}", [rng.randrange(vocab) for _ in range(plan.context_len + 1)],
+                  SamplingParams(max_new_tokens=gamma + 2, temperature=0.0, ignore_eos=True), arrival=0)
+        req.pages = pages
+        chunks.append(Chunk(req, plan.context_len, plan.context_len + 1, lookahead=gamma))
+    return chunks
+
+
 def profile_draft_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, float]:
-    """Seconds of the draft stage per step, by number of requests (engine with a drafter)."""
+    """Seconds of DSpark's work per step (propose + accept, everything but the target forward), by
+    number of requests (engine with a drafter). Leaves the decoder's statistics and lagged
+    survivals as they were."""
     import torch
 
-    from sglaunch.engine.step import DraftStepInput
-
-    page, vocab = engine.config.page_size, engine.runner.spec.vocab_size
-    rng, seconds = random.Random(1), {}
-    device = engine.runner.device
+    rng, seconds, spec = random.Random(1), {}, engine.spec
+    gamma, vocab = spec.gamma, engine.runner.spec.vocab_size
     for requests in draft_request_counts(plan):
-        borrowed, tables = [], []
+        borrowed: list[int] = []
         try:
-            for _ in range(requests):
-                pages = engine.allocator.alloc(math.ceil(plan.context_len / page))
-                if pages is None:
-                    raise ValueError(f"the KV pool cannot hold a {requests}-request draft step")
-                borrowed += pages
-                tables.append(pages)
-            anchors = [rng.randrange(vocab) for _ in range(requests)]
-            step = DraftStepInput(anchors, [plan.context_len] * requests, tables)
-            anchor_ids = torch.tensor(anchors, dtype=torch.int64, device=device)
-            greedy = torch.zeros(requests, device=device)
+            tables = _borrow_pages(engine, requests, plan.context_len + 1 + gamma, borrowed)
+            chunks = _profile_chunks(engine, tables, plan, rng)
+            logits = torch.randn(requests * (gamma + 1), vocab, device=engine.runner.device)
 
-            def draft_stage():
-                out = engine._draft_on_all_ranks(step)
-                engine.spec.drafter.sample_block(out, anchor_ids, greedy, return_probs=False, all_greedy=True)
+            def dspark_stage():
+                for chunk in chunks:
+                    chunk.draft_tokens = []
+                proposal = spec.propose(chunks, {}, 0, engine._draft_on_all_ranks)
+                starts = [0]
+                for v in proposal.verify_lens[:-1]:
+                    starts.append(starts[-1] + 1 + v)
+                spec.accept(proposal, logits[: starts[-1] + 1 + proposal.verify_lens[-1]], starts, 0.0)
 
-            seconds[requests] = _median_seconds(engine, plan, draft_stage)
+            seconds[requests] = _median_seconds(engine, plan, dspark_stage)
+        finally:
+            engine.allocator.free(borrowed)
+            spec.forget_profile([f"__profile-{i}" for i in range(requests)])
+        if progress is not None:
+            progress(requests, seconds[requests])
+    return seconds
+
+
+def decode_step(requests: int, tables: list[list[int]], plan: ProfilePlan, vocab: int, rng: random.Random) -> StepInput:
+    """A plain decode StepInput: one token per request at position context_len."""
+    ctx = plan.context_len
+    return StepInput([rng.randrange(vocab) for _ in range(requests)], [ctx] * requests, [1] * requests,
+                     [ctx + 1] * requests, tables, list(range(requests)))
+
+
+def profile_decode_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, float]:
+    """Seconds of a plain decode step (target forward + greedy sampling), by number of requests:
+    the step DSpark takes when it steps aside."""
+    from sglaunch.engine.interface import SamplingParams
+    from sglaunch.engine.sampler import sample
+
+    rng, seconds, vocab = random.Random(2), {}, engine.runner.spec.vocab_size
+    for requests in draft_request_counts(plan):
+        borrowed: list[int] = []
+        try:
+            step = decode_step(requests, _borrow_pages(engine, requests, plan.context_len + 1, borrowed), plan,
+                               vocab, rng)
+            params = [SamplingParams(max_new_tokens=1, temperature=0.0)] * requests
+            seconds[requests] = _median_seconds(
+                engine, plan, lambda: sample(engine._run_on_all_ranks(step), params, [None] * requests))
         finally:
             engine.allocator.free(borrowed)
         if progress is not None:

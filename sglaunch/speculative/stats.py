@@ -24,6 +24,8 @@ class SpecStats:
         self.drafted_tokens = 0
         self.draft_seconds = 0.0
         self.verify_seconds = 0.0
+        self.step_aside_steps = 0  # steps where drafting did not pay: plain decodes, no drafter
+        self.step_aside_request_steps = 0
 
     def record_step(self, accept_lengths: Sequence[int], verify_tokens: int, draft_seconds: float = 0.0,
                     verify_seconds: float = 0.0) -> None:
@@ -39,6 +41,12 @@ class SpecStats:
             self.drafted_tokens += len(accept_lengths) * self.block_size
             self.draft_seconds += draft_seconds
             self.verify_seconds += verify_seconds
+
+    def record_step_aside(self, requests: int) -> None:
+        """A step whose decoding requests took the plain path (the planner found drafting would not pay)."""
+        with self._lock:
+            self.step_aside_steps += 1
+            self.step_aside_request_steps += int(requests)
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -59,6 +67,9 @@ class SpecStats:
                 "verify_time_s": self.verify_seconds,
                 "mean_draft_ms": 1e3 * self.draft_seconds / per_step if self.steps else 0.0,
                 "mean_verify_ms": 1e3 * self.verify_seconds / per_step if self.steps else 0.0,
+                "step_aside_steps": self.step_aside_steps,
+                "step_aside_request_steps": self.step_aside_request_steps,
+                "step_aside_fraction": self.step_aside_steps / max(1, self.steps + self.step_aside_steps),
             }
 
     def prometheus_samples(self, prefix: str = "sglaunch_spec_") -> list[tuple[str, str, str, float, dict]]:
@@ -74,6 +85,8 @@ class SpecStats:
                  self.verify_tokens, {}),
                 (prefix + "draft_seconds_total", "counter", "Time spent drafting.", self.draft_seconds, {}),
                 (prefix + "verify_seconds_total", "counter", "Time spent verifying.", self.verify_seconds, {}),
+                (prefix + "step_aside_steps_total", "counter", "Decode steps that drafted nothing (drafting would "
+                 "not pay at that load).", self.step_aside_steps, {}),
             ]
             cumulative = 0
             for length in range(1, self.block_size + 2):
@@ -89,4 +102,6 @@ class SpecStats:
     def log_line(self) -> str:
         d = self.to_dict()
         return (f"spec: accept len {d['mean_accept_length']:.2f}, verify tok/step {d['verify_tokens_per_step']:.1f}, "
-                f"draft {d['mean_draft_ms']:.1f} ms, verify {d['mean_verify_ms']:.1f} ms")
+                f"draft {d['mean_draft_ms']:.1f} ms, verify {d['mean_verify_ms']:.1f} ms, "
+                f"stepped aside {d['step_aside_steps']} of {d['steps'] + d['step_aside_steps']} steps "
+                f"({100 * d['step_aside_fraction']:.0f}%)")
