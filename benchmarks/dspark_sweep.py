@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
-SPEC_KEYS = ("steps", "request_steps", "committed_tokens", "verify_tokens")
+SPEC_KEYS = ("steps", "request_steps", "committed_tokens", "verify_tokens", "step_aside_steps")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.levels = parse_levels(args.concurrency, args.requests)
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in args.mode_list if m not in ("static", "cap-accept", "compact")]
+    bad = [m for m in args.mode_list if split_mode(m)[0] not in ("static", "cap-accept", "compact")]
     if bad:
         parser.error(f"unknown mode(s) {bad}; choose from static, cap-accept, compact")
     return args
@@ -90,6 +90,14 @@ def parse_levels(concurrency: str, requests: str) -> list[tuple[int, int]]:
     return [(c, max(c, n)) for c, n in zip(levels, counts)]
 
 
+def split_mode(item: str) -> tuple[str, dict[str, str]]:
+    """`compact+SGLAUNCH_DRAFT_CUDA_GRAPH=0` -> ("compact", {"SGLAUNCH_DRAFT_CUDA_GRAPH": "0"}): a
+    ragged verify mode and more environment for that configuration only."""
+    mode, *assignments = item.split("+")
+    env = dict(a.split("=", 1) for a in assignments if "=" in a)
+    return mode, env
+
+
 def configurations(args) -> list[tuple[str, str | None]]:
     """(name, ragged verify mode or None for no speculation), baseline first."""
     configs = [] if args.no_baseline else [("plain", None)]
@@ -102,8 +110,11 @@ def serve_tokens(args, mode: str | None) -> tuple[list[str], dict[str, str]]:
               "--max-running-requests", str(max(c for c, _ in args.levels))]
     environ = {k: v for k, v in os.environ.items() if k != MODE_ENV}
     if mode is not None:
+        mode, extra_env = split_mode(mode)
         tokens += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(args.drafter)]
         environ[MODE_ENV] = mode
+        environ.update(extra_env)
+        os.environ.update(extra_env)  # NOTE: the engine reads some variables from the process itself
     return tokens + shlex.split(args.serve_args), environ
 
 
@@ -172,7 +183,9 @@ def run_level(engine, prompts: list[list[int]], concurrency: int, count: int, ma
         row.update(spec_steps=delta["steps"],
                    mean_accept_length=delta["committed_tokens"] / max(1, delta["request_steps"]),
                    verify_tokens_per_step=delta["verify_tokens"] / max(1, delta["steps"]),
-                   verify_tokens_per_request_step=delta["verify_tokens"] / max(1, delta["request_steps"]))
+                   verify_tokens_per_request_step=delta["verify_tokens"] / max(1, delta["request_steps"]),
+                   step_aside_steps=delta["step_aside_steps"],
+                   step_aside_fraction=delta["step_aside_steps"] / max(1, delta["steps"] + delta["step_aside_steps"]))
     return row
 
 
@@ -291,21 +304,22 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def table_lines(results: list[dict]) -> list[str]:
-    lines = [f"{'config':15s} {'conc':>5s} {'reqs':>5s} {'out tok/s':>10s} {'vs plain':>9s} "
-             f"{'accept len':>10s} {'verify tok/step':>15s} {'verify/req-step':>15s}"]
+    width = max([15] + [len(r.get("config", "")) for r in results])
+    lines = [f"{'config':{width}s} {'conc':>5s} {'reqs':>5s} {'out tok/s':>10s} {'vs plain':>9s} "
+             f"{'accept len':>10s} {'verify tok/step':>15s} {'verify/req-step':>15s} {'aside':>6s}"]
     for result in results:
         if "error" in result:
-            lines.append(f"{result['config']:15s} ERROR {result['error']}")
+            lines.append(f"{result['config']:{width}s} ERROR {result['error']}")
         for lv in result.get("levels", []):
             if "skipped" in lv:
-                lines.append(f"{result['config']:15s} {lv['concurrency']:5d} {lv['requests']:5d} "
+                lines.append(f"{result['config']:{width}s} {lv['concurrency']:5d} {lv['requests']:5d} "
                              f"skipped ({lv['skipped']})")
                 continue
             ratio = f"{lv['ratio_to_plain']:8.2f}x" if "ratio_to_plain" in lv else f"{'-':>9s}"
             spec = (f"{lv['mean_accept_length']:10.2f} {lv['verify_tokens_per_step']:15.1f} "
-                    f"{lv['verify_tokens_per_request_step']:15.2f}") if "mean_accept_length" in lv else \
-                f"{'-':>10s} {'-':>15s} {'-':>15s}"
-            lines.append(f"{result['config']:15s} {lv['concurrency']:5d} {lv['requests']:5d} "
+                    f"{lv['verify_tokens_per_request_step']:15.2f} {100 * lv.get('step_aside_fraction', 0):5.0f}%") \
+                if "mean_accept_length" in lv else f"{'-':>10s} {'-':>15s} {'-':>15s} {'-':>6s}"
+            lines.append(f"{result['config']:{width}s} {lv['concurrency']:5d} {lv['requests']:5d} "
                          f"{lv['output_tok_s']:10.1f} {ratio} {spec}")
     return lines
 

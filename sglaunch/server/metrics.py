@@ -194,4 +194,5 @@ SPEC_COUNTERS = (
     ("spec_verify_tokens", "Target rows computed for verification.", "verify_tokens"),
     ("spec_draft_seconds", "Time spent drafting.", "draft_time_s"),
     ("spec_verify_seconds", "Time spent verifying (target forward + acceptance).", "verify_time_s"),
+    ("spec_step_aside_steps", "Steps where drafting would not pay: plain decodes, no drafter.", "step_aside_steps"),
 )

@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 LAG_ENV = "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS"
 RECORD_ENV = "SGLAUNCH_DSPARK_RECORD_PATH"  # JSONL of drafted blocks for `sglaunch fit-sts`
+STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even where it does not pay
 LOG_INTERVAL_S = 10.0
 
 
@@ -83,7 +84,8 @@ class DSparkDecoder:
         sps = load_sps_table(spec.sps_table_path) if spec.sps_table_path else None
         temps = load_sts(spec.confidence_sts_path, self.gamma) if spec.confidence_sts_path else None
         self.planner = DSparkPlanner(self.gamma, self.mode, sps, temps, int(os.environ.get(LAG_ENV, DEFAULT_LAG_STEPS)),
-                                     has_confidence_head=drafter.confidence_head is not None)
+                                     has_confidence_head=drafter.confidence_head is not None,
+                                     step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0")
         self.stats = SpecStats(self.gamma)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0

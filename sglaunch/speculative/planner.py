@@ -164,7 +164,7 @@ class DSparkPlanner:
 
     def __init__(self, block_size: int, mode: str, sps: SpsTable | None = None,
                  sts_temperatures: Sequence[float] | None = None, lag_steps: int = DEFAULT_LAG_STEPS,
-                 has_confidence_head: bool = True):
+                 has_confidence_head: bool = True, step_aside: bool = True):
         if mode not in ("static", "cap-accept", "compact"):
             raise ValueError(f"unknown ragged verify mode {mode!r}; choose static, cap-accept or compact")
         if mode != "static" and not has_confidence_head:
@@ -175,6 +175,7 @@ class DSparkPlanner:
         self.block_size, self.mode, self.sps = block_size, mode, sps
         self.temperatures = list(sts_temperatures) if sts_temperatures is not None else [1.0] * block_size
         self.relay = ConfidenceRelay(block_size, lag_steps)
+        self.step_aside = step_aside  # False: always draft (SGLAUNCH_DSPARK_STEP_ASIDE=0)
         self.prior = [1.0] * block_size  # running mean survival per slot: unknown requests' row
         self._observed = False
         self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
@@ -182,7 +183,7 @@ class DSparkPlanner:
     @property
     def can_step_aside(self) -> bool:
         """Whether plan_drafts may decide to draft nothing (compact / cap-accept with a table)."""
-        return self.mode != "static" and self.sps is not None
+        return self.step_aside and self.mode != "static" and self.sps is not None
 
     def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int:
         """Host: K for this step from survivals lagged N steps (no device sync); a request unknown

@@ -106,8 +106,10 @@ def test_serve_dspark_compact_over_http(tmp_path):
     assert info["internal_states"][0]["avg_spec_accept_length"] == spec["mean_accept_length"]
     for series in ("sglang:spec_accept_length{", "sglang:spec_verify_tokens_per_step{",
                    'sglang:spec_accept_length_per_step_bucket{le="1"', "sglang:spec_draft_seconds_total{",
-                   "sglang:spec_verify_seconds_total{"):
+                   "sglang:spec_verify_seconds_total{", "sglang:spec_step_aside_steps_total{"):
         assert series in metrics, series
+    aside = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_step_aside_steps_total{"))
+    assert float(aside.rsplit(" ", 1)[1]) == spec["step_aside_steps"]
     assert "DSpark: block size 4, ragged verify mode compact" in log.read_text(errors="replace")
 
     from sglaunch.engine.interface import SamplingParams

@@ -1,0 +1,179 @@
+"""DSpark steps aside where drafting does not pay: the planner prices a drafting step (verify +
+DSpark's own work) against a plain decode step from the step-cost table and the lagged
+survivals; when drafting loses, the step verifies nothing, the drafter does not run, and the
+output is plain decoding's. Where drafting pays, the drafts run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_helpers import GAMMA, engine_config, prompts
+from sglaunch.engine.launch import create_engine
+from sglaunch.speculative.planner import DSparkPlanner, drafting_pays
+from sglaunch.speculative.sps import SpsTable, load_sps_table, save_sps_table
+from test_engine_dspark import make_requests, run
+
+FLAT = {1: 100.0, 8: 100.0, 16: 100.0, 32: 100.0, 64: 100.0, 128: 100.0}  # extra verify rows are free
+
+
+def table(draft: dict[int, float], decode: dict[int, float] | None = None) -> SpsTable:
+    return SpsTable.from_points(FLAT).with_draft_costs(draft).with_decode_costs(decode or {1: 0.01})
+
+
+# ---- the decision (torch-free) ------------------------------------------------------------
+def test_drafting_pays_only_where_the_table_says_so():
+    confident = [0.9, 0.8, 0.7, 0.6] * 4  # 4 requests
+    assert drafting_pays(confident, 4, table({1: 1e-4})) == 16  # cheap drafter, free rows: verify all
+    assert drafting_pays(confident, 4, table({1: 10.0})) is None  # the drafter costs more than it gives
+    # the same drafts, priced by batch size: cheap for up to 2 requests, then expensive
+    by_batch = table({1: 1e-4, 2: 1e-4, 3: 0.05})
+    assert drafting_pays(confident[:8], 2, by_batch) is not None
+    assert drafting_pays(confident[:12], 3, by_batch) is None
+    # hopeless drafts never pay, even with a free drafter
+    assert drafting_pays([0.001] * 16, 4, table({1: 1e-4})) is None
+    # a gain under MIN_DRAFT_GAIN (5%) steps aside: 1.6 tokens a step for 1.55x the plain step's cost
+    marginal = table({1: 0.0055})
+    assert drafting_pays([0.6, 0.0, 0.0, 0.0], 1, marginal) is None
+    assert drafting_pays([0.6, 0.0, 0.0, 0.0], 1, marginal, min_gain=1.0) == 1
+
+
+def test_plain_steps_are_priced_by_decode_points_else_by_sps():
+    t = table({1: 0.001}, {1: 0.004, 8: 0.008})
+    assert t.plain_step_seconds(1) == pytest.approx(0.004)
+    assert t.plain_step_seconds(4) == pytest.approx(0.004 + 3 / 7 * 0.004)
+    assert t.plain_step_seconds(4, extra_tokens=10) == pytest.approx(1 / 100.0)  # a mixed step: SPS(14)
+    assert SpsTable.from_points(FLAT).plain_step_seconds(3) == pytest.approx(1 / 100.0)
+
+
+def test_decode_points_round_trip_and_are_checked(tmp_path):
+    t = table({1: 0.001, 4: 0.002}, {1: 0.004, 2: 0.003, 8: 0.008})
+    assert t.decode_seconds_at == (0.004, 0.004, 0.008)  # running maximum
+    save_sps_table(t, tmp_path / "t.json")
+    assert load_sps_table(tmp_path / "t.json") == t
+    with pytest.raises(ValueError, match="requests >= 1"):
+        t.with_decode_costs({0: 0.1})
+
+
+def test_unknown_requests_are_priced_at_the_running_mean_survival():
+    planner = DSparkPlanner(GAMMA, "compact", table({1: 0.003}), lag_steps=1)
+    # nothing observed yet: a new request is assumed to survive everywhere, and drafting pays
+    assert planner.plan_drafts(["a"]) is not None
+    planner.observe(["a"], [[0.05, 0.01, 0.0, 0.0]])
+    # a newcomer is priced at what the engine has seen (not 1.0): drafting would not pay
+    assert planner.plan_drafts(["b"]) is None
+    assert planner.plan_drafts(["a"]) is None  # a's own lagged survivals
+    planner.observe(["a"], [[0.99, 0.98, 0.97, 0.96]])
+    assert planner.plan_drafts(["a"]) is not None
+    # SGLAUNCH_DSPARK_STEP_ASIDE=0: always draft; static mode: always draft
+    for p in (DSparkPlanner(GAMMA, "compact", table({1: 10.0}), step_aside=False),
+              DSparkPlanner(GAMMA, "static", table({1: 10.0}))):
+        assert p.plan_drafts(["a", "b"]) == 2 * GAMMA
+
+
+# ---- in the engine (CPU, a real target and the oracle drafter) ----------------------------
+def run_counting_drafts(config, batch, monkeypatch=None):
+    """-> (outputs, statistics, drafter forwards, pages still held at the end)."""
+    engine, cluster = create_engine(config)
+    calls = []
+    real = engine.runner.draft_block
+    engine.runner.draft_block = lambda step: calls.append(len(step.anchor_tokens)) or real(step)
+    try:
+        out = run(engine, make_requests(batch, "s"))
+        return out, engine.spec.stats.to_dict() if engine.spec else None, calls, engine.allocator.num_used
+    finally:
+        cluster.stop(engine)
+
+
+@pytest.fixture(scope="module")
+def batch_and_plain(dspark_files):
+    batch = prompts(6, seed=21)
+    out, _, _, _ = run_counting_drafts(engine_config(dspark_files["target"], disable_radix_cache=True), batch)
+    return batch, out
+
+
+def assert_plain(out, plain) -> None:
+    """Greedy tokens and finish reasons of plain decoding; log-probabilities within 1e-4."""
+    assert out.keys() == plain.keys()
+    for rid, (tokens, logprobs, reason) in out.items():
+        assert tokens == plain[rid][0] and reason == plain[rid][2], rid
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(plain[rid][1]), atol=1e-4, rtol=0)
+
+
+def write(tmp_path, name: str, t: SpsTable):
+    save_sps_table(t, tmp_path / name)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("mode", ["compact", "cap-accept"])
+def test_where_drafting_pays_the_drafts_run(dspark_files, batch_and_plain, tmp_path, mode):
+    batch, plain = batch_and_plain
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode, disable_radix_cache=True,
+                           sps=write(tmp_path, "cheap.json", table({1: 1e-4})))
+    out, stats, calls, held = run_counting_drafts(config, batch)
+    assert_plain(out, plain)
+    assert calls and stats["steps"] == len(calls) and stats["mean_accept_length"] > 2.0
+    assert stats["step_aside_steps"] == 0 and held == 0
+
+
+@pytest.mark.parametrize("mode", ["compact", "cap-accept"])
+def test_where_drafting_does_not_pay_the_drafter_never_runs(dspark_files, batch_and_plain, tmp_path, mode):
+    batch, plain = batch_and_plain
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode, disable_radix_cache=True,
+                           sps=write(tmp_path, "costly.json", table({1: 10.0})))
+    out, stats, calls, held = run_counting_drafts(config, batch)
+    assert_plain(out, plain)
+    assert calls == [] and stats["steps"] == 0
+    assert stats["step_aside_steps"] > 0 and stats["step_aside_fraction"] == 1.0 and held == 0
+
+
+def test_step_asides_are_counted_for_metrics_and_the_log():
+    from sglaunch.speculative.stats import SpecStats
+
+    stats = SpecStats(GAMMA)
+    stats.record_step([3, 1], verify_tokens=6)
+    stats.record_step_aside(5)
+    stats.record_step_aside(4)
+    d = stats.to_dict()
+    assert (d["step_aside_steps"], d["step_aside_request_steps"]) == (2, 9)
+    assert d["step_aside_fraction"] == pytest.approx(2 / 3)
+    assert "stepped aside 2 of 3 steps (67%)" in stats.log_line()
+    rows = {name: value for name, _, _, value, labels in stats.prometheus_samples() if not labels}
+    assert rows["sglaunch_spec_step_aside_steps_total"] == 2
+
+
+def test_the_decision_follows_the_batch_size(dspark_files, batch_and_plain, tmp_path):
+    """Drafting is cheap for up to 2 requests and dear from 3: the full batch decodes plainly and
+    drafting starts once few requests are left (their max_new_tokens differ)."""
+    batch, plain = batch_and_plain
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "by_batch.json", table({1: 1e-4, 2: 1e-4, 3: 10.0})))
+    out, stats, calls, held = run_counting_drafts(config, batch)
+    assert_plain(out, plain)
+    assert stats["step_aside_steps"] > 0 and stats["steps"] > 0
+    assert calls and max(calls) <= 2  # the drafter only ever ran for one or two requests
+    assert held == 0
+
+
+def test_step_aside_can_be_turned_off(dspark_files, batch_and_plain, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    batch, plain = batch_and_plain
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "costly.json", table({1: 10.0})))
+    out, stats, calls, _ = run_counting_drafts(config, batch)
+    assert_plain(out, plain)
+    assert calls and stats["step_aside_steps"] == 0
+
+
+def test_the_start_up_profile_prices_plain_decode_steps(dspark_files):
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "compact"))
+    try:
+        t = engine.spec.planner.sps
+        assert t.decode_requests[0] == 1 and t.plain_step_seconds(1) > 0
+        # DSpark's work (propose + accept) is priced per request count, up to what the pool holds
+        assert t.draft_requests == t.decode_requests and len(t.draft_requests) >= 4
+        stats = engine.spec.stats.to_dict()  # the profile's synthetic steps are not counted
+        assert stats["steps"] == 0 and stats["step_aside_steps"] == 0 and engine.spec.planner.prior == [1.0] * GAMMA
+        assert engine.allocator.num_used == 0
+    finally:
+        cluster.stop(engine)
