@@ -47,6 +47,8 @@ class TokenOutput:
     accept_length: int | None = None
     # log-probability of each of new_token_ids under the model's unmodified distribution
     logprobs: tuple[float, ...] = ()
+    # set on the last output of a request the engine failed on (finish_reason "abort"): why
+    error: str | None = None
 
 
 class AsyncEngine(Protocol):

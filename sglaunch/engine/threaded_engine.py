@@ -21,6 +21,9 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0
+# a step that fails with no request to blame fails its running requests; this many in a row
+# means the engine itself is broken (e.g. a sticky device error), which ends the process
+MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
 class _Stream:
@@ -113,6 +116,10 @@ class ThreadedEngine:
             return
         self._static = self.engine.static_info()
         self._live = self.engine.live_stats()
+        from sglaunch.engine.watchdog import before_fatal_exit
+
+        # NOTE: a dead rank ends the process; every open stream first gets the reason
+        before_fatal_exit(lambda message: self._deliver_error(RuntimeError(f"the engine stopped: {message}")))
         self._loop.call_soon_threadsafe(_settle, self._started, None)
         try:
             self._serve()
@@ -139,10 +146,23 @@ class ThreadedEngine:
                 if not self._handle(self._inbox.get_nowait()):
                     self.cluster.stop(self.engine)
                     return
-            outputs = self.engine.step() if self.engine.has_work else []
+            outputs = self._step() if self.engine.has_work else []
             # NOTE: stats first, so a client that sees its last token also sees the counts
             self._live = self.engine.live_stats()
             self._deliver(outputs)
+
+    def _step(self) -> list[TokenOutput]:
+        """One engine step; on one rank, a failed step fails the requests it ran, not the engine."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._failed_steps = getattr(self, "_failed_steps", 0) + 1
+            if self.engine.tp.size > 1 or self._failed_steps >= MAX_CONSECUTIVE_STEP_FAILURES:
+                raise  # NOTE: ranks may be out of step, or the engine is broken: end the process
+            logger.exception("An engine step failed; failing the requests it ran")
+            return self.engine.fail_running(exc)
+        self._failed_steps = 0
+        return outputs
 
     def _handle(self, command: tuple[Any, ...]) -> bool:
         """Apply one queued command; False means shut down."""
@@ -153,6 +173,9 @@ class ThreadedEngine:
                 self._deliver(self.engine.add_request(request))
             except ValueError as exc:
                 self._deliver_to(request.rid, exc)
+            except Exception as exc:  # noqa: BLE001 - one request's failure, not the engine's
+                logger.exception("Could not add request %s", request.rid)
+                self._deliver_to(request.rid, RuntimeError(f"the engine could not add the request: {exc!r}"))
         elif kind == "abort":
             out = self.engine.abort(command[1])
             if out is not None:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from multiprocessing.process import BaseProcess
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import torch.distributed as dist
 
@@ -23,10 +23,28 @@ HEARTBEAT_STALE_S = 5.0
 STORE_TIMEOUT_S = 5.0
 
 
+_BEFORE_EXIT: list[Callable[[str], None]] = []
+_EXITING = threading.Lock()
+
+
+def before_fatal_exit(hook: Callable[[str], None]) -> None:
+    """Run `hook(message)` before `fatal` ends the process (hooks run in the order added, on the
+    dying thread, and must return within a few seconds), e.g. to end open streams properly."""
+    _BEFORE_EXIT.append(hook)
+
+
 def fatal(message: str) -> NoReturn:
-    """Print `Error: message` on stderr and end this process with status 1, now."""
+    """Print `Error: message` on stderr, run the before-exit hooks, end the process with status 1."""
     sys.stderr.write(f"Error: {message}\n")
     sys.stderr.flush()
+    if _EXITING.acquire(blocking=False):  # NOTE: a second dying thread waits for the first's exit
+        for hook in list(_BEFORE_EXIT):
+            try:
+                hook(message)
+            except BaseException as exc:  # noqa: BLE001 - exiting anyway
+                sys.stderr.write(f"warning: a before-exit hook failed: {exc!r}\n")
+    else:
+        _EXITING.acquire()
     os._exit(1)
 
 
