@@ -45,6 +45,8 @@ class EngineConfig:
     enable_metrics: bool = False
     log_level: str = "info"
     random_seed: int | None = None
+    max_request_body_mb: float = 8.0  # larger request bodies get 413
+    graceful_shutdown_timeout: float = 20.0  # after SIGTERM/SIGINT, seconds running requests may finish
     # parallelism (one process per tensor-parallel rank)
     tp_size: int = 1
     nnodes: int = 1

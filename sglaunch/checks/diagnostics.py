@@ -50,6 +50,7 @@ CODES: dict[str, CodeInfo] = {
     "QUANT002": CodeInfo(E, "NVFP4 needs FlashInfer >= 0.6.14"),
     "MODEL001": CodeInfo(E, "model path not found"),
     "MODEL002": CodeInfo(E, "model config unreadable"),
+    "MODEL003": CodeInfo(E, "checkpoint weights truncated, missing or inconsistent"),
     # speculative decoding (DSpark)
     "SPEC001": CodeInfo(E, "DSpark block size must be positive"),
     "SPEC002": CodeInfo(E, "DSpark draft-token count must equal block size + 1"),

@@ -19,7 +19,7 @@ from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.flags.sources import Settings, collect_settings
-from sglaunch.probe.checkpoint import CheckpointInfo, looks_local, read_checkpoint
+from sglaunch.probe.checkpoint import CheckpointInfo, CorruptCheckpointError, looks_local, read_checkpoint
 from sglaunch.probe.environment import EnvironmentInfo, probe_environment
 from sglaunch.releases import CURRENT_RELEASE
 
@@ -103,7 +103,8 @@ def _load_checkpoints(ctx: LaunchContext) -> list[Diagnostic]:
         try:
             setattr(ctx, attr, read_checkpoint(path))
         except SglaunchError as exc:
-            code = "MODEL001" if "not a folder" in exc.message else "MODEL002"
+            code = "MODEL001" if "not a folder" in exc.message else \
+                "MODEL003" if isinstance(exc, CorruptCheckpointError) else "MODEL002"
             found.append(diag(code, exc.message, flags=(flag,), origin=ctx.origin(dest), fix=exc.hint))
     return found
 
@@ -149,6 +150,7 @@ def build_engine_config(report: Report) -> EngineConfig:
         context_length=get("context_length"), chat_template=get("chat_template"),
         host=get("host"), port=get("port"), api_key=get("api_key"), enable_metrics=get("enable_metrics"),
         log_level=get("log_level"), random_seed=get("random_seed"),
+        max_request_body_mb=get("max_request_body_mb"), graceful_shutdown_timeout=get("graceful_shutdown_timeout"),
         tp_size=get("tp_size"), nnodes=get("nnodes"), node_rank=get("node_rank"),
         dist_init_addr=get("dist_init_addr"), device=get("device"), base_gpu_id=get("base_gpu_id"),
         mem_fraction_static=get("mem_fraction_static"), max_total_tokens=get("max_total_tokens"),

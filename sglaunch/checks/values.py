@@ -21,6 +21,8 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "cuda_graph_max_bs": (1, None, "a batch size of at least 1"),
     "linear_replayssm_cache_len": (1, None, "a ring length of at least 1"),
     "base_gpu_id": (0, None, "a GPU index of 0 or more"),
+    "max_request_body_mb": (0.001, None, "a positive size in MiB, e.g. 8"),
+    "graceful_shutdown_timeout": (0, None, "0 or more seconds (0: abort running requests at once)"),
 }
 
 

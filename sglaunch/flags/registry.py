@@ -62,6 +62,11 @@ FLAGS: tuple[Flag, ...] = (
         Flag("--host", STR, "Address the HTTP server binds.", default="127.0.0.1", support=ENGINE),
         Flag("--port", INT, "Port of the HTTP server.", default=30000, support=ENGINE),
         Flag("--api-key", STR, "Bearer token required on every route except /health.", support=ENGINE),
+        Flag("--max-request-body-mb", FLOAT, "Largest request body in MiB; larger ones get 413 "
+             "(sglaunch only).", default=8.0, metavar="MIB", support=ENGINE),
+        Flag("--graceful-shutdown-timeout", FLOAT, "Seconds running requests may finish after SIGTERM "
+             "or SIGINT; the rest then end with finish_reason abort (sglaunch only).", default=20.0,
+             metavar="SECONDS", support=ENGINE),
         Flag("--enable-metrics", BOOL, "Expose Prometheus metrics at /metrics.", default=False,
              support=ENGINE),
         Flag("--log-level", STR, "Log level.", default="info",

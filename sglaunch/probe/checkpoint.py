@@ -1,7 +1,10 @@
 """Facts about a local checkpoint folder, read from config.json and safetensors headers only.
 
 No tensor is loaded: a safetensors file starts with an 8-byte little-endian header length
-and a JSON header giving each tensor's dtype, shape and byte range.
+and a JSON header giving each tensor's dtype, shape and byte range. Every shard's header is
+checked against the file's size (a truncated download), each tensor's byte range against its
+dtype and shape (a header that lies), and `model.safetensors.index.json` against the shards
+present (a missing shard); any of these raises CorruptCheckpointError.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from pathlib import Path
 
 from sglaunch.errors import SglaunchError
 
+# bytes per element of the dtypes safetensors headers name; others are not size-checked
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
+                           "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+                           "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+MAX_HEADER_BYTES = 100_000_000
+INDEX_FILE = "model.safetensors.index.json"
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "fp4_e2m1": 0.5}
 
@@ -124,22 +133,98 @@ def read_checkpoint(model_path: str) -> CheckpointInfo:
     return CheckpointInfo(path, config, safetensors_bytes(path))
 
 
+class CorruptCheckpointError(SglaunchError):
+    """A safetensors shard is truncated, missing or has a header that contradicts itself."""
+
+
+REDOWNLOAD_HINT = ("re-download or re-copy the checkpoint (compare each file's size with the "
+                   "source), or re-export it")
+
+
 def safetensors_bytes(folder: Path) -> int | None:
+    """Total tensor bytes over the folder's shards; None when it has no safetensors file.
+    Raises CorruptCheckpointError for a truncated, missing or inconsistent shard."""
+    _check_index(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     return sum(_tensor_bytes(f) for f in files)
 
 
-def _tensor_bytes(file: Path) -> int:
+def _check_index(folder: Path) -> None:
+    """Every shard the index's weight_map names must be there."""
+    index = folder / INDEX_FILE
+    if not index.is_file():
+        return
     try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise CorruptCheckpointError(f"{index} is not a readable safetensors index ({exc})",
+                                     hint=REDOWNLOAD_HINT) from None
+    missing = [name for name in shards if not (folder / name).is_file()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise CorruptCheckpointError(
+            f"{folder} misses {len(missing)} of the {len(shards)} weight shards its {INDEX_FILE} "
+            f"lists: {shown}", hint=REDOWNLOAD_HINT)
+
+
+def _tensor_bytes(file: Path) -> int:
+    """The tensor bytes a shard's header declares, checked against the file (no tensor read)."""
+    try:
+        size = file.stat().st_size
         with open(file, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if length > 100_000_000:
-                raise ValueError("header too large")
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise ValueError(f"only {len(prefix)} bytes long")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES:
+                raise ValueError(f"declares a {length}-byte header")
+            if 8 + length > size:
+                raise ValueError(f"declares a {length}-byte header but the file has {size} bytes")
             header = json.loads(fh.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
     except (OSError, ValueError, struct.error) as exc:
-        raise SglaunchError(f"{file} is not a readable safetensors file ({exc})",
-                            hint="re-download or re-export the checkpoint") from None
-    return sum(end - start for name, meta in header.items() if name != "__metadata__"
-               for start, end in [meta["data_offsets"]])
+        raise CorruptCheckpointError(f"{file} is not a readable safetensors file ({exc})",
+                                     hint=REDOWNLOAD_HINT) from None
+    ranges = [_checked_range(file, name, meta) for name, meta in header.items() if name != "__metadata__"]
+    data_end = max((end for _, end in ranges), default=0)
+    if 8 + length + data_end > size:
+        missing = 8 + length + data_end - size
+        raise CorruptCheckpointError(
+            f"{file} is truncated: its header declares {data_end} bytes of tensor data, but the "
+            f"file ends {missing} bytes short of that ({size} of {8 + length + data_end} bytes)",
+            hint=REDOWNLOAD_HINT)
+    return sum(end - start for start, end in ranges)
+
+
+def _checked_range(file: Path, name: str, meta) -> tuple[int, int]:
+    """(start, end) of one tensor's bytes; they must match its dtype and shape."""
+    try:
+        start, end = (int(v) for v in meta["data_offsets"])
+        shape = [int(d) for d in meta["shape"]]
+        dtype = str(meta["dtype"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptCheckpointError(f"{file}: tensor {name!r} has no valid dtype, shape and "
+                                     "data_offsets in the header", hint=REDOWNLOAD_HINT) from None
+    if not 0 <= start <= end or any(d < 0 for d in shape):
+        raise CorruptCheckpointError(f"{file}: tensor {name!r} has an invalid byte range "
+                                     f"[{start}, {end}) or shape {shape}", hint=REDOWNLOAD_HINT)
+    width = SAFETENSORS_DTYPE_BYTES.get(dtype)
+    if width is not None:
+        expected = width * _product(shape)
+        if end - start != expected:
+            raise CorruptCheckpointError(
+                f"{file}: the header says tensor {name!r} ({dtype}, shape {shape}) takes "
+                f"{end - start} bytes, but that dtype and shape need {expected}",
+                hint=REDOWNLOAD_HINT)
+    return start, end
+
+
+def _product(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total

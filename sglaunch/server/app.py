@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sglaunch
 from sglaunch.server import native_api, openai_api
@@ -30,6 +30,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     _add_info_routes(app)
+    # NOTE: the last middleware added runs first: the key is checked before any body is read
+    app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes)
     if state.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
     return app
@@ -69,6 +71,59 @@ class ApiKeyMiddleware:
         headers = dict(scope.get("headers") or ())
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+class BodyLimitMiddleware:
+    """Refuse a request body over `max_bytes` with 413, before any of it is parsed.
+
+    A declared Content-Length over the limit is refused without reading the body; otherwise the
+    body is read (at most `max_bytes`), then handed to the app as one message.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(int(declared), scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(None, scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # from here on: only http.disconnect
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, size: int | None, scope: Scope, receive: Receive, send: Send) -> None:
+        limit_mb = self.max_bytes / 2**20
+        got = f" ({size / 2**20:.1f} MiB)" if size is not None else ""
+        response = error_response(ApiError(
+            413, f"The request body{got} is larger than this server accepts ({limit_mb:g} MiB); "
+            "send a shorter prompt, or start the server with a larger --max-request-body-mb.",
+            code="request_too_large"))
+        response.headers["Connection"] = "close"
+        await response(scope, receive, send)
 
 
 def _add_info_routes(app: FastAPI) -> None:

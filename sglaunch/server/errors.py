@@ -85,6 +85,8 @@ def validation_error(errors: list[dict] | tuple) -> ApiError:
         return bad_request(f"Request body is not valid JSON: {first.get('msg')}", code="invalid_json")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
+    if first.get("type") == "lone_surrogate":  # raised on a whole body: ctx names the field
+        param = ".".join(filter(None, (param, (first.get("ctx") or {}).get("param")))) or None
     if param is None and first.get("type") == "missing":
         return bad_request("The request body is empty; send a JSON object.", code="invalid_json")
     if param is None and first.get("type") in NOT_AN_OBJECT_ERRORS:

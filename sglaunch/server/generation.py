@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from sglaunch.engine.interface import AsyncEngine, GenerateRequest, SamplingParams, TokenOutput
@@ -58,13 +58,55 @@ def new_request_id(prefix: str = "") -> str:
 
 @dataclass
 class ServerContext:
-    """What routes need to run a request: engine, tokenizer, limits, metrics."""
+    """What routes need to run a request: engine, tokenizer, limits, metrics, and the engine
+    requests in flight (which a shutdown drains, then aborts)."""
 
     engine: AsyncEngine
     tokenizer: ServerTokenizer
     context_length: int
     metrics: ServerMetrics
     vocab_size: int
+    inflight: dict[int, str] = field(default_factory=dict)  # id(GenerateRequest) -> rid
+    closed: bool = False  # the drain is over: no new engine request starts
+    _inflight_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ---- off the event loop: tokenizing a long prompt must not stall other clients
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+
+    async def render_chat(self, messages: list[dict], **kwargs) -> str:
+        return await asyncio.to_thread(self.tokenizer.render_chat, messages, **kwargs)
+
+    # ---- requests in flight
+    def _track(self, request: GenerateRequest) -> None:
+        if self.closed:
+            raise ApiError(503, "The server is shutting down.", code="shutting_down")
+        self.inflight[id(request)] = request.rid
+        self._inflight_changed.set()
+
+    def _untrack(self, request: GenerateRequest) -> None:
+        self.inflight.pop(id(request), None)
+        self._inflight_changed.set()
+
+    async def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no engine request is in flight; False if `timeout` seconds pass first."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self.inflight:
+            self._inflight_changed.clear()
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._inflight_changed.wait(), left)
+            except asyncio.TimeoutError:
+                return not self.inflight
+        return True
+
+    async def abort_inflight(self) -> None:
+        """End every request in flight now: each gets finish_reason "abort" as its last output."""
+        for rid in set(self.inflight.values()):
+            await _abort_quietly(self.engine, rid)
 
     def check_length(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
         """Validate the prompt against the context length; return the max new tokens to use."""
@@ -86,13 +128,15 @@ class ServerContext:
 
     def check_token_ids(self, input_ids: list[int], param: str = "prompt") -> None:
         vocab = self.vocab_size
-        for token_id in input_ids:
-            if not 0 <= token_id < vocab:
-                raise bad_request(f"Token id {token_id} is outside the vocabulary (0..{vocab - 1}).",
-                                  param=param)
+        if not input_ids or (min(input_ids) >= 0 and max(input_ids) < vocab):
+            return
+        token_id = next(t for t in input_ids if not 0 <= t < vocab)
+        raise bad_request(f"Token id {token_id} is outside the vocabulary (0..{vocab - 1}).",
+                          param=param)
 
     def stop_token_ids(self, extra: list[int] | None, ignore_eos: bool) -> tuple[int, ...]:
         """Request stop ids plus the tokenizer's EOS (the engine adds the model's own EOS ids)."""
+        self.check_token_ids(list(extra or ()), param="stop_token_ids")
         ids = list(extra or ())
         eos = self.tokenizer.eos_token_id
         if not ignore_eos and eos is not None and eos not in ids:
@@ -103,6 +147,7 @@ class ServerContext:
 async def stream_text(ctx: ServerContext, request: PreparedRequest) -> AsyncIterator[TextDelta]:
     """Generate one request; yields text deltas, the last with `finish_reason` set."""
     engine_request = GenerateRequest(request.rid, request.input_ids, request.sampling)
+    ctx._track(engine_request)
     tracker = ctx.metrics.track(len(request.input_ids))
     engine_done = False
     try:
@@ -121,6 +166,7 @@ async def stream_text(ctx: ServerContext, request: PreparedRequest) -> AsyncIter
         if not engine_done:
             await _abort_quietly(ctx.engine, request.rid)
             tracker.finish("abort", None, 0)
+        ctx._untrack(engine_request)
 
 
 async def _deltas(tokenizer: ServerTokenizer, request: PreparedRequest,
@@ -129,6 +175,9 @@ async def _deltas(tokenizer: ServerTokenizer, request: PreparedRequest,
     detokenizer = IncrementalDetokenizer(tokenizer, request.input_ids, request.skip_special_tokens)
     stops = StopStringMatcher(request.stop)
     async for output in outputs:
+        if output.error is not None:  # the engine failed on this request (and only on it)
+            raise ApiError(500, f"The engine could not run this request: {output.error}",
+                           code="engine_error", error_type="server_error")
         tracker.on_tokens(len(output.new_token_ids))
         text = stops.feed(detokenizer.add(output.new_token_ids))
         if stops.matched is None and output.finished:
@@ -171,6 +220,9 @@ async def _engine_outputs(engine: AsyncEngine, request: GenerateRequest):
             yield output
     except ValueError as exc:
         raise bad_request(str(exc)) from exc
+    except RuntimeError as exc:  # the engine stopped (a rank died) or could not take the request
+        raise ApiError(500, f"The engine failed: {exc}", code="engine_error",
+                       error_type="server_error") from exc
 
 
 async def _abort_quietly(engine: AsyncEngine, rid: str) -> None:

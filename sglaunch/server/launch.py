@@ -2,7 +2,9 @@
 
 Order on node 0: bind the port (fail fast before loading weights), serve HTTP at once
 (/health answers 503), start the engine, attach it (routes go live), log the URL, then wait for
-a signal or an engine failure; on the way out stop HTTP first, then shut the engine down.
+a signal or an engine failure. On a signal: stop admitting (503 on /health and new requests,
+the port stays open), let running requests finish for up to --graceful-shutdown-timeout, abort
+the rest (each ends with finish_reason "abort"), stop HTTP, then shut the engine down.
 Nodes with `node_rank > 0` only host engine ranks.
 """
 
@@ -30,7 +32,9 @@ from sglaunch.server.tokenizer import ServerTokenizer, load_tokenizer
 
 logger = logging.getLogger("sglaunch.server")
 
-GRACEFUL_HTTP_SECONDS = 5  # in-flight requests get this long after a signal
+HTTP_CLOSE_SECONDS = 5  # after the drain: responses still being written get this long
+ABORT_SETTLE_SECONDS = 10  # aborted requests get this long to send their last event
+FATAL_SETTLE_SECONDS = 3  # a dying engine: open streams get this long to send their error event
 ENGINE_SHUTDOWN_SECONDS = 60
 ENGINE_SETTLE_SECONDS = 300  # a stop during start-up waits this long for loading to finish
 DEFAULT_CONTEXT_LENGTH = 4096  # only when neither the config nor the checkpoint says
@@ -51,7 +55,7 @@ async def _serve(config: EngineConfig) -> int:
     state = _initial_state(config)
     server = _HttpServer(uvicorn.Config(
         create_app(state), log_level=config.log_level, lifespan="off",
-        timeout_graceful_shutdown=GRACEFUL_HTTP_SECONDS, access_log=config.log_level == "debug"))
+        timeout_graceful_shutdown=HTTP_CLOSE_SECONDS, access_log=config.log_level == "debug"))
     stop = _StopSignal(server, state)
     sock = _bind(config.host, config.port)
     http_task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -64,12 +68,71 @@ async def _serve(config: EngineConfig) -> int:
         if engine is None:  # a signal arrived while the engine was starting
             await _stop_http(server, http_task)
             return 0
-        state.ctx = _server_context(engine, tokenizer, config, state.metrics)
+        state.ctx = ctx = _server_context(engine, tokenizer, config, state.metrics)
+        _end_streams_before_a_fatal_exit(state, server)
         logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
         exit_code = await _wait_until_stopped(stop, http_task)
         state.shutting_down = True
+        if exit_code == 0:
+            await _drain(ctx, config.graceful_shutdown_timeout, stop)
         await _stop_http(server, http_task)
         return max(exit_code, await _shutdown_engine(engine))
+
+
+async def _drain(ctx: ServerContext, timeout: float, stop: "_StopSignal") -> None:
+    """Let running requests finish for up to `timeout` s (a second signal cuts it short), then
+    abort the rest: each ends with finish_reason "abort" (then [DONE] for streams)."""
+    if ctx.inflight:
+        logger.info("Draining %d running request(s) for up to %g s (--graceful-shutdown-timeout).",
+                    len(ctx.inflight), timeout)
+    idle = asyncio.create_task(ctx.wait_idle(timeout))
+    again = asyncio.create_task(stop.again.wait())
+    await asyncio.wait({idle, again}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (idle, again):
+        task.cancel()
+    ctx.closed = True  # NOTE: from here on nothing new reaches the engine
+    if not ctx.inflight:
+        return
+    logger.warning("Aborting %d request(s) still running after the drain.", len(ctx.inflight))
+    await ctx.abort_inflight()
+    if not await ctx.wait_idle(ABORT_SETTLE_SECONDS):
+        logger.warning("%d aborted request(s) did not end within %d s.", len(ctx.inflight),
+                       ABORT_SETTLE_SECONDS)
+
+
+def _end_streams_before_a_fatal_exit(state: ServerState, server: uvicorn.Server) -> None:
+    """When a dead rank (or a broken engine) ends the process, every open request first gets its
+    error (an error event then [DONE] for streams, a 500 otherwise) and /health turns 503."""
+    from sglaunch.engine.watchdog import before_fatal_exit  # launch-time: imports torch
+
+    loop = asyncio.get_running_loop()
+
+    def settle(message: str) -> None:
+        if _on_loop_thread(loop):
+            return  # NOTE: waiting here would block the very loop that must send the events
+        state.shutting_down = True
+        future = asyncio.run_coroutine_threadsafe(_let_requests_end(state, server), loop)
+        with contextlib.suppress(Exception):
+            future.result(FATAL_SETTLE_SECONDS + 1)
+
+    before_fatal_exit(settle)
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def _let_requests_end(state: ServerState, server: uvicorn.Server) -> None:
+    """Wait (bounded) until the engine requests have ended and uvicorn has sent every response."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FATAL_SETTLE_SECONDS
+    if state.ctx is not None:
+        await state.ctx.wait_idle(FATAL_SETTLE_SECONDS)
+    while server.server_state.tasks and loop.time() < deadline:
+        await asyncio.sleep(0.01)
 
 
 class _HttpServer(uvicorn.Server):
@@ -85,20 +148,26 @@ class _HttpServer(uvicorn.Server):
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM: stop serving; a second SIGINT forces uvicorn to drop open streams."""
+    """SIGINT/SIGTERM: stop admitting and drain; a second signal ends the drain at once.
+
+    NOTE: the HTTP server keeps listening while requests drain, so a load balancer sees /health
+    answer 503 instead of a refused connection.
+    """
 
     def __init__(self, server: uvicorn.Server, state: ServerState):
         self._server = server
         self._state = state
         self.event = asyncio.Event()
+        self.again = asyncio.Event()
 
     def trigger(self, sig: signal.Signals) -> None:
         if self.event.is_set():
+            logger.info("Received %s again; aborting the running requests now.", sig.name)
+            self.again.set()
             self._server.force_exit = True
             return
         logger.info("Received %s; shutting down.", sig.name)
         self._state.shutting_down = True
-        self._server.should_exit = True
         self.event.set()
 
     @contextlib.contextmanager
@@ -120,7 +189,8 @@ class _StopSignal:
 def _initial_state(config: EngineConfig) -> ServerState:
     metrics = PrometheusMetrics(config.served_model_name) if config.enable_metrics else ServerMetrics()
     return ServerState(served_model_name=config.served_model_name, model_path=config.model_path,
-                       api_key=config.api_key, metrics=metrics, static_info=config.to_dict())
+                       api_key=config.api_key, metrics=metrics, static_info=config.to_dict(),
+                       max_body_bytes=max(1, int(config.max_request_body_mb * 2**20)))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -181,7 +251,8 @@ async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task) -> int
     """Block until a signal (exit 0) or the HTTP server ending on its own (exit 1).
 
     NOTE: a dead tensor-parallel rank ends the whole process from the engine's watchdog
-    (os._exit(1) naming the rank), so there is no engine failure to wait for here.
+    (os._exit(1) naming the rank, after `_end_streams_before_a_fatal_exit` has let every open
+    request get its error), so there is no engine failure to wait for here.
     """
     signal_task = asyncio.create_task(stop.event.wait())
     await asyncio.wait({signal_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -195,7 +266,7 @@ async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task) -> int
 async def _stop_http(server: uvicorn.Server, http_task: asyncio.Task) -> None:
     server.should_exit = True
     try:
-        await asyncio.wait_for(http_task, GRACEFUL_HTTP_SECONDS + 5)
+        await asyncio.wait_for(http_task, HTTP_CLOSE_SECONDS + 5)
     except asyncio.TimeoutError:
         server.force_exit = True
         logger.warning("HTTP server did not stop in time; dropping open connections.")

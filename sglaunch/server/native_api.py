@@ -23,7 +23,7 @@ router = APIRouter()
 @router.post("/generate")
 async def generate(body: NativeGenerateRequest, request: Request):
     ctx = server_state(request).context()
-    prompts, is_batch = _prompts(ctx, body)
+    prompts, is_batch = await _prompts(ctx, body)
     rids = _request_ids(body.rid, len(prompts))
     prepared = [_prepare(ctx, ids, body.sampling_params, rid) for ids, rid in zip(prompts, rids)]
     start = time.perf_counter()
@@ -39,13 +39,13 @@ async def generate(body: NativeGenerateRequest, request: Request):
     return bodies if is_batch else bodies[0]
 
 
-def _prompts(ctx: ServerContext, body: NativeGenerateRequest) -> tuple[list[list[int]], bool]:
+async def _prompts(ctx: ServerContext, body: NativeGenerateRequest) -> tuple[list[list[int]], bool]:
     """Token ids of each prompt, and whether the request was a batch."""
     if (body.text is None) == (body.input_ids is None):
         raise bad_request("Pass exactly one of 'text' or 'input_ids'.", param="text")
     if body.text is not None:
         texts = [body.text] if isinstance(body.text, str) else body.text
-        return [ctx.tokenizer.encode(text) for text in texts], not isinstance(body.text, str)
+        return [await ctx.encode(text) for text in texts], not isinstance(body.text, str)
     ids = body.input_ids
     batch = bool(ids) and isinstance(ids[0], list)
     prompts = ids if batch else [ids]

@@ -94,8 +94,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     meta = ResponseMeta(new_request_id("cmpl-"), state.check_model(body.model), int(time.time()))
     max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
     logprobs = Logprobs(ctx.tokenizer, body.logprobs is not None)
-    prepared = [_prepare(ctx, ids, body, max_tokens)
-                for ids in (_prompt_ids(ctx, prompt) for prompt in _split_prompts(body.prompt))]
+    prepared = [_prepare(ctx, await _prompt_ids(ctx, prompt), body, max_tokens)
+                for prompt in _split_prompts(body.prompt)]
     if body.stream:
         if len(prepared) != 1:
             raise bad_request("Streaming supports one prompt per request.", param="prompt")
@@ -112,7 +112,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state = server_state(request)
     ctx = state.context()
     meta = ResponseMeta(new_request_id("chatcmpl-"), state.check_model(body.model), int(time.time()))
-    prepared = _prepare(ctx, _chat_prompt_ids(ctx, body), body, body.max_new_tokens())
+    prepared = _prepare(ctx, await _chat_prompt_ids(ctx, body), body, body.max_new_tokens())
     logprobs = Logprobs(ctx.tokenizer, body.logprobs)
     if body.stream:
         deltas = await first_then_rest(stream_text(ctx, prepared))
@@ -135,27 +135,27 @@ def _split_prompts(prompt) -> list:
     return list(prompt)
 
 
-def _prompt_ids(ctx: ServerContext, prompt: str | list[int]) -> list[int]:
+async def _prompt_ids(ctx: ServerContext, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        return ctx.tokenizer.encode(prompt)
+        return await ctx.encode(prompt)
     ctx.check_token_ids(prompt)
     return list(prompt)
 
 
-def _chat_prompt_ids(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
+async def _chat_prompt_ids(ctx: ServerContext, body: ChatCompletionRequest) -> list[int]:
     messages = [message.template_dict() for message in body.messages]
     kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
               if k not in RESERVED_TEMPLATE_KWARGS}
     continue_final = body.continue_final_message
     try:
-        text = ctx.tokenizer.render_chat(
+        text = await ctx.render_chat(
             messages, add_generation_prompt=body.add_generation_prompt and not continue_final,
             **kwargs)
     except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
         raise bad_request(f"Could not apply the chat template: {exc}", param="messages") from exc
     if continue_final:
         text = _cut_after_final_message(text, messages[-1]["content"])
-    return ctx.tokenizer.encode(text, add_special_tokens=False)
+    return await ctx.encode(text, add_special_tokens=False)
 
 
 def _cut_after_final_message(text: str, final_content: str) -> str:

@@ -8,12 +8,67 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 StopField = Union[str, list[str], None]
+# Limits of what the engine can represent or run without slowing every other request down;
+# docs/http-api.md lists them.
 MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 512  # stop matching rescans up to this many held-back characters per token
+MAX_STOP_TOKEN_IDS = 1024  # every generated token is checked against all of them
+MAX_TOP_K = 2**31 - 1  # int32, as sampling kernels hold it; above the vocabulary size it keeps every token
+MAX_TEMPERATURE = 1e6  # float32 on the device; 0 is greedy
 # torch.Generator.manual_seed accepts [-2**63, 2**64)
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
+LONE_SURROGATE = "lone_surrogate"  # pydantic error type; its ctx names the offending field
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """Dotted path ("messages.0.content") of the first string (or key) holding a lone UTF-16
+    surrogate, which no tokenizer and no UTF-8 response can carry; None when there is none.
+
+    Iterative, so a deeply nested body cannot exhaust the interpreter's stack.
+    """
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodes_as_utf8(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and not key.isascii() and not _encodes_as_utf8(key):
+                    return child_path.encode("utf-8", "backslashreplace").decode()
+                stack.append((child, child_path))
+        elif isinstance(item, list) and item and not isinstance(item[0], int):
+            # NOTE: token-id lists are skipped (pydantic refuses a string inside one anyway)
+            stack.extend((child, f"{path}.{i}" if path else str(i)) for i, child in enumerate(item))
+    return None
+
+
+def _encodes_as_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: text anywhere in it must be valid Unicode (no lone surrogates)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path is not None:
+            raise PydanticCustomError(
+                LONE_SURROGATE, "contains a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF "
+                "escape), which is not valid Unicode text; send the character itself or a valid "
+                "surrogate pair", {"param": path})
+        return data
 
 
 def _refuse_unless(condition: bool, message: str) -> None:
@@ -24,6 +79,8 @@ def _refuse_unless(condition: bool, message: str) -> None:
 def _check_stop(value: StopField) -> StopField:
     stops = [value] if isinstance(value, str) else (value or [])
     _refuse_unless(len(stops) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+    _refuse_unless(all(len(stop) <= MAX_STOP_STRING_CHARS for stop in stops),
+                   f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters")
     return value
 
 
@@ -32,16 +89,16 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class CommonSampling(BaseModel):
+class CommonSampling(RequestBody):
     """Sampling fields and checks every generation route shares (OpenAI and native)."""
 
-    temperature: float = Field(default=1.0, ge=0.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)  # SGLang extension on the OpenAI routes
+    top_k: int = Field(default=-1, ge=-1, le=MAX_TOP_K)  # SGLang extension on the OpenAI routes
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # SGLang extension on the OpenAI routes
     seed: Seed | None = None
     stop: StopField = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
@@ -209,7 +266,7 @@ class NativeSamplingParams(CommonSampling):
     sampling_seed: Seed | None = None  # SGLang's name for the per-request seed
 
 
-class NativeGenerateRequest(BaseModel):
+class NativeGenerateRequest(RequestBody):
     """Body of SGLang's POST /generate: `text` or `input_ids`, one prompt or a batch."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)

@@ -24,6 +24,7 @@ class ServerState:
     ctx: ServerContext | None = None
     static_info: dict = field(default_factory=dict)  # config facts for /server_info
     shutting_down: bool = False
+    max_body_bytes: int = 8 * 2**20  # request bodies over this get 413 (--max-request-body-mb)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -50,7 +50,9 @@ class _FastBackend:
         self._tok = Tokenizer.from_file(str(tokenizer_json))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # NOTE: encode_batch releases the GIL while it works (encode holds it throughout), so a
+        # long prompt tokenized on a worker thread does not stall the event loop
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -12,8 +12,8 @@ from sglaunch.cli.app import app
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], fill: bool = True) -> int:
-    """A safetensors file with the given tensors (zero bytes of data, or only the header when
-    `fill` is False: enough for header readers); returns the data size."""
+    """A safetensors file with the given tensors (zero bytes of data, or a sparse file of the
+    same size when `fill` is False: no disk used, enough for header readers); returns the data size."""
     sizes = {"BF16": 2, "F32": 4, "F16": 2}
     header, offset = {}, 0
     for name, (dtype, shape) in tensors.items():
@@ -24,6 +24,9 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], fil
         offset += n
     blob = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(blob)) + blob + (b"\0" * offset if fill else b""))
+    if not fill:  # NOTE: the size covers the declared tensors, as a complete file's does
+        with open(path, "r+b") as fh:
+            fh.truncate(8 + len(blob) + offset)
     return offset
 
 

@@ -70,6 +70,8 @@ CASES = [
          flashinfer="0.6.15", id="modelopt-flag"),
     Case("MODEL001", ("--model-path", "./no/such/folder"), ("--model-path", "{model}"), quiet_model={}),
     Case("MODEL002", ("--model-path", "."), ("--model-path", "{model}"), quiet_model={}),
+    Case("MODEL003", ("--model-path", "{model}"), ("--model-path", "{model}"), model={"truncated": True},
+         quiet_model={}),
     Case("SPEC001", (*DSPARK, "--speculative-dspark-block-size", "0"), DSPARK, env=COMPACT),
     Case("SPEC002", (*DSPARK, "--speculative-num-draft-tokens", "6"),
          (*DSPARK, "--speculative-num-draft-tokens", "5"), env=COMPACT),
@@ -170,7 +172,12 @@ def _materialise(args, overrides, make_checkpoint, tmp_path, side):
     if "weights_gib" in overrides:
         gib = overrides.pop("weights_gib")
         weights = {"w": ("BF16", [gib * 1024, 1024, 512])}
+    truncated = overrides.pop("truncated", False)
     folder = make_checkpoint(side, weights=weights, fill=weights is None, **overrides)
+    if truncated:  # half of the weights file, as an interrupted download leaves it
+        weights_file = folder / "model.safetensors"
+        with open(weights_file, "r+b") as fh:
+            fh.truncate(weights_file.stat().st_size // 2)
     return tuple(a.replace("{model}", str(folder)) for a in args)
 
 
