@@ -42,7 +42,9 @@ Each flag (one per argparse action, sorted by name; every option string appears 
 - `required`; `group`: the section banner comment the declaration sits under (e.g. "Model and
   tokenizer"), null if none; `namespace`: the field's config namespace (`NS(...)` marker or the
   declaring class's `_NS_PATH`, releases >= 0.5.17), else null; `field`: true when the flag comes
-  from a `ServerArgs` field, false for a manual `add_argument`.
+  from a `ServerArgs` field, false for a manual `add_argument`; `fallback`: the field's
+  `Arg(fallback=...)` (0.5.20+: the value SGLang uses when the flag is left at its None default),
+  else null.
 
 Each env entry (from `sglang/srt/environ.py`'s `Envs` class): {"name", "type": "bool" | "int" |
 "float" | "str" | "tuple" | "json" | "<class name>", "default", "deprecated_name": str | null}.
@@ -441,7 +443,15 @@ class Evaluator:
         self._taint: list[set[str]] = []
         self._open: dict[int, tuple[Any, set[str]]] = {}
         self._depth = 0
-        self.special_calls: dict[str, Any] = {}  # dotted "module.name" -> python callable
+        self.special_calls: dict[str, Any] = {  # dotted "module.name" -> python callable
+            "sys.modules.get": self._sys_modules_get,
+        }
+
+    def _sys_modules_get(self, name, default=None):
+        # `sys.modules.get("x")` asks whether a plugin already imported (and extended) a
+        # registry: a fresh process has not, but a launch with plugins may have.
+        self.taint(f"runtime registry (plugins may register entries; sys.modules[{name!r}])")
+        return default
 
     # ---- open/taint bookkeeping
     def mark_open(self, value: Any, reasons: set[str]) -> None:
@@ -864,13 +874,16 @@ class Evaluator:
             raise _Return(self.eval(stmt.value, scope) if stmt.value is not None else None)
         elif isinstance(stmt, ast.If):
             try:
-                cond = self.eval(stmt.test, scope)
+                cond, reasons = self.eval_tainted(stmt.test, scope)
                 self._check_plain(cond)
             except CannotEval:
-                self.taint(f"depends on `{_src(stmt.test)}`")
-                self._taint_branch(stmt.body, scope, f"depends on `{_src(stmt.test)}`")
-                cond = False
+                reasons, cond = {f"depends on `{_src(stmt.test)}`"}, False  # assume false
+            for reason in reasons:  # what either branch touches depends on the condition
+                self.taint(reason)
+                self._taint_branch(stmt.body + stmt.orelse, scope, reason)
             self.exec_body(stmt.body if cond else stmt.orelse, scope)
+            if reasons:
+                self._taint_branch(stmt.body + stmt.orelse, scope, next(iter(sorted(reasons))))
         elif isinstance(stmt, ast.For):
             for item in self.iterate(self.eval(stmt.iter, scope)):
                 self._assign(stmt.target, item, scope)
@@ -902,7 +915,7 @@ class Evaluator:
     def _taint_branch(self, body: list, scope: Scope, reason: str) -> None:
         for stmt in body:
             for name in _names_touched(stmt):
-                if name in scope.locals:
+                if dict.__contains__(scope.locals, name):
                     self.mark_open(scope.locals[name], {reason})
 
     @staticmethod
@@ -1211,8 +1224,10 @@ def derive_field_calls(fields: list[FieldDecl]) -> list[ArgCall]:
             if has_default:
                 kw["default"] = f.default
         sources = {"default": f.default_src} if f.default_src else {}
-        calls.append(ArgCall(names, kw, sources, field=True, group=f.group,
-                             namespace=f.namespace, lineno=f.lineno))
+        call = ArgCall(names, kw, sources, field=True, group=f.group, namespace=f.namespace,
+                       lineno=f.lineno)
+        call.fallback = meta.get("fallback")
+        calls.append(call)
     return calls
 
 
@@ -1599,6 +1614,7 @@ def to_entry(ex: ReleaseExtractor, call: ArgCall) -> dict:
         "deprecated": _deprecation(call, action, kw, help_), "const": const,
         "required": bool(kw.get("required", False)), "group": call.group,
         "namespace": call.namespace, "field": call.field,
+        "fallback": to_json(getattr(call, "fallback", None)),
     }
 
 
