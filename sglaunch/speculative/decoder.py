@@ -104,6 +104,7 @@ class DSparkDecoder:
         budget = self.planner.plan_drafts([r.rid for r in reqs], extra_tokens)
         if budget is None:  # drafting does not pay at this load: a plain step, no drafter
             self.stats.record_step_aside(len(chunks))
+            self.planner.skip_step()
             self._maybe_log()
             return None
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],

@@ -20,7 +20,9 @@ paper's Theta = tau * SPS(B).
   plain decoding by MIN_DRAFT_GAIN, the step drafts nothing: the engine runs its requests as
   plain decodes and the drafter does not run. Requests with no lagged survivals are priced at
   the engine's running mean survival (1.0 before any step), so a stream of new requests cannot
-  keep a loaded engine drafting on an optimistic guess.
+  keep a loaded engine drafting on an optimistic guess. A step that steps aside observes nothing
+  but still advances the lag, so `lag` such steps later a request is priced at the running mean
+  again (and drafts, if that pays): stale survivals of one bad patch cannot keep it aside.
 - Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
   target's verify CUDA graph is keyed on the step's TOTAL tokens rounded up to a captured tier,
   so the rows between the planned total and that tier run anyway as padding. Rounding the
@@ -243,6 +245,12 @@ class DSparkPlanner:
             decay = PRIOR_DECAY if self._observed else 0.0  # NOTE: the first step replaces the 1.0 guess
             self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
             self._observed = True
+
+    def skip_step(self) -> None:
+        """A step that drafted nothing: it observed no survivals. NOTE: it still advances the
+        relay, so `lag` such steps later every request is priced at the running mean survival
+        again: one bad patch of a request cannot keep it out of drafting for good."""
+        self.relay.push([], [])
 
     def release(self, request_id: Any) -> None:
         self.relay.forget(request_id)

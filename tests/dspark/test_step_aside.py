@@ -65,6 +65,15 @@ def test_unknown_requests_are_priced_at_the_running_mean_survival():
     assert planner.plan_drafts(["a"]) is None  # a's own lagged survivals
     planner.observe(["a"], [[0.99, 0.98, 0.97, 0.96]])
     assert planner.plan_drafts(["a"]) is not None
+    # a request that steps aside is priced at the running mean again `lag` steps later
+    planner = DSparkPlanner(GAMMA, "compact", table({1: 0.003}), lag_steps=2)
+    for _ in range(2):  # b hits a bad patch; a finishes after these steps
+        planner.observe(["a", "b"], [[0.9, 0.8, 0.7, 0.6], [0.01, 0.0, 0.0, 0.0]])
+    assert planner.plan_drafts(["b"]) is None
+    planner.skip_step()
+    assert planner.plan_drafts(["b"]) is None  # lag 2: the bad row is still the one served
+    planner.skip_step()
+    assert planner.plan_drafts(["b"]) is not None  # nothing fresh: b is priced at the mean survival
     # SGLAUNCH_DSPARK_STEP_ASIDE=0: always draft; static mode: always draft
     for p in (DSparkPlanner(GAMMA, "compact", table({1: 10.0}), step_aside=False),
               DSparkPlanner(GAMMA, "static", table({1: 10.0}))):
