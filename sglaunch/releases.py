@@ -6,7 +6,9 @@ from sglaunch import SGLANG_RELEASE
 from sglaunch.errors import SglaunchError
 
 # Every release whose launch-surface changes the flag schema and the migration rules record.
-KNOWN_RELEASES: tuple[str, ...] = ("0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21")
+# `sglaunch/flags/sglang/<release>.json` holds each one's flags, extracted from its wheel.
+KNOWN_RELEASES: tuple[str, ...] = ("0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
+                                  "0.5.22", "0.5.23")
 OLDEST_RELEASE = KNOWN_RELEASES[0]
 CURRENT_RELEASE = SGLANG_RELEASE
 

@@ -39,6 +39,9 @@ CODES: dict[str, CodeInfo] = {
     "FLAG012": CodeInfo(I, "flag changes in a later release"),
     "FLAG013": CodeInfo(W, "flag has no effect without another flag"),
     "FLAG014": CodeInfo(I, "value is shell text, unknown until the script runs"),
+    "FLAG015": CodeInfo(W, "abbreviated flag that argparse expands"),
+    "FLAG016": CodeInfo(E, "abbreviation now stands for a different flag"),
+    "FLAG017": CodeInfo(W, "value only sglaunch accepts"),
     # --config files
     "CFG001": CodeInfo(E, "config key is not kebab-case"),
     "CFG002": CodeInfo(W, "--config=FILE is not expanded by SGLang"),

@@ -8,7 +8,7 @@ surviving one. Strict mode raises `SglaunchError` with a did-you-mean hint; leni
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from sglaunch.errors import SglaunchError
@@ -41,6 +41,7 @@ class Occurrence:
     origin: Origin
     index: int = -1  # position of the flag token in the argument list
     dynamic: bool = False  # the value is unexpanded shell syntax ($TP, "$@")
+    abbreviated: bool = False  # `spelling` is a prefix that argparse expands to `flag`
 
 
 @dataclass
@@ -58,11 +59,11 @@ def unknown_flag_error(spelling: str, schema: FlagSchema, release: str = CURRENT
                        where: str = "") -> SglaunchError:
     """The one message for a flag nobody declared, with the best hint we can give."""
     expansions = schema.prefix_expansions(spelling, release)
-    if len(expansions) == 1:
-        hint = (f"SGLang's argparse would have expanded it as an abbreviation of {expansions[0]}; "
-                f"sglaunch never guesses: write {expansions[0]} in full")
-    elif expansions:
-        hint = f"it is a prefix of several flags ({', '.join(expansions[:4])}); write the one you mean in full"
+    if len(schema.abbreviated(spelling, release)) > 1:
+        return SglaunchError(f"ambiguous flag {spelling}{where}: SGLang {release} stops with 'ambiguous "
+                             f"option', since it is the start of {', '.join(expansions[:4])}"
+                             + (" and more" if len(expansions) > 4 else ""),
+                             hint="write the flag you mean in full")
     elif len(historic := schema.prefix_expansions(spelling, None)) == 1:
         old = schema.lookup(historic[0])
         fate = f"renamed to {old.replaced_by}" if old.replaced_by else "removed"
@@ -92,6 +93,9 @@ def split_argv(tokens: Sequence[str], schema: FlagSchema, *, origin: Origin = CL
             continue
         spelling, eq, inline = token.partition("=")
         flag = schema.lookup(spelling)
+        abbreviated = False
+        if flag is None and len(matches := schema.abbreviated(spelling, release)) == 1:
+            flag, abbreviated = matches[0], True  # argparse's allow_abbrev, as SGLang runs it
         if flag is None:
             if not lenient:
                 raise unknown_flag_error(spelling, schema, release)
@@ -99,12 +103,14 @@ def split_argv(tokens: Sequence[str], schema: FlagSchema, *, origin: Origin = CL
             i += 1 if eq or i + 1 >= len(tokens) or looks_like_flag(tokens[i + 1]) else 2
             continue
         i, occurrence = _take_value(tokens, i, flag, spelling, inline if eq else None, origin, dynamic)
-        result.occurrences.append(occurrence)
+        result.occurrences.append(replace(occurrence, abbreviated=True) if abbreviated else occurrence)
     return result
 
 
 def _take_value(tokens: Sequence[str], i: int, flag: Flag, spelling: str, inline: str | None,
                 origin: Origin, dynamic: Sequence[bool] | None) -> tuple[int, Occurrence]:
+    """Consume the flag's value(s) the way argparse's nargs does: none for a switch, one, an
+    optional one ("?"), exactly N, or a run up to the next flag ("+" needs one, "*" none)."""
     is_dynamic = bool(dynamic and dynamic[i])
     if flag.kind is Kind.BOOL:
         if inline is not None:
@@ -115,14 +121,18 @@ def _take_value(tokens: Sequence[str], i: int, flag: Flag, spelling: str, inline
         return i + 1, Occurrence(flag, spelling, inline, origin, i, is_dynamic)
     if flag.kind is Kind.LIST:
         j = i + 1
-        while j < len(tokens) and not looks_like_flag(tokens[j]):
+        limit = flag.nargs if isinstance(flag.nargs, int) else len(tokens)
+        while j < len(tokens) and j - i - 1 < limit and not looks_like_flag(tokens[j]):
             j += 1
-        if j == i + 1:
+        count = j - i - 1
+        if (count == 0 and flag.nargs != "*") or (isinstance(flag.nargs, int) and count != flag.nargs):
             raise _missing_value(flag, spelling)
         values = tuple(tokens[i + 1:j])
         return j, Occurrence(flag, spelling, values, origin, i,
                              bool(dynamic and any(dynamic[i + 1:j])))
     if i + 1 >= len(tokens) or looks_like_flag(tokens[i + 1]):
+        if flag.nargs == "?":  # argparse stores the flag's const
+            return i + 1, Occurrence(flag, spelling, None, origin, i)
         raise _missing_value(flag, spelling)
     return i + 2, Occurrence(flag, spelling, tokens[i + 1], origin, i,
                              bool(dynamic and dynamic[i + 1]))
@@ -130,6 +140,9 @@ def _take_value(tokens: Sequence[str], i: int, flag: Flag, spelling: str, inline
 
 def _missing_value(flag: Flag, spelling: str) -> SglaunchError:
     example = flag.metavar or (flag.choices[0] if flag.choices else flag.kind.value.upper())
+    if isinstance(flag.nargs, int) and flag.nargs > 1:
+        return SglaunchError(f"{spelling} needs exactly {flag.nargs} values",
+                             hint=f"write {spelling} " + " ".join([example] * flag.nargs))
     return SglaunchError(f"{spelling} needs a value", hint=f"write {spelling} {example}")
 
 
@@ -137,12 +150,58 @@ def convert(flag: Flag, raw: str | tuple[str, ...] | None, spelling: str | None 
     """Turn the text of a value into the flag's type; SglaunchError names the flag on failure."""
     spelling = spelling or flag.name
     if flag.kind is Kind.BOOL:
-        return True
+        return flag.switch_value
     if flag.kind is Kind.LIST:
         items = raw if isinstance(raw, tuple) else tuple(str(raw).split())
         return tuple(_scalar(flag.item_kind, item, spelling) for item in items)
+    if raw is None:  # nargs="?" given without a value
+        return None
+    if flag.value_type == "human_readable_int":
+        return _human_readable_int(str(raw), spelling)
     value = _scalar(flag.kind, str(raw), spelling)
+    if flag.value_type in ("json", "json_list_type") and isinstance(value, str):
+        _check_json(value, spelling)
     return value.upper() if flag.upper_case and isinstance(value, str) else value
+
+
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _human_readable_int(text: str, spelling: str) -> int:
+    """SGLang's token-count parser: an integer, or a number with an SI (k, M, G, T; decimals
+    allowed) or IEC (Ki, Mi, Gi, Ti; integers only) suffix, case-sensitive."""
+    import re
+
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _IEC and "." not in number:
+            return int(number) * _IEC[suffix]
+        if suffix in _SI:
+            from decimal import Decimal
+
+            return int(Decimal(number) * _SI[suffix])
+    else:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    raise SglaunchError(f"{spelling} expects a token count, got '{text}'",
+                        hint=f"write an integer or use a suffix: {spelling} 32k, {spelling} 1Mi "
+                        "(SI suffixes allow decimals, IEC ones do not)")
+
+
+def _check_json(text: str, spelling: str) -> None:
+    """SGLang parses these values with json.loads; argparse then stops with 'invalid loads value'."""
+    import json
+
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise SglaunchError(f"{spelling} expects JSON, got '{text}' ({exc})",
+                            hint=f"""quote the JSON for the shell, e.g. {spelling} '{{"key": 1}}'""") from None
 
 
 # kind -> (parser, what the user must give, an example value)

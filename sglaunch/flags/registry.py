@@ -1,14 +1,24 @@
-"""The declarative flag schema: every SGLang launch flag sglaunch knows, with its history.
+"""The declarative flag schema: every SGLang launch flag of every release we follow, with its history.
 
-This file is the single source of truth for `serve`, `check-config`, `migrate-flags`, the
-`--help` text and `docs/flags.md`. Facts about releases come from
-`shared/docs/sglang-0.5.16.md` (release notes of 0.5.16-0.5.21 and `server_args.py`).
+`SCHEMA` is the single source of truth for `serve`, `check-config`, `migrate-flags`, the
+`--help` text and `docs/flags.md`. It has two layers:
+
+- the facts, generated from SGLang's own released wheels (`sglaunch/flags/sglang/<release>.json`,
+  written by `python -m sglaunch.flags.extract`): every flag, alias and deprecated spelling of
+  each release, its type, nargs, choices and default, hence when each flag and value came and went;
+- `HAND_FLAGS` below: what the data cannot say: how our engine supports a flag, renames without
+  alias (the release only shows a flag vanishing), meaning changes, migration notes, value
+  replacements, our own defaults. `sglaunch.flags.timeline.merge` lays it over the facts, and
+  `tests/flags/test_schema_layers.py` fails where the two disagree.
+
 Declarations only: no logic lives here.
 """
 
 from __future__ import annotations
 
 from sglaunch.flags.spec import EnvVar, Flag, FlagSchema, Kind, Support, ValueChange
+from sglaunch.flags.timeline import load_generated, merge
+from sglaunch.releases import KNOWN_RELEASES
 
 STR, INT, FLOAT, BOOL, LIST = Kind.STR, Kind.INT, Kind.FLOAT, Kind.BOOL, Kind.LIST
 ENGINE, FRONTEND, COMPAT = Support.ENGINE, Support.FRONTEND, Support.COMPAT
@@ -21,18 +31,13 @@ def _group(name: str, *flags: Flag) -> tuple[Flag, ...]:
     return tuple(replace(f, group=name) for f in flags)
 
 
-QUANTIZATION_METHODS = (
-    "awq", "awq_marlin", "auto-round", "bitsandbytes", "compressed-tensors", "fp8", "gguf",
-    "gptq", "gptq_marlin", "marlin", "modelopt", "modelopt_fp4", "modelopt_fp8", "moe_wna16",
-    "mxfp4", "petit_nvfp4", "qoq", "quark", "w4afp8", "w8a8_fp8", "w8a8_int8",
-)
 QOQ_REMOVED = ValueChange(
-    "qoq", removed="0.5.16",
+    "qoq",
     note="the QServe (QoQ) W4A8 path is gone (#31109) and nothing replaces it; re-quantize the "
     "checkpoint with a supported method (e.g. awq, gptq, fp8) or serve it unquantized",
 )
 
-FLAGS: tuple[Flag, ...] = (
+HAND_FLAGS: tuple[Flag, ...] = (
     *_group(
         "Model and tokenizer",
         Flag("--model-path", STR, "Local checkpoint folder (or hub id) of the target model.",
@@ -42,7 +47,7 @@ FLAGS: tuple[Flag, ...] = (
         Flag("--revision", STR, "Hub revision of the model.", metavar="REV", support=COMPAT,
              engine_note="sglaunch loads local checkpoint folders; the revision is not used"),
         Flag("--dtype", STR, "Weight and activation dtype; auto takes the checkpoint's dtype.",
-             default="auto", choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
+             default="auto",
              support=ENGINE),
         Flag("--context-length", INT, "Maximum context length; default from the model config.",
              support=ENGINE),
@@ -54,8 +59,7 @@ FLAGS: tuple[Flag, ...] = (
              support=ENGINE),
         Flag("--skip-tokenizer-init", BOOL, "Accept and return token ids only.", default=False,
              support=COMPAT),
-        Flag("--load-format", STR, "Checkpoint format to load.", default="auto",
-             choices=("auto", "safetensors", "pt", "dummy"), open_choices=True, support=COMPAT),
+        Flag("--load-format", STR, "Checkpoint format to load.", default="auto", support=COMPAT),
     ),
     *_group(
         "HTTP server",
@@ -63,35 +67,28 @@ FLAGS: tuple[Flag, ...] = (
         Flag("--port", INT, "Port of the HTTP server.", default=30000, support=ENGINE),
         Flag("--api-key", STR, "Bearer token required on every route except /health.", support=ENGINE),
         Flag("--max-request-body-mb", FLOAT, "Largest request body in MiB; larger ones get 413 "
-             "(sglaunch only).", default=8.0, metavar="MIB", support=ENGINE),
+             "(sglaunch only).", default=8.0, metavar="MIB", support=ENGINE, sglaunch_only=True),
         Flag("--graceful-shutdown-timeout", FLOAT, "Seconds running requests may finish after SIGTERM "
              "or SIGINT; the rest then end with finish_reason abort (sglaunch only).", default=20.0,
-             metavar="SECONDS", support=ENGINE),
+             metavar="SECONDS", support=ENGINE, sglaunch_only=True),
         Flag("--enable-metrics", BOOL, "Expose Prometheus metrics at /metrics.", default=False,
              support=ENGINE),
-        Flag("--log-level", STR, "Log level.", default="info",
-             choices=("debug", "info", "warning", "error", "critical"), support=ENGINE),
+        Flag("--log-level", STR, "Log level.", default="info", support=ENGINE),
         Flag("--random-seed", INT, "Seed for sampling.", support=ENGINE),
-        Flag("--stream-output", BOOL, "Stream incremental output.", default=False, removed="0.5.20",
+        Flag("--stream-output", BOOL, "Stream incremental output.", default=False,
              replaced_by="--incremental-streaming-output", support=COMPAT),
-        Flag("--incremental-streaming-output", BOOL, "Stream incremental output.", default=False,
-             added="0.5.20", support=COMPAT),
+        Flag("--incremental-streaming-output", BOOL, "Stream incremental output.", default=False, support=COMPAT),
         Flag("--enable-response-store", BOOL, "Store Responses-API results (opt-in since 0.5.20).",
-             default=False, added="0.5.20", support=COMPAT),
-        Flag("--tool-call-parser", STR, "Parser for tool calls in model output.", open_choices=True,
-             choices=("qwen", "qwen25", "glm", "glm45", "spark", "spark25", "llama3", "mistral",
-                      "deepseekv3", "kimi_k2", "gpt-oss", "pythonic"),
-             values=(ValueChange("qwen25", alias_of="qwen"), ValueChange("glm45", alias_of="glm"),
-                     ValueChange("spark", removed="0.5.19", replacement="spark25",
-                                 note="Spark3 was renamed Spark2.5 in 0.5.19"),
-                     ValueChange("spark25", added="0.5.19")),
+             default=False, support=COMPAT),
+        Flag("--tool-call-parser", STR, "Parser for tool calls in model output.",
+             values=(ValueChange("qwen25", alias_of="qwen"), ValueChange("glm45", alias_of="glm")),
              support=COMPAT),
     ),
     *_group(
         "Parallelism",
         Flag("--tp-size", INT, "Tensor-parallel size (total across nodes).", default=1,
-             aliases=("--tp", "--tensor-parallel-size"), support=ENGINE),
-        Flag("--dp-size", INT, "Data-parallel size.", default=1, aliases=("--dp", "--data-parallel-size"),
+             aliases=("--tensor-parallel-size",), support=ENGINE),
+        Flag("--dp-size", INT, "Data-parallel size.", default=1, aliases=("--data-parallel-size",),
              support=COMPAT, engine_note="sglaunch runs one data-parallel replica"),
         Flag("--pp-size", INT, "Pipeline-parallel size.", default=1,
              aliases=("--pipeline-parallel-size",), support=COMPAT,
@@ -111,8 +108,7 @@ FLAGS: tuple[Flag, ...] = (
              support=ENGINE),
         Flag("--dist-init-addr", STR, "host:port of node 0 for torch.distributed rendezvous.",
              aliases=("--nccl-init-addr",), metavar="HOST:PORT", support=ENGINE),
-        Flag("--device", STR, "Device type; default cuda when a GPU is visible, else cpu.",
-             choices=("cuda", "cpu", "npu", "xpu", "hpu", "mps"), support=ENGINE),
+        Flag("--device", STR, "Device type; default cuda when a GPU is visible, else cpu.", support=ENGINE),
         Flag("--base-gpu-id", INT, "First GPU index this node uses.", default=0, support=ENGINE),
     ),
     *_group(
@@ -124,106 +120,89 @@ FLAGS: tuple[Flag, ...] = (
              "a fixed pool on CPUs).", support=ENGINE),
         Flag("--chunked-prefill-size", INT, "Maximum prefill tokens per step; -1 disables chunking.",
              support=ENGINE),
-        Flag("--page-size", INT, "Tokens per KV-cache page.", default=1, support=ENGINE),
+        Flag("--page-size", INT, "Tokens per KV-cache page.", default=1,
+             default_differs="SGLang leaves it unset and the attention backend picks; sglaunch's "
+             "backends use 1 unless told otherwise", support=ENGINE),
         Flag("--disable-radix-cache", BOOL, "Turn off prefix reuse across requests.", default=False,
              support=ENGINE),
         Flag("--kv-cache-dtype", STR, "KV cache dtype; auto follows --dtype.", default="auto",
-             choices=("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32",
-                      "fp8_e5m2", "fp8_e4m3", "fp4_e2m1"), support=ENGINE),
-        Flag("--schedule-policy", STR, "Scheduling policy for waiting requests.", default="fcfs",
-             choices=("fcfs", "lpm", "random", "dfs-weight", "lof"), support=COMPAT),
+             sglaunch_values=("fp16", "float16", "fp32", "float32"), support=ENGINE),
+        Flag("--schedule-policy", STR, "Scheduling policy for waiting requests.", default="fcfs", support=COMPAT),
         Flag("--optimistic-prefill-retries", INT, "Re-queue attempts for optimistic prefill.",
-             default=0, removed="0.5.16", replaced_by="--optimistic-prefill-attempts",
+             default=0, replaced_by="--optimistic-prefill-attempts",
              meaning_changed=True, support=COMPAT,
              note="0.5.16 counts all optimistic forward passes (retries=1 allowed two passes) and "
              "parks a request that runs out instead of requeueing it; N+1 attempts is the closest "
              "value but equivalence is not confirmed upstream (#30951)"),
         Flag("--optimistic-prefill-attempts", INT, "Total optimistic prefill forward passes before "
-             "a request is parked.", default=0, added="0.5.16", support=COMPAT),
+             "a request is parked.", default=0, support=COMPAT),
     ),
     *_group(
         "Kernels and backends",
         Flag("--attention-backend", STR, "Attention kernels; auto picks flashinfer on CUDA when "
-             "installed, else torch.", default="auto",
-             choices=("auto", "torch", "flashinfer", "triton", "torch_native", "fa3", "fa4",
-                      "flashmla", "cutlass_mla", "trtllm_mla", "trtllm_mha", "aiter", "wave",
-                      "intel_amx", "ascend", "dual_chunk_flash_attn", "dsa", "dsv4", "nsa",
-                      "compressed"),
-             values=(ValueChange("cutlass_mla", removed="0.5.20", replacement="trtllm_mla",
+             "installed, else torch.", default="auto", sglaunch_values=("auto", "torch"),
+             default_differs="SGLang leaves it unset and picks by platform; sglaunch spells that auto",
+             values=(ValueChange("cutlass_mla", replacement="trtllm_mla",
                                  note="the CUTLASS MLA kernels were deleted in 0.5.20"),
-                     ValueChange("dual_chunk_flash_attn", removed="0.5.20", replacement="fa3",
+                     ValueChange("dual_chunk_flash_attn", replacement="fa3",
                                  note="the dual-chunk flash-attention kernels were deleted in 0.5.20"),
                      ValueChange("compressed", alias_of="dsv4"), ValueChange("nsa", alias_of="dsa")),
              support=ENGINE, engine_note="sglaunch implements torch and flashinfer"),
         Flag("--fp4-gemm-backend", STR, "NVFP4 GEMM backend; auto picks by GPU architecture.",
              default="auto",
-             choices=("auto", "cutlass", "flashinfer_cudnn", "flashinfer_cutedsl",
-                      "flashinfer_cutlass", "flashinfer_trtllm", "marlin"),
-             values=(ValueChange("cutlass", removed="0.5.16", replacement="auto",
+             values=(ValueChange("cutlass", replacement="auto",
                                  note="the built-in CUTLASS/JIT NVFP4 GEMM was removed (#30448); "
                                  "auto picks flashinfer_cutedsl on SM100, flashinfer_cutlass on "
                                  "SM120 and marlin on SM80-SM90, or name a FlashInfer backend"),),
              support=COMPAT),
-        Flag("--fp8-gemm-backend", STR, "FP8 GEMM backend.", default="auto",
-             choices=("auto", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass",
-                      "flashinfer_deepgemm", "cutlass", "triton", "aiter"), support=COMPAT),
+        Flag("--fp8-gemm-backend", STR, "FP8 GEMM backend.", default="auto", support=COMPAT),
         Flag("--enable-flashinfer-allreduce-fusion", BOOL, "Fuse all-reduce with residual RMSNorm.",
              default=False, support=COMPAT),
-        Flag("--enable-flashinfer-pure-allreduce", BOOL, "FlashInfer all-reduce kernels.",
-             default=False, added="0.5.18", support=COMPAT),
     ),
     *_group(
         "Quantization",
-        Flag("--quantization", STR, "Quantization method of the checkpoint.",
-             choices=QUANTIZATION_METHODS, open_choices=True, values=(QOQ_REMOVED,),
+        Flag("--quantization", STR, "Quantization method of the checkpoint.", values=(QOQ_REMOVED,),
              support=COMPAT, engine_note="sglaunch serves unquantized bf16/fp16/fp32 checkpoints"),
-        Flag("--speculative-draft-model-quantization", STR, "Quantization method of the draft model.",
-             choices=QUANTIZATION_METHODS, open_choices=True, values=(QOQ_REMOVED,), support=COMPAT),
-        Flag("--enable-w4a4-megamoe", BOOL, "W4A4 (MXFP4) MegaMoE; replaces the "
-             "SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS variable.", default=False, added="0.5.19",
+        Flag("--speculative-draft-model-quantization", STR, "Quantization method of the draft model.", values=(QOQ_REMOVED,), support=COMPAT),
+        Flag("--enable-w4a4-mxfp4-megamoe", BOOL, "W4A4 (MXFP4) MegaMoE; replaces the "
+             "SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS variable.", default=False,
              support=COMPAT),
     ),
     *_group(
         "CUDA graphs",
-        Flag("--cuda-graph-max-bs", INT, "Largest decode batch captured in a CUDA graph.",
-             removed="0.5.20", replaced_by="--cuda-graph-max-bs-decode", support=ENGINE),
-        Flag("--cuda-graph-max-bs-decode", INT, "Largest decode batch captured in a CUDA graph.",
-             added="0.5.20", support=COMPAT),
-        Flag("--cuda-graph-bs", LIST, "Decode batch sizes to capture.", item_kind=INT, removed="0.5.20",
+        Flag("--cuda-graph-max-bs", INT, "Largest decode batch captured in a CUDA graph.", replaced_by="--cuda-graph-max-bs-decode", support=ENGINE),
+        Flag("--cuda-graph-max-bs-decode", INT, "Largest decode batch captured in a CUDA graph.", support=COMPAT),
+        Flag("--cuda-graph-bs", LIST, "Decode batch sizes to capture.", item_kind=INT,
              replaced_by="--cuda-graph-bs-decode", support=COMPAT),
-        Flag("--cuda-graph-bs-decode", LIST, "Decode batch sizes to capture.", item_kind=INT, added="0.5.20",
+        Flag("--cuda-graph-bs-decode", LIST, "Decode batch sizes to capture.", item_kind=INT,
              support=COMPAT),
         Flag("--disable-cuda-graph", BOOL, "Run without CUDA graphs.", default=False, support=ENGINE),
-        Flag("--enable-breakable-cuda-graph", BOOL, "Breakable CUDA graph for prefill.", default=False,
-             removed="0.5.20", replaced_by="--cuda-graph-backend-prefill", value_map=(("true", "breakable"),),
+        Flag("--enable-breakable-cuda-graph", BOOL, "Breakable CUDA graph for prefill.", default=False, replaced_by="--cuda-graph-backend-prefill", value_map=(("true", "breakable"),),
              support=COMPAT),
-        Flag("--disable-piecewise-cuda-graph", BOOL, "Turn off piecewise prefill graphs.", default=False,
-             removed="0.5.20", replaced_by="--cuda-graph-backend-prefill", value_map=(("true", "disabled"),),
+        Flag("--disable-piecewise-cuda-graph", BOOL, "Turn off piecewise prefill graphs.", default=False, replaced_by="--cuda-graph-backend-prefill", value_map=(("true", "disabled"),),
              support=COMPAT),
-        Flag("--enforce-piecewise-cuda-graph", BOOL, "Force piecewise prefill graphs.", default=False,
-             removed="0.5.20", replaced_by="--cuda-graph-backend-prefill",
+        Flag("--enforce-piecewise-cuda-graph", BOOL, "Force piecewise prefill graphs.", default=False, replaced_by="--cuda-graph-backend-prefill",
              value_map=(("true", "tc_piecewise"),), support=COMPAT),
-        Flag("--cuda-graph-backend-prefill", STR, "Prefill CUDA-graph backend.", added="0.5.20",
-             choices=("disabled", "tc_piecewise", "breakable"), open_choices=True, support=COMPAT),
-        Flag("--piecewise-cuda-graph-tokens", LIST, "Prefill token counts to capture.", item_kind=INT, removed="0.5.20",
+        Flag("--cuda-graph-backend-prefill", STR, "Prefill CUDA-graph backend.", support=COMPAT),
+        Flag("--piecewise-cuda-graph-tokens", LIST, "Prefill token counts to capture.", item_kind=INT,
              replaced_by="--cuda-graph-bs-prefill", support=COMPAT),
-        Flag("--cuda-graph-bs-prefill", LIST, "Prefill token counts to capture.", item_kind=INT, added="0.5.20",
+        Flag("--cuda-graph-bs-prefill", LIST, "Prefill token counts to capture.", item_kind=INT,
              support=COMPAT),
-        Flag("--piecewise-cuda-graph-max-tokens", INT, "Largest prefill captured.", removed="0.5.20",
+        Flag("--piecewise-cuda-graph-max-tokens", INT, "Largest prefill captured.",
              replaced_by="--cuda-graph-max-bs-prefill", support=COMPAT),
-        Flag("--cuda-graph-max-bs-prefill", INT, "Largest prefill captured.", added="0.5.20",
+        Flag("--cuda-graph-max-bs-prefill", INT, "Largest prefill captured.",
              support=COMPAT),
-        Flag("--piecewise-cuda-graph-compiler", STR, "Compiler for piecewise graphs.", removed="0.5.20",
+        Flag("--piecewise-cuda-graph-compiler", STR, "Compiler for piecewise graphs.",
              replaced_by="--cuda-graph-tc-compiler", support=COMPAT),
-        Flag("--cuda-graph-tc-compiler", STR, "Compiler for piecewise graphs.", added="0.5.20",
+        Flag("--cuda-graph-tc-compiler", STR, "Compiler for piecewise graphs.",
              support=COMPAT),
     ),
     *_group(
         "Speculative decoding",
         Flag("--speculative-algorithm", STR, "Speculative decoding algorithm (upper-cased; NEXTN "
              "means EAGLE).", upper_case=True,
+             open_choices=True,
              choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"),
-             values=(ValueChange("DSPARK", added="0.5.16"),),
              metavar="ALGO", support=ENGINE, engine_note="sglaunch implements DSPARK"),
         Flag("--speculative-draft-model-path", STR, "Draft model checkpoint folder.",
              aliases=("--speculative-draft-model",), metavar="PATH", support=ENGINE),
@@ -238,100 +217,82 @@ FLAGS: tuple[Flag, ...] = (
              support=COMPAT),
         Flag("--speculative-dflash-block-size", INT, "DFlash block size (must equal "
              "--speculative-num-draft-tokens).", support=COMPAT),
-        Flag("--speculative-dflash-draft-window-size", INT, "DFlash draft window.", removed="0.5.20",
+        Flag("--speculative-dflash-draft-window-size", INT, "DFlash draft window.",
              replaced_by="--speculative-draft-window-size", support=COMPAT),
-        Flag("--speculative-draft-window-size", INT, "Draft window of block drafters.", added="0.5.20",
+        Flag("--speculative-draft-window-size", INT, "Draft window of block drafters.",
              support=COMPAT),
     ),
     *_group(
         "DSpark",
         Flag("--speculative-dspark-block-size", INT, "Drafted tokens per round (gamma); the verify "
-             "window is gamma + 1. Default: the draft checkpoint's block_size.", added="0.5.16",
+             "window is gamma + 1. Default: the draft checkpoint's block_size.",
              support=ENGINE),
         Flag("--speculative-dspark-sps-table-path", STR, "JSON table of step costs used by the "
-             "compact verify scheduler.", added="0.5.16", metavar="PATH", support=ENGINE),
+             "compact verify scheduler.", metavar="PATH", support=ENGINE),
         Flag("--speculative-dspark-confidence-sts-path", STR, "Per-position temperature scaling "
-             "(JSON, one entry per block position) for the confidence head.", added="0.5.16",
+             "(JSON, one entry per block position) for the confidence head.",
              metavar="PATH", support=ENGINE),
         Flag("--speculative-dspark-align-verify-tokens-to-graph-tier", BOOL, "Round the compact "
-             "verify token count up to a captured CUDA-graph tier.", default=False, added="0.5.16",
+             "verify token count up to a captured CUDA-graph tier.", default=False,
              support=ENGINE),
     ),
     *_group(
         "Mixture of experts",
-        Flag("--moe-a2a-backend", STR, "All-to-all backend for expert parallelism.", default="none",
-             choices=("none", "deepep", "deepep_v2", "mooncake", "megamoe", "flashinfer", "mori",
-                      "ascend_fuseep"),
-             values=(ValueChange("deepep_v2", added="0.5.19"),), open_choices=True, support=COMPAT),
-        Flag("--moe-runner-backend", STR, "MoE kernel backend.", default="auto", open_choices=True,
-             choices=("auto", "triton", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass",
-                      "flashinfer_megamoe", "cutlass"),
-             values=(ValueChange("flashinfer_megamoe", added="0.5.20"),), support=COMPAT),
+        Flag("--moe-a2a-backend", STR, "All-to-all backend for expert parallelism.", default="none", support=COMPAT),
+        Flag("--moe-runner-backend", STR, "MoE kernel backend.", default="auto", support=COMPAT),
         Flag("--enable-deepep-waterfill", BOOL, "Waterfill load balancing for DeepEP (also forced "
-             "--moe-a2a-backend deepep).", default=False, removed="0.5.16",
+             "--moe-a2a-backend deepep).", default=False,
              replaced_by="--enable-waterfill", support=COMPAT,
              note="the old flag also switched --moe-a2a-backend to deepep; --enable-waterfill does "
              "not, so set --moe-a2a-backend deepep (or megamoe) yourself (#27350)"),
         Flag("--enable-waterfill", BOOL, "Waterfill load balancing for the DeepEP and MegaMoE "
-             "all-to-all backends (DeepSeek-V3/R1-style models, EP >= 2).", default=False,
-             added="0.5.16", support=COMPAT),
-        Flag("--enable-expert-distribution-metrics", BOOL, "Log expert balancedness.", default=False,
-             removed="0.5.20", replaced_by="--expert-balancedness-report-mode", support=COMPAT),
-        Flag("--expert-balancedness-report-mode", STR, "How expert balancedness is reported.",
-             added="0.5.20", support=COMPAT),
+             "all-to-all backends (DeepSeek-V3/R1-style models, EP >= 2).", default=False, support=COMPAT),
+        Flag("--enable-expert-distribution-metrics", BOOL, "Log expert balancedness.", default=False, replaced_by="--expert-balancedness-report-mode", support=COMPAT),
+        Flag("--expert-balancedness-report-mode", STR, "How expert balancedness is reported.", support=COMPAT),
     ),
     *_group(
         "Context parallel and sparse attention",
-        Flag("--enable-prefill-cp", BOOL, "Context parallelism for prefill.", default=False,
-             added="0.5.16", support=COMPAT),
+        Flag("--enable-prefill-cp", BOOL, "Context parallelism for prefill.", default=False, support=COMPAT),
         Flag("--enable-prefill-context-parallel", BOOL, "Old spelling of --enable-prefill-cp.",
-             default=False, deprecated="0.5.16", removed="0.5.20", replaced_by="--enable-prefill-cp",
+             default=False, replaced_by="--enable-prefill-cp",
              support=COMPAT),
         Flag("--enable-nsa-prefill-context-parallel", BOOL, "Old spelling of --enable-prefill-cp.",
-             default=False, deprecated="0.5.16", removed="0.5.20", replaced_by="--enable-prefill-cp",
+             default=False, replaced_by="--enable-prefill-cp",
              support=COMPAT),
-        Flag("--cp-strategy", STR, "How prefill tokens are split across context-parallel ranks.",
-             choices=("zigzag", "interleave"), added="0.5.16", support=COMPAT),
+        Flag("--cp-strategy", STR, "How prefill tokens are split across context-parallel ranks.", support=COMPAT),
         Flag("--nsa-prefill-cp-mode", STR, "Old spelling of --cp-strategy.",
-             choices=("in-seq-split", "round-robin-split"), deprecated="0.5.16", removed="0.5.20",
              replaced_by="--cp-strategy",
              value_map=(("in-seq-split", "zigzag"), ("round-robin-split", "interleave")), support=COMPAT),
         Flag("--enable-dsa-cache-layer-split", BOOL, "Split the DSA KV cache by layer across "
              "context-parallel ranks (needs --enable-prefill-cp --cp-strategy interleave).",
-             default=False, added="0.5.16", support=COMPAT),
+             default=False, support=COMPAT),
         Flag("--disaggregation-transfer-backend", STR, "KV transfer backend for PD disaggregation.",
-             default="mooncake", choices=("mooncake", "mooncake_tcp", "nixl", "ascend", "fake"),
-             open_choices=True, support=COMPAT),
-        Flag("--nsa-prefill-backend", STR, "Sparse-attention prefill kernels.", removed="0.5.20",
+             default="mooncake", support=COMPAT),
+        Flag("--nsa-prefill-backend", STR, "Sparse-attention prefill kernels.",
              replaced_by="--dsa-prefill-backend", support=COMPAT),
-        Flag("--nsa-decode-backend", STR, "Sparse-attention decode kernels.", removed="0.5.20",
+        Flag("--nsa-decode-backend", STR, "Sparse-attention decode kernels.",
              replaced_by="--dsa-decode-backend", support=COMPAT),
-        Flag("--dsa-prefill-backend", STR, "Sparse-attention prefill kernels.", added="0.5.20",
+        Flag("--dsa-prefill-backend", STR, "Sparse-attention prefill kernels.",
              support=COMPAT),
-        Flag("--dsa-decode-backend", STR, "Sparse-attention decode kernels.", added="0.5.20",
+        Flag("--dsa-decode-backend", STR, "Sparse-attention decode kernels.",
              support=COMPAT),
     ),
     *_group(
         "Hybrid and linear-attention models",
         Flag("--enable-gdn-replayssm-spec", BOOL, "ReplaySSM ring spec-verify for GDN hybrid models.",
-             default=False, added="0.5.16", deprecated="0.5.17", removed="0.5.20",
+             default=False,
              replaced_by="--enable-linear-replayssm-spec", support=COMPAT),
         Flag("--enable-linear-replayssm-spec", BOOL, "ReplaySSM ring spec-verify for linear-attention "
-             "hybrid models.", default=False, added="0.5.17", support=COMPAT),
+             "hybrid models.", default=False, support=COMPAT),
         Flag("--enable-linear-replayssm", BOOL, "Decode-only ReplaySSM.", default=False, support=COMPAT),
-        Flag("--linear-replayssm-cache-len", INT, "Ring length of the ReplaySSM cache.", default=16,
-             added="0.5.16", support=COMPAT),
-        Flag("--mamba-scheduler-strategy", STR, "Radix-cache strategy for Mamba models.",
-             removed="0.5.20", replaced_by="--mamba-radix-cache-strategy", support=COMPAT),
-        Flag("--mamba-radix-cache-strategy", STR, "Radix-cache strategy for Mamba models.",
-             added="0.5.20", support=COMPAT),
+        Flag("--linear-replayssm-cache-len", INT, "Ring length of the ReplaySSM cache.", default=16, support=COMPAT),
+        Flag("--mamba-scheduler-strategy", STR, "Radix-cache strategy for Mamba models.", replaced_by="--mamba-radix-cache-strategy", support=COMPAT),
+        Flag("--mamba-radix-cache-strategy", STR, "Radix-cache strategy for Mamba models.", support=COMPAT),
     ),
     *_group(
         "Deprecated and removed",
-        Flag("--prefill-round-robin-balance", BOOL, "Round-robin prefill balancing.", default=False,
-             removed="0.5.20", support=COMPAT, note="removed without replacement in 0.5.20 (#38375)"),
-        Flag("--collect-tokens-histogram", BOOL, "Token-count histograms in metrics.", default=False,
-             removed="0.5.20", support=COMPAT, note="removed without replacement in 0.5.20 (#38375)"),
+        Flag("--prefill-round-robin-balance", BOOL, "Round-robin prefill balancing.", default=False, support=COMPAT, note="removed without replacement in 0.5.20 (#38375)"),
+        Flag("--collect-tokens-histogram", BOOL, "Token-count histograms in metrics.", default=False, support=COMPAT, note="removed without replacement in 0.5.20 (#38375)"),
     ),
     *_group(
         "Configuration",
@@ -354,12 +315,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "releases)."),
     EnvVar("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "Free SWA slots out of the window."),
     EnvVar("SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS", "FP4 activations for MegaMoE.", removed="0.5.19",
-           replaced_by_flag="--enable-w4a4-megamoe"),
+           replaced_by_flag="--enable-w4a4-mxfp4-megamoe"),
     EnvVar("SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_MXF4_KIND", "MXF4 kind for MegaMoE.", removed="0.5.19",
-           replaced_by_flag="--enable-w4a4-megamoe"),
+           replaced_by_flag="--enable-w4a4-mxfp4-megamoe"),
     EnvVar("SGLANG_USE_SGL_XPU", "XPU kernels from sgl-kernel.", removed="0.5.19"),
     EnvVar("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "Make /health run a generation."),
     EnvVar("CUDA_VISIBLE_DEVICES", "GPUs this process may use."),
 )
 
+GENERATED_FLAGS: tuple[Flag, ...] = load_generated(KNOWN_RELEASES)
+FLAGS: tuple[Flag, ...] = merge(HAND_FLAGS, GENERATED_FLAGS)
 SCHEMA = FlagSchema(FLAGS, ENV_VARS)

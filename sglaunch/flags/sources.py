@@ -7,7 +7,7 @@ While merging, every flag and value is checked against its history at the target
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from sglaunch.checks.diagnostics import Diagnostic, diag
@@ -115,6 +115,14 @@ def _admit(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
     """Check one occurrence against its history and store it where the release puts it."""
     flag, release = occ.flag, settings.release
     status = flag.status_at(release)
+    abbreviation = _abbreviation(occ, settings)
+    if any(d.code == "FLAG016" for d in abbreviation):
+        return abbreviation  # it means another flag than the user wrote it for: nothing to store
+    store_as = flag
+    if flag.alias_of and status in (Status.ACTIVE, Status.DEPRECATED) and not flag.deprecated:
+        # a spelling with a lifetime of its own (an alias added or dropped in some release, or a
+        # --no-X switch): while the release accepts it, it sets the flag it spells
+        store_as = settings.schema.get(flag.alias_of)
     where = str(occ.origin)
     if status is Status.ABSENT:
         return [diag("FLAG004", f"{occ.spelling} was added in SGLang {flag.added}; {release} does not "
@@ -123,23 +131,74 @@ def _admit(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
     if status is Status.REMOVED:
         return [_removed_flag(occ, release)]
     if occ.dynamic:  # the last occurrence wins: shell text replaces an earlier literal value
-        settings.values.pop(flag.dest, None)
-        settings.unexpanded[flag.dest] = Setting(flag, occ.raw, occ.origin, occ.spelling)
+        settings.values.pop(store_as.dest, None)
+        settings.unexpanded[store_as.dest] = Setting(store_as, occ.raw, occ.origin, occ.spelling)
         return []
-    settings.unexpanded.pop(flag.dest, None)
+    settings.unexpanded.pop(store_as.dest, None)
     value = convert(flag, occ.raw, occ.spelling)
     if status is Status.DEPRECATED and flag.replaced_by:
         return _deprecated_flag(occ, value, settings)
-    found = _check_value(flag, occ, value, release)
+    found = abbreviation + _check_value(flag, occ, value, release)
     value = _alias_target(flag, value)
     found += _later_change(flag, occ, release)
-    previous = settings.values.get(flag.dest)
-    if previous and previous.origin.source == occ.origin.source and previous.value != value:
-        found.append(diag("FLAG010", f"{flag.name} is given twice ({previous.value!r}, then {value!r}); "
-                          "the last one wins, as in SGLang", flags=(flag.name,), origin=where,
-                          fix=f"keep one {flag.name}"))
-    settings.set(flag, value, occ.origin, occ.spelling)
+    found += _deprecated_without_replacement(flag, occ, release)
+    previous = settings.values.get(store_as.dest)
+    if store_as.repeatable and previous and previous.origin.source == occ.origin.source:
+        value = (*_as_tuple(previous.value), *_as_tuple(value))  # action="append": values add up
+    elif previous and previous.origin.source == occ.origin.source and previous.value != value:
+        found.append(diag("FLAG010", f"{store_as.name} is given twice ({previous.value!r}, then {value!r}); "
+                          "the last one wins, as in SGLang", flags=(store_as.name,), origin=where,
+                          fix=f"keep one {store_as.name}"))
+    settings.set(store_as, value, occ.origin, occ.spelling)
     return found
+
+
+def _abbreviation(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
+    """`--tp` for `--tp-size`: SGLang's argparse expands unique prefixes. Say so, and say when a
+    later release makes the prefix ambiguous (argparse then stops) or when it used to stand for
+    a flag that is gone (the same text now silently sets another flag)."""
+    if not occ.abbreviated:
+        return []
+    schema, release, prefix, flag = settings.schema, settings.release, occ.spelling, occ.flag
+    where = str(occ.origin)
+    gone = [f for f in schema.flags if f.removed and at_or_after(release, f.removed) and not f.alias_of
+            and any(s.startswith(prefix) for s in f.spellings)]
+    if len(gone) == 1 and gone[0].name != flag.name:
+        old = gone[0]
+        return [diag("FLAG016", f"{prefix} used to be an abbreviation of {old.name} (removed in {old.removed}); "
+                     f"SGLang {release} silently takes it as {flag.name}, a different flag",
+                     flags=(old.name, flag.name), release=old.removed, origin=where,
+                     fix=f"write {old.replaced_by or 'the launch without it'} in full, or run "
+                     "`sglaunch migrate-flags FILE`")]
+    later = [r for r in KNOWN_RELEASES if not at_or_after(release, r)]
+    breaks = None
+    for r in later:
+        matches = schema.abbreviated(prefix, r)
+        if [f.name for f in matches] != [flag.name]:
+            breaks = (r, matches)
+            break
+    tail = ""
+    if breaks:
+        r, matches = breaks
+        tail = (f"; from SGLang {r} it is ambiguous ({', '.join(f.name for f in matches[:3])}) and fails"
+                if len(matches) > 1 else f"; SGLang {r} no longer accepts it")
+    return [diag("FLAG015", f"{prefix} is an abbreviation that SGLang's argparse expands to {flag.name}{tail}",
+                 flags=(flag.name,), origin=where, fix=f"write {flag.name} in full")]
+
+
+def _as_tuple(value: Any) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _deprecated_without_replacement(flag: Flag, occ: Occurrence, release: str) -> list[Diagnostic]:
+    """SGLang still accepts it but warns that it is deprecated (no flag to write instead)."""
+    if flag.status_at(release) is not Status.DEPRECATED or flag.replaced_by:
+        return []
+    note = f": {flag.note}" if flag.note else ""
+    until = f"; it is removed in {flag.removed}" if flag.removed else ""
+    return [diag("FLAG005", f"{occ.spelling} is deprecated since SGLang {flag.deprecated}{note}{until}",
+                 flags=(flag.name,), release=flag.deprecated, origin=str(occ.origin),
+                 fix=f"plan to drop {occ.spelling}; `sglaunch migrate-flags FILE` knows what replaces it")]
 
 
 def _removed_flag(occ: Occurrence, release: str) -> Diagnostic:
@@ -173,6 +232,10 @@ def _check_value(flag: Flag, occ: Occurrence, value: Any, release: str) -> list[
         return []
     where = str(occ.origin)
     if value not in flag.choices:
+        if value in flag.sglaunch_values:
+            return [diag("FLAG017", f"{occ.spelling} {value} is sglaunch's own value; SGLang {release} "
+                         f"rejects it (invalid choice)", flags=(flag.name,), origin=where,
+                         fix=f"for SGLang use one of: {', '.join(flag.known_values(release)[:8])}")]
         if flag.open_choices:
             return [diag("FLAG008", f"'{value}' is not a {flag.name} value sglaunch knows",
                          flags=(flag.name,), origin=where,

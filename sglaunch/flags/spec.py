@@ -7,7 +7,6 @@ and what replaces it. `FlagSchema.at(release)` answers "what did SGLang <release
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable
@@ -73,6 +72,19 @@ class Flag:
     values: tuple[ValueChange, ...] = ()
     support: Support = Support.COMPAT
     engine_note: str = ""  # why/how sglaunch's engine treats it, shown by `serve`
+    # --- argparse details, from the releases' data (sglaunch/flags/sglang/*.json)
+    nargs: str | int | None = None  # "?": the value is optional; "+"/"*"/N for LIST
+    switch_value: Any = True  # what a BOOL switch stores (False for store_false)
+    value_type: str | None = None  # SGLang's value parser when it is not str/int/float (json, ...)
+    repeatable: bool = False  # argparse action="append": each occurrence adds a value
+    sglang_help: str = ""  # SGLang's own help text (newest release that has the flag)
+    default_history: tuple[tuple[str, Any], ...] = ()  # (release, SGLang's default there)
+    present_in: tuple[str, ...] = ()  # releases whose parser accepts this spelling
+    alias_of: str | None = None  # another spelling of that flag, with a lifetime of its own
+    # --- the hand-written layer only
+    sglaunch_only: bool = False  # ours, not SGLang's (SGLang would reject it)
+    sglaunch_values: tuple[str, ...] = ()  # values our engine takes that SGLang's choices lack
+    default_differs: str = ""  # why our default is not SGLang's (empty: it is the same)
 
     @property
     def dest(self) -> str:
@@ -179,8 +191,21 @@ class FlagSchema:
 
     def suggest(self, spelling: str, release: str = CURRENT_RELEASE, n: int = 3) -> list[str]:
         """'Did you mean' candidates among spellings valid at `release`."""
+        import difflib
+
         candidates = _spellings(self.at(release))
         return difflib.get_close_matches(spelling, candidates, n=n, cutoff=0.6)
+
+    def abbreviated(self, prefix: str, release: str = CURRENT_RELEASE) -> list[Flag]:
+        """The distinct flags whose spellings at `release` start with `prefix`, as argparse's
+        allow_abbrev (on in SGLang) sees them: one means `prefix` stands for it, several mean
+        SGLang stops with 'ambiguous option'."""
+        found: dict[str, Flag] = {}
+        for flag in self.at(release):
+            if any(s.startswith(prefix) and s != prefix for s in flag.spellings):
+                target = self._by_name.get(flag.alias_of, flag) if flag.alias_of else flag
+                found.setdefault(target.name, target)
+        return list(found.values())
 
     def prefix_expansions(self, spelling: str, release: str | None = CURRENT_RELEASE) -> list[str]:
         """Flags that argparse's prefix abbreviation would have matched (SGLang allows it).
