@@ -19,28 +19,39 @@ from importlib import resources
 from typing import Any
 
 DATA_PACKAGE = "sglaunch.flags.sglang"
+_RELEASE_FILE = re.compile(r"^\d+(\.\d+)+(\.post\d+)?\.json$")
 
 
 @functools.lru_cache(maxsize=None)
 def available_releases() -> tuple[str, ...]:
     """Releases with packaged data, oldest first."""
     names = [p.name[:-5] for p in resources.files(DATA_PACKAGE).iterdir()
-             if p.name.endswith(".json")]
+             if _RELEASE_FILE.match(p.name)]
     return tuple(sorted(names, key=_version_key))
 
 
-@functools.lru_cache(maxsize=None)
 def load_release_data(release: str) -> dict:
-    """The flag data of one SGLang release. A post release without its own file (its flags are
-    those of the base release) falls back to the base: "0.5.15.post1" -> "0.5.15"."""
-    candidates = [release, re.sub(r"\.post\d+$", "", release)]
-    for name in candidates:
-        path = resources.files(DATA_PACKAGE) / f"{name}.json"
-        if path.is_file():
-            with path.open("r", encoding="utf-8") as fh:
-                return json.load(fh)
+    """The flag data of one SGLang release (cached; treat it as read-only). A post release
+    without its own file (its flags are those of the base release) falls back to the base:
+    "0.5.15.post1" -> "0.5.15"."""
+    for name in (release, re.sub(r"\.post\d+$", "", release)):
+        data = _load_file(name)
+        if data is not None:
+            return data
     known = ", ".join(available_releases())
     raise KeyError(f"no flag data for SGLang {release} (known: {known})")
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(name: str) -> dict | None:
+    path = resources.files(DATA_PACKAGE) / f"{name}.json"
+    if not path.is_file():
+        return None
+    with path.open("r", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+load_release_data.cache_clear = _load_file.cache_clear  # type: ignore[attr-defined]
 
 
 def _version_key(release: str) -> tuple:
