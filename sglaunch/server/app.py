@@ -19,6 +19,8 @@ from sglaunch.server.state import ServerState, server_state
 logger = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/health"})
+# an oversized body is read and dropped up to this much before the 413 goes out
+DISCARD_FACTOR, DISCARD_MIN_BYTES = 8, 64 * 2**20
 SECRET_CONFIG_KEYS = frozenset({"api_key"})
 
 
@@ -34,7 +36,26 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes)
     if state.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
+    _openapi_without_422(app)
     return app
+
+
+def _openapi_without_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every body; this server answers bad bodies with 400."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _lenient_json_bodies() -> dict[str, Any]:
@@ -76,7 +97,7 @@ class ApiKeyMiddleware:
 class BodyLimitMiddleware:
     """Refuse a request body over `max_bytes` with 413, before any of it is parsed.
 
-    A declared Content-Length over the limit is refused without reading the body; otherwise the
+    A declared Content-Length over the limit is refused without parsing the body; otherwise the
     body is read (at most `max_bytes`), then handed to the app as one message.
     """
 
@@ -90,6 +111,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._discard_rest(receive, 0, int(declared))
             await self._refuse(int(declared), scope, receive, send)
             return
         chunks, size = [], 0
@@ -100,6 +122,10 @@ class BodyLimitMiddleware:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
+                more = message.get("more_body", False)
+                chunks.clear()
+                if more:
+                    await self._discard_rest(receive, size, None)
                 await self._refuse(None, scope, receive, send)
                 return
             if not message.get("more_body", False):
@@ -114,6 +140,20 @@ class BodyLimitMiddleware:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    async def _discard_rest(self, receive: Receive, size: int, declared: int | None) -> None:
+        """Read (and drop) what the client is still sending, so it gets to read the 413 instead of
+        a reset connection; past DISCARD_FACTOR times the limit the connection is just closed."""
+        budget = max(DISCARD_MIN_BYTES, DISCARD_FACTOR * self.max_bytes)
+        if declared is not None and declared > budget:
+            return
+        while size <= budget:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     async def _refuse(self, size: int | None, scope: Scope, receive: Receive, send: Send) -> None:
         limit_mb = self.max_bytes / 2**20

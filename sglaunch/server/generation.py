@@ -108,7 +108,8 @@ class ServerContext:
         for rid in set(self.inflight.values()):
             await _abort_quietly(self.engine, rid)
 
-    def check_length(self, prompt_tokens: int, max_new_tokens: int | None) -> int:
+    def check_length(self, prompt_tokens: int, max_new_tokens: int | None,
+                     param: str = "max_tokens") -> int:
         """Validate the prompt against the context length; return the max new tokens to use."""
         if prompt_tokens == 0:
             raise bad_request("The prompt is empty.", param="prompt")
@@ -122,8 +123,8 @@ class ServerContext:
             raise bad_request(
                 f"Requested token count exceeds the model's maximum context length of "
                 f"{self.context_length} tokens: {prompt_tokens} in the prompt plus "
-                f"{max_new_tokens} to generate.", param="max_tokens",
-                code="context_length_exceeded")
+                f"{max_new_tokens} to generate ('{param}'); lower '{param}' or shorten the prompt.",
+                param=param, code="context_length_exceeded")
         return max_new_tokens
 
     def check_token_ids(self, input_ids: list[int], param: str = "prompt") -> None:
@@ -131,8 +132,8 @@ class ServerContext:
         if not input_ids or (min(input_ids) >= 0 and max(input_ids) < vocab):
             return
         token_id = next(t for t in input_ids if not 0 <= t < vocab)
-        raise bad_request(f"Token id {token_id} is outside the vocabulary (0..{vocab - 1}).",
-                          param=param)
+        raise bad_request(f"Invalid value for '{param}': token id {token_id} is outside the "
+                          f"vocabulary (0..{vocab - 1}).", param=param, code="invalid_value")
 
     def stop_token_ids(self, extra: list[int] | None, ignore_eos: bool) -> tuple[int, ...]:
         """Request stop ids plus the tokenizer's EOS (the engine adds the model's own EOS ids)."""

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.server.errors import bad_request
+from sglaunch.server.errors import bad_request, documented_errors
 from sglaunch.server.generation import (
     PreparedRequest, ServerContext, TextDelta, first_then_rest, new_request_id, run_all,
     stream_text,
@@ -20,7 +20,7 @@ from sglaunch.server.streaming import EventStreamResponse, guarded_events, sse
 router = APIRouter()
 
 
-@router.post("/generate")
+@router.post("/generate", responses=documented_errors(400, 401, 413, 500, 503))
 async def generate(body: NativeGenerateRequest, request: Request):
     ctx = server_state(request).context()
     prompts, is_batch = await _prompts(ctx, body)
@@ -66,7 +66,8 @@ def _request_ids(rid: str | list[str] | None, count: int) -> list[str]:
 
 def _prepare(ctx: ServerContext, input_ids: list[int], params: NativeSamplingParams,
              rid: str) -> PreparedRequest:
-    max_new_tokens = ctx.check_length(len(input_ids), params.max_new_tokens)
+    max_new_tokens = ctx.check_length(len(input_ids), params.max_new_tokens,
+                                      param="sampling_params.max_new_tokens")
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=params.temperature, top_p=params.top_p,
         top_k=params.top_k, min_p=params.min_p,

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import APIRouter, Request
 
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.server.errors import bad_request
+from sglaunch.server.errors import bad_request, documented_errors
 from sglaunch.server.generation import (
     PreparedRequest, ServerContext, TextDelta, collect_text, first_then_rest, new_request_id,
     run_all,
@@ -76,7 +76,7 @@ class Logprobs:
 # ---------------------------------------------------------------- routes
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=documented_errors(401))
 async def list_models(request: Request) -> dict:
     state = server_state(request)
     ctx = state.ctx
@@ -87,7 +87,7 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [model]}
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=documented_errors(400, 401, 404, 413, 500, 503))
 async def create_completion(body: CompletionRequest, request: Request):
     state = server_state(request)
     ctx = state.context()
@@ -107,7 +107,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     return meta.envelope("text_completion", choices=choices, usage=_usage(results))
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=documented_errors(400, 401, 404, 413, 500, 503))
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state = server_state(request)
     ctx = state.context()
@@ -166,7 +166,8 @@ def _cut_after_final_message(text: str, final_content: str) -> str:
 
 def _prepare(ctx: ServerContext, input_ids: Sequence[int], body: OpenAISampling,
              max_tokens: int | None) -> PreparedRequest:
-    max_new_tokens = ctx.check_length(len(input_ids), max_tokens)
+    param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+    max_new_tokens = ctx.check_length(len(input_ids), max_tokens, param=param)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=body.temperature, top_p=body.top_p,
         top_k=body.top_k, min_p=body.min_p, seed=body.seed,
