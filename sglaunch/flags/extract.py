@@ -29,6 +29,9 @@ Each flag (one per argparse action, sorted by name; every option string appears 
   set is sorted) or null. `choices_open`: true when the list is not fixed by the code alone: part
   of it could not be resolved (unresolved entries are then kept as `{"expr": ...}`), it depends on
   an environment variable, or it comes from a plugin registry. `choices_open_reason`: why (or null).
+  `choices_extensible`: true when the list is one of SGLang's public extension points (a
+  module-level list with an `add_*_choices` adder, e.g. QUANTIZATION_CHOICES): out-of-tree
+  plugins may append values at runtime, but a stock install accepts exactly `choices`.
 - `default`: JSON value, "==SUPPRESS==" for `argparse.SUPPRESS`, `{"expr": "<source>"}` otherwise.
 - `help`: the help text, `%(default)s` left as is ("==SUPPRESS==" for hidden flags).
 - `deprecated`: null or {"replaced_by": "--flag" | null, "message": str | null,
@@ -516,6 +519,12 @@ class Evaluator:
             raise
 
     def getattr(self, obj: Any, name: str) -> Any:
+        if name == "__doc__" and isinstance(obj, (FuncObj, ClassObj)) and not isinstance(
+            obj.node, ast.Lambda
+        ):
+            return ast.get_docstring(obj.node, clean=False)
+        if name == "__name__" and isinstance(obj, (FuncObj, ClassObj)):
+            return obj.name
         if isinstance(obj, ModuleObj):
             if obj.has(name):
                 return obj.lookup(self, name)
@@ -1400,6 +1409,28 @@ class ReleaseExtractor:
                     self.warnings.append(
                         f"prepare_server_args adds arguments itself (line {n.lineno}); not read")
 
+    # ---- plugin extension points
+    def extension_lists(self) -> dict[int, str]:
+        """id -> name of the module-level choice lists that have a public `add_*` adder
+        (`add_quantization_method_choices = QUANTIZATION_CHOICES.extend`, or a def)."""
+        if hasattr(self, "_extension_lists"):
+            return self._extension_lists
+        out: dict[int, str] = {}
+        for modname in ("sglang.srt.server_args", "sglang.srt.arg_groups.choices"):
+            mod = self.wheel.module(modname)
+            if not isinstance(mod, ModuleObj):
+                continue
+            for stmt in mod.tree.body:
+                for name in _adder_targets(stmt):
+                    try:
+                        value = mod.lookup(self.ev, name)
+                    except CannotEval:
+                        continue
+                    out[id(value)] = name
+                    self._keep = getattr(self, "_keep", []) + [value]
+        self._extension_lists = out
+        return out
+
     # ---- actions
     def action_info(self, action: Any) -> tuple[str, dict]:
         """(action name, __init__ keyword defaults) of an action kwarg value."""
@@ -1470,6 +1501,23 @@ class ReleaseExtractor:
                     v.env_name = stmt.targets[0].id
         last = {e["name"]: e for e in out}  # a name assigned twice: the last assignment wins
         return sorted(last.values(), key=lambda e: e["name"])
+
+
+def _adder_targets(stmt) -> list[str]:
+    """Names a module-level `add_*` adder extends: `add_x = L.extend` or `def add_x(c): L.extend(c)`."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(
+        stmt.targets[0], ast.Name
+    ) and stmt.targets[0].id.startswith("add_"):
+        v = stmt.value
+        if isinstance(v, ast.Attribute) and v.attr in ("extend", "append") and isinstance(
+            v.value, ast.Name
+        ):
+            return [v.value.id]
+    if isinstance(stmt, ast.FunctionDef) and stmt.name.startswith("add_"):
+        return [n.func.value.id for n in ast.walk(stmt)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and n.func.attr in ("extend", "append") and isinstance(n.func.value, ast.Name)]
+    return []
 
 
 def _env_type(ev: Evaluator, cls: ClassObj) -> str:
@@ -1609,7 +1657,8 @@ def to_entry(ex: ReleaseExtractor, call: ArgCall) -> dict:
     return {
         "name": names[0], "aliases": names[1:], "dest": dest, "action": action,
         "type": type_name, "nargs": to_json(nargs), "choices": choices,
-        "choices_open": choices_open, "choices_open_reason": reason, "default": default,
+        "choices_open": choices_open, "choices_open_reason": reason,
+        "choices_extensible": id(kw.get("choices")) in ex.extension_lists(), "default": default,
         "help": help_ if isinstance(help_, str) else (None if help_ is None else str(help_)),
         "deprecated": _deprecation(call, action, kw, help_), "const": const,
         "required": bool(kw.get("required", False)), "group": call.group,

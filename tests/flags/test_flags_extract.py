@@ -108,6 +108,10 @@ def test_old_choices_resolved_statically(old):
     assert "['deepseek-r1', 'qwen3']" in f["--reasoning-parser"]["help"]  # f-string help
     for name in ("--quantization", "--kv-cache-dtype", "--lora-target-modules"):
         assert f[name]["choices_open"] is False
+    # def add_quantization_method_choices(choices): QUANTIZATION_CHOICES.extend(choices)
+    assert f["--quantization"]["choices_extensible"] is True
+    assert f["--speculative-draft-model-quantization"]["choices_extensible"] is True
+    assert f["--attention-backend"]["choices_extensible"] is False
 
 
 def test_old_open_and_unresolved(old):
@@ -173,6 +177,7 @@ def test_new_fields_from_namespace_classes(new):
     assert f["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
     assert f["--model-path"]["required"] is True and f["--model-path"]["namespace"] == "model"
     assert "--attn-tp-size" not in f  # a Derived declaration, not a field
+    assert "SI suffixes" not in f["--tp-size"]["help"]
     assert "--enable-dp-attention" in f and f["--enable-dp-attention"]["field"] is False
     hicache = f["--enable-hierarchical-cache"]
     assert hicache["aliases"] == ["--no-enable-hierarchical-cache", "--enable-hicache",
@@ -202,6 +207,10 @@ def test_new_choices(new):
     assert sampling["choices"] == ["ascend", "flashinfer", "pytorch"]
     assert "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE" in sampling["choices_open_reason"]
     assert f["--quantization"]["choices_open"] is False
+    # add_quantization_method_choices = QUANTIZATION_CHOICES.extend (in choices.py)
+    assert f["--quantization"]["choices_extensible"] is True
+    assert f["--fp4-gemm-backend"]["choices_extensible"] is True
+    assert f["--moe-runner-backend"]["choices_extensible"] is False
 
 
 def test_new_deprecated(new):

@@ -15,7 +15,7 @@ from sglaunch.flags.release_diff import diff_releases, load_release_data
 
 RELEASES = [f"0.5.{n}" for n in range(15, 24)]
 KEYS = {"name", "aliases", "dest", "action", "type", "nargs", "choices", "choices_open",
-        "choices_open_reason", "default", "help", "deprecated", "const", "required", "group",
+        "choices_open_reason", "choices_extensible", "default", "help", "deprecated", "const", "required", "group",
         "namespace", "field", "fallback"}
 
 
@@ -94,7 +94,10 @@ def test_0_5_15_to_0_5_16_choices():
     assert new["--fp4-gemm-backend"]["choices"] == [
         "auto", "flashinfer_cudnn", "flashinfer_cutedsl", "flashinfer_cutlass",
         "flashinfer_trtllm", "marlin"]  # the list the research note quotes from argparse
-    assert "DSPARK" in new["--speculative-algorithm"]["help"] or new["--speculative-algorithm"]
+    # plugin extension points: a stock install accepts exactly `choices`
+    assert new["--quantization"]["choices_extensible"] is True
+    assert new["--quantization"]["choices_open"] is False
+    assert new["--tp-size"]["choices_extensible"] is False
 
 
 def test_diff_0_5_15_to_0_5_16():
