@@ -52,7 +52,13 @@ Each flag (one per argparse action, sorted by name; every option string appears 
 Each env entry (from `sglang/srt/environ.py`'s `Envs` class): {"name", "type": "bool" | "int" |
 "float" | "str" | "tuple" | "json" | "<class name>", "default", "deprecated_name": str | null}.
 
-`-h/--help` (argparse's own) is not listed. Standard library only.
+`-h/--help` (argparse's own) is not listed. Env-dependent conditions are evaluated with the
+variables' declared defaults (and the result marked open); help texts are as Python 3.11 builds
+them (SGLang ships cp311 wheels), e.g. a `{fn.__doc__}` keeps its indentation. Post releases get
+no file of their own unless their flags differ (0.5.15.post1 is 0.5.15's;
+`release_diff.load_release_data` falls back). `KNOWN_DERIVATIONS` fingerprints the
+`add_cli_args_from_dataclass` bodies this module reproduces; a new shape is reported as a warning.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -1726,8 +1732,13 @@ def find_wheel(release: str, wheel_dir: Path, download: bool = True) -> Path:
     found = sorted(wheel_dir.glob(pattern))
     if not found and download:
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
-                        ":all:", f"sglang=={release}", "-d", str(wheel_dir)], check=True)
+        base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                f"sglang=={release}", "-d", str(wheel_dir)]
+        if subprocess.run(base).returncode != 0:
+            # SGLang ships cp311 manylinux wheels only; ask for those from any interpreter.
+            subprocess.run(base + ["--python-version", "3.11", "--implementation", "cp",
+                                   "--abi", "cp311", "--platform", "manylinux_2_34_x86_64"],
+                           check=True)
         found = sorted(wheel_dir.glob(pattern))
     if not found:
         raise SystemExit(f"no wheel for sglang {release} in {wheel_dir}")
