@@ -8,8 +8,8 @@ the `ServerArgs` fields as that release's `arg_groups/arg_utils.add_cli_args_fro
 derives them (bool -> store_true, Optional[X] unwrapped, List[X] -> nargs "+", Literal -> choices,
 cli_name, aliases, custom actions, required when no default), followed by the manual
 `parser.add_argument` calls of `ServerArgs.add_cli_args` (deprecated spellings, dynamic choices,
-`--config`). Names the code computes (choice lists, defaults, f-string help) are evaluated by a small
-static interpreter that follows imports inside the wheel; what it cannot compute is written as
+`--config`). Names the code computes (choice lists, defaults, f-string help) are evaluated by a
+small static interpreter that follows imports inside the wheel; what it cannot compute is written as
 `{"expr": "<source>"}`.
 
 Output, one JSON file per release (`sglaunch/flags/sglang/<release>.json`):
@@ -133,6 +133,9 @@ class BoundMethod:
         self.obj, self.func = obj, func
 
 
+NOT_HANDLED = object()
+
+
 class _Return(Exception):
     def __init__(self, value):
         self.value = value
@@ -153,7 +156,8 @@ _SAFE_METHODS = {
     frozenset: {"union", "copy", "difference", "intersection"},
     tuple: {"index", "count"},
 }
-_MUTATORS = {"append", "extend", "add", "update", "insert", "remove", "discard", "pop", "setdefault"}
+_MUTATORS = {"append", "extend", "add", "update", "insert", "remove", "discard", "pop",
+             "setdefault"}
 _EXTERNAL_VALUES = {"argparse.SUPPRESS": SUPPRESS, "sys.maxsize": sys.maxsize}
 
 
@@ -414,6 +418,12 @@ class ClassObj:
                     continue
         raise CannotEval(f"{self.name}.{name}")
 
+    def attr_or_none(self, ev: "Evaluator", name: str) -> Any:
+        try:
+            return self.attr(ev, name)
+        except CannotEval:
+            return None
+
     def enum_members(self, ev: "Evaluator") -> list[EnumMember]:
         out = []
         for stmt in self.node.body:
@@ -452,6 +462,8 @@ class Evaluator:
         self._taint: list[set[str]] = []
         self._open: dict[int, tuple[Any, set[str]]] = {}
         self._depth = 0
+        # Called on every call expression first; answers NOT_HANDLED to let it evaluate.
+        self.intercept: Any = None
         self.special_calls: dict[str, Any] = {  # dotted "module.name" -> python callable
             "sys.modules.get": self._sys_modules_get,
         }
@@ -501,9 +513,6 @@ class Evaluator:
             return {"True": True, "False": False, "None": None}[name]
         else:
             raise CannotEval(f"unknown name {name}")
-        if isinstance(value, tuple) and len(value) == 2 and value[0] == "import":
-            value = self.resolve_import(*value[1])
-            scope.locals[name] = value if name in scope.locals else value
         if isinstance(value, Unresolved):
             raise CannotEval(value.src)
         if id(value) in self._open:
@@ -559,7 +568,7 @@ class Evaluator:
                 return obj.value
             return self.getattr(obj.value, name)
         if isinstance(obj, Instance):
-            if name in obj.kwargs and not isinstance(obj.cls.attr_safe(self, name), FuncObj):
+            if name in obj.kwargs and not isinstance(obj.cls.attr_or_none(self, name), FuncObj):
                 return obj.kwargs[name]
             value = obj.cls.attr(self, name)
             if isinstance(value, FuncObj):
@@ -746,6 +755,10 @@ class Evaluator:
             raise CannotEval(_src(target))
 
     def _call_node(self, node: ast.Call, scope: Scope) -> Any:
+        if self.intercept is not None:
+            handled = self.intercept(node, scope)
+            if handled is not NOT_HANDLED:
+                return handled
         func = self.eval(node.func, scope)
         args: list = []
         for a in node.args:
@@ -906,7 +919,10 @@ class Evaluator:
         elif isinstance(stmt, ast.ImportFrom):
             modname = self._absolute(stmt, scope.module)
             for a in stmt.names:
-                scope.locals[a.asname or a.name] = self.resolve_import(modname, a.name)
+                try:
+                    scope.locals[a.asname or a.name] = self.resolve_import(modname, a.name)
+                except CannotEval:
+                    scope.locals[a.asname or a.name] = Unresolved(f"{modname}.{a.name}")
         elif isinstance(stmt, ast.Import):
             for a in stmt.names:
                 if a.asname:
@@ -941,35 +957,6 @@ class Evaluator:
         base = parts if module.is_package else parts[:-1]
         base = base[: len(base) - (stmt.level - 1)] if stmt.level > 1 else base
         return ".".join(base + ([stmt.module] if stmt.module else []))
-
-
-def _bind_imports(ev: Evaluator) -> None:
-    """Make `ModuleObj` statements for imports evaluate to lazily resolved references."""
-    original = ev.exec_stmt
-
-    def exec_stmt(stmt, scope):
-        if isinstance(stmt, ast.ImportFrom) and scope.locals is not None:
-            modname = ev._absolute(stmt, scope.module)
-            for a in stmt.names:
-                try:
-                    scope.locals[a.asname or a.name] = ev.resolve_import(modname, a.name)
-                except CannotEval:
-                    scope.locals[a.asname or a.name] = Unresolved(f"{modname}.{a.name}")
-            return
-        original(stmt, scope)
-
-    ev.exec_stmt = exec_stmt
-
-
-# Instance.cls.attr_safe: attribute lookup that answers None instead of raising
-def _attr_safe(self: ClassObj, ev: Evaluator, name: str) -> Any:
-    try:
-        return self.attr(ev, name)
-    except CannotEval:
-        return None
-
-
-ClassObj.attr_safe = _attr_safe  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1291,7 +1278,6 @@ class ReleaseExtractor:
     def __init__(self, wheel: Wheel):
         self.wheel = wheel
         self.ev = Evaluator(wheel)
-        _bind_imports(self.ev)
         self.warnings: list[str] = []
         self.sa = self._module("sglang.srt.server_args")
 
@@ -1367,8 +1353,8 @@ class ReleaseExtractor:
         return recorder.calls
 
     def _patch_parser_calls(self, recorder: ParserRecorder, banners, func: FuncObj) -> None:
+        """Route `<parser>.add_argument(...)` (and argument groups) to the recorder."""
         ev = self.ev
-        original = ev._call_node
         start = func.node.lineno
 
         def call_node(node: ast.Call, scope: Scope):
@@ -1382,9 +1368,9 @@ class ReleaseExtractor:
                     target = None
                 if isinstance(target, ParserRecorder):
                     return self._record(node, scope, target, banners, start)
-            return original(node, scope)
+            return NOT_HANDLED
 
-        ev._call_node = call_node
+        ev.intercept = call_node
 
     def _record(self, node: ast.Call, scope: Scope, parser: ParserRecorder, banners, start):
         ev = self.ev
@@ -1510,7 +1496,7 @@ class ReleaseExtractor:
 
 
 def _adder_targets(stmt) -> list[str]:
-    """Names a module-level `add_*` adder extends: `add_x = L.extend` or `def add_x(c): L.extend(c)`."""
+    """Lists an `add_*` adder extends: `add_x = L.extend` or `def add_x(c): L.extend(c)`."""
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(
         stmt.targets[0], ast.Name
     ) and stmt.targets[0].id.startswith("add_"):
