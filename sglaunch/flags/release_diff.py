@@ -92,7 +92,7 @@ class ReleaseDiff:
     newly_deprecated: list[Deprecation] = field(default_factory=list)
     removed_choices: dict[str, list] = field(default_factory=dict)
     added_choices: dict[str, list] = field(default_factory=dict)
-    changed_defaults: list[ValueChange] = field(default_factory=list)
+    changed_defaults: list[ValueChange] = field(default_factory=list)  # see effective_default
     changed_types: list[ValueChange] = field(default_factory=list)
     changed_nargs: list[ValueChange] = field(default_factory=list)
     changed_actions: list[ValueChange] = field(default_factory=list)
@@ -177,10 +177,21 @@ def _compare(a: dict, b: dict, diff: ReleaseDiff) -> None:
         diff.removed_choices[name] = removed
     if added:
         diff.added_choices[name] = added
-    for key, bucket in (("default", diff.changed_defaults), ("type", diff.changed_types),
-                        ("nargs", diff.changed_nargs), ("action", diff.changed_actions)):
+    if _hashable(effective_default(a)) != _hashable(effective_default(b)):
+        diff.changed_defaults.append(ValueChange(name, effective_default(a), effective_default(b)))
+    for key, bucket in (("type", diff.changed_types), ("nargs", diff.changed_nargs),
+                        ("action", diff.changed_actions)):
         if _hashable(a.get(key)) != _hashable(b.get(key)):
             bucket.append(ValueChange(name, a.get(key), b.get(key)))
+
+
+def effective_default(flag: dict) -> Any:
+    """The value SGLang ends up with when the flag is not given: the argparse default, or the
+    field's declared `fallback` (0.5.20+) when that default is None."""
+    default = flag.get("default")
+    if default is None and flag.get("fallback") is not None:
+        return flag["fallback"]
+    return default
 
 
 def _compare_env(old: list, new: list, diff: ReleaseDiff) -> None:

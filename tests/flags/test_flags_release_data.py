@@ -177,6 +177,13 @@ def test_diff_0_5_19_to_0_5_20():
     assert "flashinfer_megamoe" in d.added_choices["--moe-runner-backend"]
 
 
+def test_defaults_moved_to_fallback_are_not_changes():
+    d = diff_releases(load_release_data("0.5.19"), load_release_data("0.5.20"))
+    changed = {c.flag: (c.old, c.new) for c in d.changed_defaults}
+    assert "--swa-full-tokens-ratio" not in changed  # 0.8 -> None with fallback 0.8
+    assert changed["--dcp-comm-backend"] == ("ag_rs", None)
+
+
 def test_diff_of_a_release_with_itself_is_empty():
     data = load_release_data("0.5.23")
     assert diff_releases(data, data).is_empty()
