@@ -267,3 +267,35 @@ def test_unknown_derivation_is_reported(tmp_path):
     files[key] = files[key].replace('nargs = arg_meta.nargs or "+"', 'nargs = arg_meta.nargs or "*"')
     data = extract.extract_wheel(extract.Wheel(files=files))
     assert any("unknown shape" in w for w in data["warnings"])
+
+
+def test_missing_wheel_is_downloaded_with_pip(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, check=False, **_):
+        calls.append(cmd)
+        build_wheel(tmp_path, "old", "9.9.3")
+
+        class Done:
+            returncode = 0
+        return Done()
+
+    monkeypatch.setattr(extract.subprocess, "run", fake_run)
+    wheel = extract.find_wheel("9.9.3", tmp_path)
+    assert wheel.name == "sglang-9.9.3-py3-none-any.whl"
+    assert calls[0][1:4] == ["-m", "pip", "download"]
+    assert "--no-deps" in calls[0] and "sglang==9.9.3" in calls[0]
+    assert extract.find_wheel("9.9.3", tmp_path) == wheel and len(calls) == 1  # cached now
+
+
+REAL_WHEELS = Path("/tmp/sgwheels")
+
+
+@pytest.mark.skipif(not any(REAL_WHEELS.glob("sglang-0.5.16-*.whl")),
+                    reason="needs the real sglang 0.5.16 wheel (CI uses the committed data)")
+def test_committed_data_is_what_the_extractor_writes(tmp_path):
+    out = tmp_path / "out"
+    extract.main(["--releases", "0.5.16", "--wheel-dir", str(REAL_WHEELS), "--out", str(out),
+                  "--no-download"])
+    committed = Path(extract.__file__).parent / "sglang" / "0.5.16.json"
+    assert (out / "0.5.16.json").read_text() == committed.read_text()
