@@ -39,7 +39,10 @@ def test_release_file_shape(release):
     for f in data["flags"]:
         assert set(f) == KEYS, f["name"]
         assert f["name"].startswith("-") and f["dest"]
-    assert {e["name"] for e in data["env"]} >= {"SGLANG_CACHE_DIR"} or release < "0.5.16"
+    env = {e["name"]: e for e in data["env"]}
+    assert env["SGLANG_CACHE_DIR"]["type"] == "str"
+    if release != "0.5.15":  # DSpark's verify mode arrived in 0.5.16
+        assert env["SGLANG_RAGGED_VERIFY_MODE"]["default"] == "static"
 
 
 def test_counts_match_sglangs_parser():
