@@ -32,6 +32,10 @@ def _type(flag: Flag) -> str:
 
 def _history(flag: Flag) -> str:
     parts = []
+    if flag.sglaunch_only:
+        parts.append("sglaunch only (SGLang rejects it)")
+    if flag.alias_of:
+        parts.append(f"spelling of `{flag.alias_of}`" + (", turns it off" if flag.switch_value is False else ""))
     if flag.added:
         parts.append(f"added {flag.added}")
     if flag.deprecated:
@@ -48,16 +52,30 @@ def _history(flag: Flag) -> str:
             parts.append(f"value `{change.value}` added {change.added}")
         elif change.alias_of:
             parts.append(f"value `{change.value}` = `{change.alias_of}`")
+    parts.extend(_default_changes(flag))
     return "; ".join(parts)
+
+
+def _default_changes(flag: Flag) -> list[str]:
+    """SGLang's default where it changed between releases (`default 2.0 -> none in 0.5.18`)."""
+    out, previous = [], None
+    for index, (release, default) in enumerate(flag.default_history):
+        if index and default != previous:
+            out.append(f"default `{previous}` -> `{default}` in {release}")
+        previous = default
+    return out
 
 
 def render_flags(schema: FlagSchema = SCHEMA) -> str:
     lines = [HEADER, "# Launch flags\n\n",
-             f"Every SGLang launch flag sglaunch knows, grouped as in `sglaunch serve --help`. The surface "
-             f"`serve` implements is SGLang {CURRENT_RELEASE}; the history column covers "
-             f"{KNOWN_RELEASES[0]} to {KNOWN_RELEASES[-1]}. *engine*: sglaunch's engine implements it; "
-             "*compat*: accepted and validated, no effect in sglaunch (serve warns); *frontend*: read by "
-             "the front end.\n"]
+             f"Every launch flag of every SGLang release from {KNOWN_RELEASES[0]} to {KNOWN_RELEASES[-1]} "
+             f"({len(schema.flags)} spellings), read from the releases' own wheels "
+             "(`python -m sglaunch.flags.extract`), grouped as in SGLang's `--help`, with our layer on top "
+             f"(`sglaunch/flags/registry.py`). `serve` follows SGLang {CURRENT_RELEASE}. The history column "
+             "says when a flag, a spelling or a value came and went, and where SGLang's default changed. "
+             "*engine*: sglaunch's engine implements it; *compat*: accepted and validated, no effect in "
+             "sglaunch (serve warns once per flag); *frontend*: read by the front end. Unique prefixes "
+             "(`--tp` for `--tp-size`) are accepted as SGLang's argparse accepts them, with a warning.\n"]
     groups: dict[str, list[Flag]] = {}
     for flag in schema.flags:
         groups.setdefault(flag.group, []).append(flag)

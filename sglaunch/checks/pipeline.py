@@ -157,7 +157,8 @@ def build_engine_config(report: Report) -> EngineConfig:
         max_running_requests=get("max_running_requests"), chunked_prefill_size=get("chunked_prefill_size"),
         page_size=get("page_size"), disable_radix_cache=get("disable_radix_cache"),
         kv_cache_dtype=get("kv_cache_dtype"), attention_backend=get("attention_backend"),
-        cuda_graph_max_bs=get("cuda_graph_max_bs"), disable_cuda_graph=get("disable_cuda_graph"),
+        cuda_graph_max_bs=get("cuda_graph_max_bs_decode"),
+        disable_cuda_graph=bool(get("disable_cuda_graph")) or get("cuda_graph_backend_decode") == "disabled",
         speculative=speculative_config,
         resolutions=tuple((r.flag, f"{r.value} ({r.reason})") for r in report.resolutions),
     )

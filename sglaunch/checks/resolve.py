@@ -141,9 +141,14 @@ def resolve_memory(ctx: LaunchContext) -> None:
             ctx.resolve("max_running_requests", 48, "DSpark's default (as SGLang)")
         else:
             ctx.resolve("max_running_requests", 256 if on_gpu else 64, "default for the device")
-    if on_gpu and not ctx.get("disable_cuda_graph") and ctx.get("cuda_graph_max_bs") is None:
-        ctx.resolve("cuda_graph_max_bs", min(256, ctx.get("max_running_requests")),
+    if on_gpu and not _graphs_off(ctx) and ctx.get("cuda_graph_max_bs_decode") is None:
+        ctx.resolve("cuda_graph_max_bs_decode", min(256, ctx.get("max_running_requests")),
                     "largest batch that can run")
+
+
+def _graphs_off(ctx: LaunchContext) -> bool:
+    """--disable-cuda-graph (deprecated) or its replacement, --cuda-graph-backend-decode disabled."""
+    return bool(ctx.get("disable_cuda_graph")) or ctx.get("cuda_graph_backend_decode") == "disabled"
 
 
 def resolve_fp4_backend(ctx: LaunchContext) -> None:

@@ -18,7 +18,7 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "context_length": (1, None, "a positive token count"),
     "max_total_tokens": (1, None, "a positive token count"),
     "max_running_requests": (1, None, "at least 1 request"),
-    "cuda_graph_max_bs": (1, None, "a batch size of at least 1"),
+    "cuda_graph_max_bs_decode": (1, None, "a batch size of at least 1"),
     "linear_replayssm_cache_len": (1, None, "a ring length of at least 1"),
     "base_gpu_id": (0, None, "a GPU index of 0 or more"),
     "max_request_body_mb": (0.001, None, "a positive size in MiB, e.g. 8"),
@@ -52,7 +52,7 @@ def check_inert_flags(ctx: LaunchContext) -> list[Diagnostic]:
     """Flags given where something else switches them off."""
     found = []
     if ctx.get("disable_cuda_graph"):
-        for dest in ("cuda_graph_max_bs", "cuda_graph_bs"):
+        for dest in ("cuda_graph_max_bs_decode", "cuda_graph_bs_decode"):
             if ctx.given(dest) and ctx.origin(dest) != "resolved":
                 flag = ctx.settings.schema.by_dest(dest).name
                 found.append(diag("FLAG013", f"{flag} has no effect with --disable-cuda-graph",

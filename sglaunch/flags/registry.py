@@ -170,8 +170,8 @@ HAND_FLAGS: tuple[Flag, ...] = (
     ),
     *_group(
         "CUDA graphs",
-        Flag("--cuda-graph-max-bs", INT, "Largest decode batch captured in a CUDA graph.", replaced_by="--cuda-graph-max-bs-decode", support=ENGINE),
-        Flag("--cuda-graph-max-bs-decode", INT, "Largest decode batch captured in a CUDA graph.", support=COMPAT),
+        Flag("--cuda-graph-max-bs", INT, "Largest decode batch captured in a CUDA graph.", replaced_by="--cuda-graph-max-bs-decode", support=COMPAT),
+        Flag("--cuda-graph-max-bs-decode", INT, "Largest decode batch captured in a CUDA graph.", support=ENGINE),
         Flag("--cuda-graph-bs", LIST, "Decode batch sizes to capture.", item_kind=INT,
              replaced_by="--cuda-graph-bs-decode", support=COMPAT),
         Flag("--cuda-graph-bs-decode", LIST, "Decode batch sizes to capture.", item_kind=INT,
@@ -203,6 +203,7 @@ HAND_FLAGS: tuple[Flag, ...] = (
              "means EAGLE).", upper_case=True,
              open_choices=True,
              choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"),
+             values=(ValueChange("DSPARK", added="0.5.16"),),
              metavar="ALGO", support=ENGINE, engine_note="sglaunch implements DSPARK"),
         Flag("--speculative-draft-model-path", STR, "Draft model checkpoint folder.",
              aliases=("--speculative-draft-model",), metavar="PATH", support=ENGINE),

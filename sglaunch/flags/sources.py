@@ -219,12 +219,21 @@ def _deprecated_flag(occ: Occurrence, value: Any, settings: Settings) -> list[Di
     flag = occ.flag
     target = settings.schema.get(flag.replaced_by)
     mapped = dict(flag.value_map)
-    new_value = mapped.get(str(value).lower() if flag.kind is Kind.BOOL else value, value)
-    settings.set(target, new_value, occ.origin, occ.spelling)
+    key = str(value).lower() if flag.kind is Kind.BOOL else value
+    settings.set(flag, value, occ.origin, occ.spelling)  # checks that read the old name still see it
+    # the value the new flag gets: mapped (a switch that stands for `--new VALUE`), or the same
+    # kind of value; a switch whose replacement needs a value we cannot know sets nothing there
+    if key in mapped or (flag.kind is Kind.BOOL) == (target.kind is Kind.BOOL):
+        new_value = mapped.get(key, value)
+        settings.set(target, new_value, occ.origin, occ.spelling)
+        fix = f"write {target.name}" + (f" {new_value}" if target.takes_value else "")
+    else:
+        fix = f"use {target.name} instead" + (f" ({flag.note})" if flag.note else "")
     until = f" and is removed in {flag.removed}" if flag.removed else ""
-    return [diag("FLAG005", f"{occ.spelling} is a deprecated spelling of {target.name}{until}",
-                 flags=(flag.name, target.name), release=flag.deprecated, origin=str(occ.origin),
-                 fix=f"write {target.name}" + (f" {new_value}" if target.takes_value else ""))]
+    later = _later_change(flag, occ, settings.release)
+    return later + [diag("FLAG005", f"{occ.spelling} is a deprecated spelling of {target.name}{until}",
+                         flags=(flag.name, target.name), release=flag.deprecated, origin=str(occ.origin),
+                         fix=fix)]
 
 
 def _check_value(flag: Flag, occ: Occurrence, value: Any, release: str) -> list[Diagnostic]:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from sglaunch.flags.spec import Flag, Kind, Support, ValueChange
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang")  # package data
+SUPPRESS = "==SUPPRESS=="  # argparse.SUPPRESS as the extractor writes it
 SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "append_const")
 
 
@@ -65,11 +66,12 @@ class Facts:
 def entry_facts(entry: Mapping[str, Any]) -> Facts:
     action, nargs, type_name = entry.get("action") or "store", entry.get("nargs"), entry.get("type")
     default = entry.get("default")
-    if isinstance(default, dict) and set(default) == {"expr"}:
-        default = None  # computed at run time; shown from the help text
+    if (isinstance(default, dict) and set(default) == {"expr"}) or default == SUPPRESS:
+        default = None  # computed at run time, or argparse.SUPPRESS (no attribute unless given)
     deprecated = entry.get("deprecated") or None
     new_flag = (deprecated or {}).get("new_flag") or ""
-    common = dict(help=entry.get("help") or "", default=default, group=entry.get("group"),
+    help_text = "" if entry.get("help") == SUPPRESS else entry.get("help") or ""
+    common = dict(help=help_text, default=default, group=entry.get("group"),
                   deprecated=deprecated is not None,
                   deprecated_for=(deprecated or {}).get("replaced_by"),
                   deprecated_value=new_flag.partition("=")[2] or None,
@@ -101,6 +103,7 @@ class _Group:
     present: list[str]  # releases (oldest first)
     facts: dict[str, Facts]  # release -> facts of the primary entry there
     spellings: dict[str, list[str]]  # spelling -> releases where this flag accepts it
+    refused: dict[str, dict]  # release -> the "deprecated" record of an action that errors out
 
 
 def _groups(releases: Sequence[str], data: Mapping[str, dict]) -> list[_Group]:
@@ -121,7 +124,14 @@ def _groups(releases: Sequence[str], data: Mapping[str, dict]) -> list[_Group]:
     for release in releases:
         for entry in data[release]["flags"]:
             root = find(entry["name"])
-            group = groups.setdefault(root, _Group(entry["name"], [], {}, {}))
+            if (entry.get("deprecated") or {}).get("error"):
+                # a deprecated action that stops argparse with an error: the release rejects the
+                # flag, so it is not present; only what the message says to use instead is kept
+                group = groups.get(root)
+                if group is not None:
+                    group.refused.setdefault(release, entry["deprecated"])
+                continue
+            group = groups.setdefault(root, _Group(entry["name"], [], {}, {}, {}))
             group.name = entry["name"]  # newest primary spelling wins
             if release not in group.present:
                 group.present.append(release)
@@ -176,6 +186,8 @@ def generated_flags(releases: Sequence[str], data: Mapping[str, dict] | None = N
         deprecated_in = [r for r in group.present if group.facts[r].deprecated]
         replaced_by = next((group.facts[r].deprecated_for for r in reversed(deprecated_in)
                             if group.facts[r].deprecated_for), None)
+        refusal = next(iter(group.refused.values()), {})
+        replaced_by = replaced_by or refusal.get("replaced_by")
         choices, open_, values = _value_history(group, releases)
         defaults = tuple((r, group.facts[r].default) for r in group.present)
         negated = {s for s in group.spellings if newest.negatable and s.startswith("--no-")}
@@ -186,7 +198,7 @@ def generated_flags(releases: Sequence[str], data: Mapping[str, dict] | None = N
                        if group.facts[r].deprecated_value), None)
         value_map = (("true", mapped),) if mapped and newest.kind is Kind.BOOL else ()
         message = next((group.facts[r].deprecation_message for r in reversed(deprecated_in)
-                        if group.facts[r].deprecation_message), "")
+                        if group.facts[r].deprecation_message), refusal.get("message") or "")
         flags.append(Flag(
             name=group.name, kind=newest.kind, help=newest.help, group=newest.group or "Other",
             default=newest.default, aliases=tuple(s for s in main if s != group.name),
@@ -202,7 +214,8 @@ def generated_flags(releases: Sequence[str], data: Mapping[str, dict] | None = N
                 continue  # a spelling with a lifetime of its own (an alias dropped later), or --no-X
             s_added, s_removed = _lifetime(seen, releases)
             flags.append(replace(primary, name=spelling, aliases=(), added=s_added, removed=s_removed,
-                                 alias_of=group.name, replaced_by=group.name, present_in=tuple(seen),
+                                 alias_of=group.name, replaced_by=group.name if s_removed else None,
+                                 present_in=tuple(seen),
                                  deprecated=None, value_map=(), note="",
                                  switch_value=False if spelling in negated else primary.switch_value,
                                  help=(f"Turns {group.name} off." if spelling in negated
@@ -230,13 +243,17 @@ def merge(hand: Iterable[Flag], generated: Iterable[Flag]) -> tuple[Flag, ...]:
         if theirs is None:
             out[ours.name] = ours
             continue
-        merged = replace(theirs, **{k: getattr(ours, k) for k in OVERLAY_FIELDS})
+        # the hand layer overrides where it says something; an empty note or map leaves the data's
+        merged = replace(theirs, **{k: getattr(ours, k) for k in OVERLAY_FIELDS
+                                    if getattr(ours, k) or k in ("support", "upper_case", "meaning_changed")})
         if ours.replaced_by:
             merged = replace(merged, replaced_by=ours.replaced_by)
         if ours.default is not None:
             merged = replace(merged, default=ours.default)
         merged = replace(merged, values=_merge_values(theirs.values, ours.values),
                          open_choices=theirs.open_choices or ours.open_choices)
+        if theirs.choices is None and ours.choices:  # an open registry: our list of its built-ins
+            merged = replace(merged, choices=ours.choices, open_choices=True)
         out[ours.name] = merged
         for alias in ours.aliases:  # a hand alias that the data keeps as its own spelling entry
             if alias in out and out[alias].alias_of == ours.name:
@@ -248,7 +265,10 @@ def _merge_values(theirs: tuple[ValueChange, ...], ours: tuple[ValueChange, ...]
     """Lifetimes from the data; replacement, alias and note from the hand layer."""
     merged = {c.value: c for c in theirs}
     for change in ours:
-        base = merged.get(change.value, ValueChange(change.value))
+        if change.value not in merged:
+            merged[change.value] = change  # e.g. a value of an open registry the data cannot list
+            continue
+        base = merged[change.value]
         merged[change.value] = replace(base, replacement=change.replacement, alias_of=change.alias_of,
                                        note=change.note or base.note)
     return tuple(merged.values())
@@ -290,7 +310,7 @@ def disagreements(hand: Iterable[Flag], generated: Iterable[Flag]) -> list[str]:
                 missing = sorted(set(theirs.choices) - set(ours.choices))
                 problems.append(f"{ours.name}: hand choices differ from the releases' "
                                 f"(only by hand: {extra}; only in the releases: {missing})")
-        for change in ours.values:
+        for change in ours.values if theirs.choices is not None else ():
             mine = next((c for c in theirs.values if c.value == change.value), ValueChange(change.value))
             if (change.added, change.removed) != (mine.added, mine.removed) and \
                     (change.added or change.removed):

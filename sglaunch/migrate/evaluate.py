@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from sglaunch.errors import SglaunchError
-from sglaunch.flags.argv import Occurrence, split_argv
+from sglaunch.flags.argv import Occurrence, split_argv, unknown_flag_error
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.flags.spec import Flag, Kind, Status
 from sglaunch.migrate.rules import Rule, When
@@ -330,23 +330,43 @@ HANDLERS: dict[str, Callable[[Rule, _Context], list[Finding]]] = {
 
 
 def validate(site: Site, release: str) -> list[Finding]:
-    """Flags and values of the (migrated) command that SGLang `release` does not accept."""
+    """Flags and values of the (migrated) command that SGLang `release` does not accept: removed or
+    not yet added flags and values, flags no release has, and abbreviations argparse cannot expand
+    there (ambiguous) or expands to another flag than the one meant."""
     try:
-        occurrences = split_argv(site.args, SCHEMA, lenient=True, dynamic=site.dynamic).occurrences
+        split = split_argv(site.args, SCHEMA, lenient=True, dynamic=site.dynamic, release=release)
     except SglaunchError as exc:
         return [Finding("validate", ERROR, site.line, f"cannot read the launch arguments: {exc.message}")]
     findings = []
-    for occurrence in occurrences:
+    for occurrence in split.occurrences:
         problem = _problem_at(occurrence, release)
         if problem:
             findings.append(Finding("validate", MANUAL, site.token_line(occurrence.index), problem,
                                     token=occurrence.spelling))
+    for index, token in split.unknown:
+        spelling = token.split("=", 1)[0]
+        if not _known_spelling(spelling):
+            message = unknown_flag_error(spelling, SCHEMA, release).message
+            findings.append(Finding("validate", MANUAL, site.token_line(index),
+                                    f"SGLang {release} stops with 'unrecognized arguments': {message}",
+                                    token=spelling))
     return findings
+
+
+def _known_spelling(spelling: str) -> bool:
+    """A spelling of the schema (a flag of some release) is judged by `_problem_at`, not here."""
+    return SCHEMA.lookup(spelling) is not None
 
 
 def _problem_at(occurrence: Occurrence, release: str) -> str:
     flag, spelling = occurrence.flag, occurrence.spelling
     status = flag.status_at(release)
+    if occurrence.abbreviated:
+        gone = [f for f in SCHEMA.flags if f.removed and not f.alias_of and f.status_at(release) is Status.REMOVED
+                and any(s.startswith(spelling) for s in f.spellings)]
+        if len(gone) == 1 and gone[0].name != flag.name:
+            return (f"{spelling} abbreviated {gone[0].name}, which SGLang {gone[0].removed} removed; SGLang "
+                    f"{release} silently reads it as {flag.name}: write the flag you mean in full")
     if status is Status.REMOVED:
         return f"{spelling} is not accepted by SGLang {release} (removed in {flag.removed})"
     if status is Status.ABSENT:

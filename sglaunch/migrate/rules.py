@@ -80,8 +80,22 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Accounted:
+    """A change of `release` (a flag or a choice value removed, a spelling deprecated) that needs
+    no rule, with the reason; `accounted:` in the release's file. The tests require a rule or one
+    of these for every change the releases' data shows."""
+
+    release: str
+    flag: str
+    reason: str
+    value: str | None = None  # a removed choice value of `flag`
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class RuleSet:
     rules: tuple[Rule, ...]
+    accounted: tuple[Accounted, ...] = ()
 
     def between(self, from_release: str, to_release: str) -> tuple[Rule, ...]:
         """Rules of releases after `from_release` up to and including `to_release`, oldest first."""
@@ -112,28 +126,55 @@ def load_rules(directory: str | None = None) -> RuleSet:
     folder = Path(directory) if directory else rules_dir()
     files = sorted(folder.glob("*.yaml"), key=lambda p: release_key(p.stem))
     rules: list[Rule] = []
+    accounted: list[Accounted] = []
     for path in files:
         rules.extend(load_rule_file(path))
+        accounted.extend(load_accounted(path))
     _check_unique(rules)
-    return RuleSet(tuple(rules))
+    return RuleSet(tuple(rules), tuple(accounted))
 
 
-def load_rule_file(path: Path) -> list[Rule]:
+def _read(path: Path) -> dict:
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise _bad(path, f"cannot read rule file: {exc}") from None
-    if not isinstance(data, dict) or set(data) - {"release", "rules"}:
-        raise _bad(path, "a rule file is a mapping with exactly `release` and `rules`")
+    if not isinstance(data, dict) or "release" not in data or set(data) - {"release", "rules", "accounted"}:
+        raise _bad(path, "a rule file is a mapping with `release`, `rules` and optionally `accounted`")
     release = str(data.get("release", ""))
     if release not in KNOWN_RELEASES or release != path.stem:
         raise _bad(path, f"release '{release}' must be a known release and match the file name")
+    return data
+
+
+def load_rule_file(path: Path) -> list[Rule]:
+    data = _read(path)
+    release = str(data["release"])
     entries = data.get("rules") or []
     if not isinstance(entries, list):
         raise _bad(path, "`rules` must be a list")
     return [parse_rule(entry, release, path) for entry in entries]
+
+
+def load_accounted(path: Path) -> list[Accounted]:
+    """The file's `accounted:` list: `{flag: --x, reason: ...}` or `{flag: --x, value: v, reason: ...}`."""
+    data = _read(path)
+    release = str(data["release"])
+    entries = data.get("accounted") or []
+    if not isinstance(entries, list):
+        raise _bad(path, "`accounted` must be a list")
+    found = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) - {"flag", "value", "reason"} or \
+                not str(entry.get("flag", "")).startswith("--") or not str(entry.get("reason", "")).strip():
+            raise _bad(path, f"accounted entry {entry!r}: needs `flag` (starting with --) and a `reason`, "
+                       "optionally `value`")
+        value = entry.get("value")
+        found.append(Accounted(release, str(entry["flag"]), " ".join(str(entry["reason"]).split()),
+                               None if value is None else str(value), str(path)))
+    return found
 
 
 def parse_rule(entry: Any, release: str, path: Path | str = "<rules>") -> Rule:

@@ -20,8 +20,8 @@ def test_version_text_and_json():
 
 @pytest.mark.parametrize("args, message, hint", [
     (("check-config", "--tp-sise", "2"), "unknown flag --tp-sise", "did you mean --tp-size"),
-    (("check-config", "--speculative-algo", "DSPARK"), "unknown flag --speculative-algo",
-     "abbreviation of --speculative-algorithm"),
+    (("check-config", "--speculative-draft", "org/d"), "ambiguous flag --speculative-draft",
+     "write the flag you mean in full"),
     (("check-config", "--tp-size", "abc"), "--tp-size expects an integer, got 'abc'", "--tp-size 2"),
     (("check-config", "--mem-fraction-static", "lots"), "--mem-fraction-static expects a number", "0.85"),
     (("check-config", "--dtype", "float8"), "invalid value 'float8' for --dtype", "bfloat16"),

@@ -48,7 +48,7 @@ CASES = [
     Case("FLAG006", ("--speculative-draft-model-quantization", "qoq"),
          ("--speculative-draft-model-quantization", "awq"), id="draft-qoq"),
     Case("FLAG007", ("--attention-backend", "nsa"), ("--attention-backend", "dsa")),
-    Case("FLAG008", ("--quantization", "my_custom_q"), ("--quantization", "awq")),
+    Case("FLAG008", ("--tool-call-parser", "my_plugin_parser"), ("--tool-call-parser", "qwen")),
     Case("FLAG009", ("--release", "0.5.15", "--speculative-algorithm", "dspark"),
          ("--release", "0.5.15", "--speculative-algorithm", "eagle")),
     Case("FLAG010", ("--tp", "2", "--tp-size", "4"), ("--tp", "2", "--tp-size", "2")),
@@ -56,6 +56,11 @@ CASES = [
     Case("FLAG011", ("--mem-fraction-static", "1.5"), ("--mem-fraction-static", "0.8"), id="fraction"),
     Case("FLAG012", ("--cuda-graph-max-bs", "8"), ("--page-size", "8")),
     Case("FLAG013", ("--disable-cuda-graph", "--cuda-graph-max-bs", "8"), ("--cuda-graph-max-bs", "8")),
+    Case("FLAG015", ("--tp", "2"), ("--tp-size", "2")),
+    # --optimistic-prefill abbreviated --optimistic-prefill-retries up to 0.5.15; 0.5.16 reads it as
+    # --optimistic-prefill-attempts, whose meaning differs
+    Case("FLAG016", ("--optimistic-prefill", "1"), ("--optimistic-prefill-attempts", "2")),
+    Case("FLAG017", ("--attention-backend", "torch"), ("--attention-backend", "flashinfer")),
     Case("ENV001", ("--release", "0.5.19"), ("--release", "0.5.16"), env={"SGLANG_ENABLE_UNIFIED_RADIX_TREE": "1"}),
     Case("ENV001", ("--release", "0.5.19"), ("--release", "0.5.18"),
          env={"SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS": "1"}, id="megamoe-env"),

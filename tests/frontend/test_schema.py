@@ -11,11 +11,11 @@ from sglaunch.flags.spec import Kind, Status
 from sglaunch.releases import KNOWN_RELEASES
 
 REQUIRED = """--model-path --model --tokenizer-path --revision --dtype --context-length --served-model-name
---trust-remote-code --host --port --api-key --enable-metrics --log-level --tp-size --tp
---tensor-parallel-size --dp-size --dp --pp-size --nnodes --node-rank --dist-init-addr --nccl-init-addr
+--trust-remote-code --host --port --api-key --enable-metrics --log-level --tp-size
+--tensor-parallel-size --dp-size --pp-size --nnodes --node-rank --dist-init-addr --nccl-init-addr
 --device --mem-fraction-static --max-running-requests --max-total-tokens --chunked-prefill-size
---page-size --disable-radix-cache --kv-cache-dtype --attention-backend --cuda-graph-max-bs
---disable-cuda-graph --quantization --fp4-gemm-backend --fp8-gemm-backend --speculative-algorithm
+--page-size --disable-radix-cache --kv-cache-dtype --attention-backend --cuda-graph-max-bs-decode
+--quantization --fp4-gemm-backend --fp8-gemm-backend --speculative-algorithm
 --speculative-draft-model-path --speculative-dspark-block-size --speculative-num-draft-tokens
 --speculative-num-steps --speculative-eagle-topk --speculative-dspark-sps-table-path
 --speculative-dspark-confidence-sts-path --speculative-dspark-align-verify-tokens-to-graph-tier
@@ -31,10 +31,24 @@ def test_required_flags_are_declared_and_valid_in_0_5_16(spelling):
     assert flag.status_at("0.5.16") is Status.ACTIVE
 
 
+@pytest.mark.parametrize("spelling", ["--cuda-graph-max-bs", "--disable-cuda-graph", "--enable-prefill-context-parallel"])
+def test_deprecated_spellings_are_still_accepted_in_0_5_16(spelling):
+    assert SCHEMA.lookup(spelling).status_at("0.5.16") is Status.DEPRECATED
+
+
+@pytest.mark.parametrize("release", KNOWN_RELEASES)
+@pytest.mark.parametrize("short, flag", [("--tp", "--tp-size"), ("--dp", "--dp-size")])
+def test_tp_and_dp_are_abbreviations_argparse_expands_in_every_release(release, short, flag):
+    """SGLang declares neither --tp nor --dp: argparse's allow_abbrev expands them, as here."""
+    assert SCHEMA.lookup(short) is None
+    (occurrence,) = split_argv([short, "2"], SCHEMA, release=release).occurrences
+    assert occurrence.flag is SCHEMA.get(flag) and occurrence.abbreviated
+
+
 def test_defaults_follow_sglang():
     assert SCHEMA.get("--host").default == "127.0.0.1"
     assert SCHEMA.get("--port").default == 30000
-    assert SCHEMA.lookup("--tp") is SCHEMA.get("--tp-size") is SCHEMA.lookup("--tensor-parallel-size")
+    assert SCHEMA.get("--tp-size") is SCHEMA.lookup("--tensor-parallel-size")
     assert SCHEMA.lookup("--nccl-init-addr") is SCHEMA.get("--dist-init-addr")
 
 

@@ -100,7 +100,7 @@ def test_serve_help_is_generated_from_the_schema():
         if flag.status_at("0.5.16").value == "active":
             assert flag.name in result.stdout, flag.name
     assert "--enable-deepep-waterfill" not in result.stdout  # removed in 0.5.16
-    assert "--cuda-graph-max-bs-decode" not in result.stdout  # only from 0.5.20
+    assert "--enable-response-store" not in result.stdout  # only from 0.5.20
 
 
 def test_pipeline_build_engine_config_defaults_on_cpu(make_checkpoint):

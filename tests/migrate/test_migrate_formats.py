@@ -149,10 +149,24 @@ def test_dynamic_value_is_not_guessed():
 
 
 def test_revalidation_reports_flags_unknown_at_target():
-    text = "sglang serve --incremental-streaming-output\n"
+    text = "sglang serve --enable-response-store\n"  # added in 0.5.20; the target is 0.5.16
     result = migrate(text, "shell")
     assert [f.rule_id for f in result.findings] == ["validate"]
-    assert "0.5.20" in result.findings[0].message
+    assert "0.5.20" in result.findings[0].message and result.findings[0].level == "manual"
+
+
+def test_revalidation_reports_a_flag_no_release_has():
+    result = migrate("sglang serve --enable-warp-drive --tp-size 2\n", "shell")
+    assert [f.rule_id for f in result.findings] == ["validate"]
+    assert "--enable-warp-drive" in result.findings[0].message and result.findings[0].level == "manual"
+
+
+def test_revalidation_reports_an_abbreviation_that_becomes_ambiguous():
+    """`--dcp` is a unique prefix of --dcp-size in 0.5.16 (argparse expands it), but 0.5.17 adds
+    --dcp-comm-backend and --dcp-replicate-q-proj: argparse stops there ('ambiguous option')."""
+    assert migrate("sglang serve --dcp 2\n", "shell").findings == []
+    result = migrate("sglang serve --dcp 2\n", "shell", "0.5.20")
+    assert any(f.rule_id == "validate" and "ambiguous" in f.message for f in result.findings), result.findings
 
 
 @pytest.mark.parametrize("quote", ['"', "'"])
