@@ -15,12 +15,12 @@ from sglaunch.server.generation import (
 )
 from sglaunch.server.protocol import NativeGenerateRequest, NativeSamplingParams, stop_strings
 from sglaunch.server.state import server_state, unless_disconnected
-from sglaunch.server.streaming import EventStreamResponse, guarded_events, sse
+from sglaunch.server.streaming import STREAMED_OK, EventStreamResponse, guarded_events, sse
 
 router = APIRouter()
 
 
-@router.post("/generate", responses=documented_errors(400, 401, 413, 500, 503))
+@router.post("/generate", responses={**STREAMED_OK, **documented_errors(400, 401, 413, 500, 503)})
 async def generate(body: NativeGenerateRequest, request: Request):
     ctx = server_state(request).context()
     prompts, is_batch = await _prompts(ctx, body)

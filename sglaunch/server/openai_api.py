@@ -19,7 +19,7 @@ from sglaunch.server.protocol import (
     ChatCompletionRequest, CompletionRequest, OpenAISampling, stop_strings,
 )
 from sglaunch.server.state import server_state, unless_disconnected
-from sglaunch.server.streaming import EventStreamResponse, guarded_events, sse
+from sglaunch.server.streaming import STREAMED_OK, EventStreamResponse, guarded_events, sse
 from sglaunch.server.tokenizer import ServerTokenizer
 
 router = APIRouter()
@@ -87,7 +87,7 @@ async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [model]}
 
 
-@router.post("/v1/completions", responses=documented_errors(400, 401, 404, 413, 500, 503))
+@router.post("/v1/completions", responses={**STREAMED_OK, **documented_errors(400, 401, 404, 413, 500, 503)})
 async def create_completion(body: CompletionRequest, request: Request):
     state = server_state(request)
     ctx = state.context()
@@ -107,7 +107,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     return meta.envelope("text_completion", choices=choices, usage=_usage(results))
 
 
-@router.post("/v1/chat/completions", responses=documented_errors(400, 401, 404, 413, 500, 503))
+@router.post("/v1/chat/completions",
+             responses={**STREAMED_OK, **documented_errors(400, 401, 404, 413, 500, 503)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state = server_state(request)
     ctx = state.context()

@@ -15,6 +15,10 @@ from sglaunch.server.errors import ApiError
 logger = logging.getLogger(__name__)
 
 DONE_EVENT = "data: [DONE]\n\n"
+# `responses=` of a route that streams with "stream": true (documented in the OpenAPI schema)
+STREAMED_OK = {200: {"description": "The result; with \"stream\": true, server-sent events ending "
+                                    "in data: [DONE]",
+                     "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def sse(payload: dict) -> str:
