@@ -14,6 +14,26 @@ from sglaunch.flags.spec import Status, Support
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # compat flags whose non-default value changes what runs, so ignoring them is not an option
 CANNOT_IGNORE = ("dp_size", "pp_size", "quantization", "enable_dp_attention", "speculative_draft_model_quantization")
+# SGLang flags that change what a client gets back (another model, other outputs, another API);
+# serving as if they were not given would answer with something else than asked. dest -> why.
+# Every other SGLang flag our engine lacks is tuning or deployment detail: accepted, one warning.
+CANNOT_HONOUR = {
+    "enable_lora": "sglaunch serves no LoRA adapters; requests naming one would get the base model",
+    "lora_paths": "sglaunch serves no LoRA adapters; requests naming one would get the base model",
+    "is_embedding": "sglaunch serves generation models only (no embeddings API)",
+    "disaggregation_mode": "sglaunch runs prefill and decode in one server (no PD disaggregation)",
+    "json_model_override_args": "sglaunch loads the checkpoint's config.json as it is; an override "
+                                "would be dropped and a different model served",
+    "enable_multimodal": "sglaunch serves text-only models",
+    "attn_dp_size": "sglaunch has no data-parallel attention",
+    "skip_tokenizer_init": "sglaunch always tokenizes and detokenizes (its API returns text)",
+    "load_format": "sglaunch loads safetensors checkpoints (or the built-in model)",
+    "modelopt_quant": "sglaunch serves unquantized checkpoints",
+    "quantize_and_serve": "sglaunch serves unquantized checkpoints",
+}
+# values of those flags that mean "off" (SGLang's default or its spelling of none)
+HONOURED_VALUES = {"disaggregation_mode": ("null",), "json_model_override_args": ("{}", ""),
+                   "load_format": ("auto", "safetensors"), "attn_dp_size": (1,)}
 
 
 def check_engine_support(ctx: LaunchContext) -> list[Diagnostic]:
@@ -38,6 +58,16 @@ def _unsupported(ctx: LaunchContext):
         if ctx.get(dest) is not None:
             yield (f"{flag} {ctx.get(dest)}: sglaunch serves unquantized bf16/fp16/fp32 checkpoints",
                    (flag,), f"drop {flag} and use an unquantized checkpoint")
+    for dest, why in CANNOT_HONOUR.items():
+        if not ctx.given(dest) or ctx.origin(dest) == "resolved":
+            continue
+        value = ctx.known(dest)
+        if value in (None, False, ()) or value in HONOURED_VALUES.get(dest, ()):
+            continue
+        flag = ctx.settings.schema.by_dest(dest).name
+        shown = " ".join(map(str, value)) if isinstance(value, tuple) else ("" if value is True else value)
+        yield (f"{flag}{' ' + str(shown) if shown != '' else ''}: {why}", (flag,),
+               f"drop {flag} for sglaunch serve, or serve this launch with SGLang itself")
     algo = ctx.get("speculative_algorithm")
     if algo is not None and algo != "DSPARK":
         yield (f"--speculative-algorithm {algo}: sglaunch implements DSPARK only",
@@ -62,7 +92,8 @@ def _ignored_compat_flags(ctx: LaunchContext) -> list[Diagnostic]:
     found = []
     for dest, setting in ctx.settings.values.items():
         flag = setting.flag
-        if flag.support is not Support.COMPAT or dest in CANNOT_IGNORE or setting.origin.source == "resolved":
+        if flag.support is not Support.COMPAT or dest in CANNOT_IGNORE or dest in CANNOT_HONOUR or \
+                setting.origin.source == "resolved":
             continue
         if setting.value == flag.default or (isinstance(setting.value, str) and
                                              flag.value_status(setting.value, ctx.settings.release) is Status.REMOVED):

@@ -138,3 +138,34 @@ def test_invalid_launch_never_fetches_the_default_model(monkeypatch, captured):
     monkeypatch.setattr(serve_module, "_fetch_default_model", lambda: fetched.append(True))
     assert invoke("serve", "--port", "0").exit_code == 2
     assert fetched == [] and captured == []
+
+
+def test_sglang_flags_the_engine_lacks_warn_once_each_and_serve(captured, make_checkpoint):
+    """Flags of real launch lines (parsers, compile, scheduling knobs) do not stop serve."""
+    model = make_checkpoint()
+    result = invoke("serve", "--model-path", str(model), "--reasoning-parser", "deepseek-r1",
+                    "--enable-torch-compile", "--max-prefill-tokens", "16k", "--schedule-conservativeness", "0.5",
+                    "--watchdog-timeout", "600", "--log-requests")
+    assert result.exit_code == 0, result.output
+    err = " ".join(result.stderr.split())
+    for flag in ("--reasoning-parser", "--enable-torch-compile", "--max-prefill-tokens",
+                 "--schedule-conservativeness", "--watchdog-timeout", "--log-requests"):
+        assert err.count(f"[ENG001] {flag} ") == 1, flag
+    assert len(captured) == 1
+
+
+@pytest.mark.parametrize("args, reason", [
+    (("--enable-lora", "--lora-paths", "a=/adapters/a"), "no LoRA adapters"),
+    (("--disaggregation-mode", "prefill"), "no PD disaggregation"),
+    (("--is-embedding",), "generation models only"),
+    (("--json-model-override-args", '{"rope_scaling": {"factor": 4}}'), "a different model served"),
+])
+def test_flags_whose_meaning_the_engine_cannot_honour_stop_serve_with_the_reason(captured, make_checkpoint,
+                                                                                 args, reason):
+    model = str(make_checkpoint())
+    result = invoke("serve", "--model-path", model, *args)
+    assert result.exit_code == 2 and captured == []
+    err = " ".join(result.stderr.split())
+    assert "[ENG002]" in err and reason in err
+    check = invoke("check-config", "--no-machine", "--model-path", model, *args)
+    assert check.exit_code == 0  # for SGLang itself the launch is fine: a warning only
