@@ -23,6 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from sglaunch.flags.spec import Flag, Kind, Support, ValueChange
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang")  # package data
+# 0.5.20+ declares some flags in namespace classes without a section title: the group they belong to
+NAMESPACE_GROUPS = {"exec.moe": "Expert parallelism", "exec.mamba": "Mamba cache and linear attn",
+                    "serving": "API related", "memory": "Memory and scheduling", "disagg": "PD disaggregation",
+                    "exec.features": "Misc runtime features", "mm": "Multi-modal optimization configs"}
 SUPPRESS = "==SUPPRESS=="  # argparse.SUPPRESS as the extractor writes it
 SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "append_const")
 
@@ -71,7 +75,8 @@ def entry_facts(entry: Mapping[str, Any]) -> Facts:
     deprecated = entry.get("deprecated") or None
     new_flag = (deprecated or {}).get("new_flag") or ""
     help_text = "" if entry.get("help") == SUPPRESS else entry.get("help") or ""
-    common = dict(help=help_text, default=default, group=entry.get("group"),
+    group = entry.get("group") or NAMESPACE_GROUPS.get(entry.get("namespace") or "")
+    common = dict(help=help_text, default=default, group=group,
                   deprecated=deprecated is not None,
                   deprecated_for=(deprecated or {}).get("replaced_by"),
                   deprecated_value=new_flag.partition("=")[2] or None,
@@ -199,8 +204,9 @@ def generated_flags(releases: Sequence[str], data: Mapping[str, dict] | None = N
         value_map = (("true", mapped),) if mapped and newest.kind is Kind.BOOL else ()
         message = next((group.facts[r].deprecation_message for r in reversed(deprecated_in)
                         if group.facts[r].deprecation_message), refusal.get("message") or "")
+        titled = next((group.facts[r].group for r in reversed(group.present) if group.facts[r].group), "Other")
         flags.append(Flag(
-            name=group.name, kind=newest.kind, help=newest.help, group=newest.group or "Other",
+            name=group.name, kind=newest.kind, help=newest.help, group=titled,
             default=newest.default, aliases=tuple(s for s in main if s != group.name),
             choices=choices, open_choices=open_, item_kind=newest.item_kind, nargs=newest.nargs,
             switch_value=newest.switch_value, value_type=newest.value_type,
@@ -237,7 +243,9 @@ def merge(hand: Iterable[Flag], generated: Iterable[Flag]) -> tuple[Flag, ...]:
     """Generated facts with the hand-written layer on top; hand flags SGLang lacks stay as they are
     (e.g. `--config`, which SGLang handles before argparse)."""
     by_name = {f.name: f for f in generated}
-    out: dict[str, Flag] = dict(by_name)
+    ours_by_lower = {f.group.lower(): f.group for f in hand}  # "Cuda graphs" joins our "CUDA graphs"
+    out: dict[str, Flag] = {name: replace(f, group=ours_by_lower.get(f.group.lower(), f.group))
+                            if f.group.lower() in ours_by_lower else f for name, f in by_name.items()}
     for ours in hand:
         theirs = by_name.get(ours.name)
         if theirs is None:
@@ -258,7 +266,11 @@ def merge(hand: Iterable[Flag], generated: Iterable[Flag]) -> tuple[Flag, ...]:
         for alias in ours.aliases:  # a hand alias that the data keeps as its own spelling entry
             if alias in out and out[alias].alias_of == ours.name:
                 out[alias] = replace(out[alias], support=ours.support, engine_note=ours.engine_note)
-    return tuple(sorted(out.values(), key=lambda f: f.name))
+    # our declarations first, in their order (they open `serve --help` and the docs: what the engine
+    # runs), then every other flag by SGLang's group and name
+    hand_order = {f.name: i for i, f in enumerate(hand)}
+    ordered = sorted(out.values(), key=lambda f: (hand_order.get(f.name, len(hand_order)), f.group, f.name))
+    return tuple(ordered)
 
 
 def _merge_values(theirs: tuple[ValueChange, ...], ours: tuple[ValueChange, ...]) -> tuple[ValueChange, ...]:
