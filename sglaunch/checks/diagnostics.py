@@ -48,6 +48,8 @@ CODES: dict[str, CodeInfo] = {
     "CFG003": CodeInfo(W, "config key with an empty value"),
     # environment variables
     "ENV001": CodeInfo(W, "environment variable removed or without effect"),
+    "ENV002": CodeInfo(W, "SGLANG_* variable the target release does not read"),
+    "ENV003": CodeInfo(W, "deprecated name of an environment variable"),
     # quantization and checkpoints
     "QUANT001": CodeInfo(E, "checkpoint quantization method removed"),
     "QUANT002": CodeInfo(E, "NVFP4 needs FlashInfer >= 0.6.14"),

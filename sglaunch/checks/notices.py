@@ -92,3 +92,43 @@ def check_env_vars(ctx: LaunchContext) -> list[Diagnostic]:
             found.append(diag("ENV001", f"{var.name} does nothing since SGLang {var.noop_since}",
                               flags=(var.name,), release=var.noop_since, origin="env", fix="unset it"))
     return found
+
+
+def check_env_names(ctx: LaunchContext) -> list[Diagnostic]:
+    """SGLANG_* variables set where the launch runs that the target release does not read: a typo,
+    one that a release removed or renamed, or one that only a later release reads. The facts come
+    from each release's `environ.py` (extracted with the flags)."""
+    from sglaunch.flags.timeline import env_history
+    from sglaunch.releases import KNOWN_RELEASES
+
+    names = [n for n in ctx.environ if n.startswith("SGLANG_")]
+    if not names:
+        return []
+    history, release = env_history(), ctx.settings.release
+    hand = {v.name for v in ctx.settings.schema.env_vars}
+    found = []
+    for name in sorted(names):
+        seen = history["names"].get(name, [])
+        if release in seen:
+            continue
+        renamed = history["renamed"].get(name)
+        if renamed and release in renamed[1]:
+            found.append(diag("ENV003", f"{name} is a deprecated name of {renamed[0]} in SGLang {release}",
+                              flags=(name,), origin="env", fix=f"set {renamed[0]} instead"))
+        elif renamed:
+            found.append(diag("ENV002", f"SGLang {release} does not read {name}; the variable is now "
+                              f"{renamed[0]}", flags=(name,), origin="env", fix=f"set {renamed[0]} instead"))
+        elif seen and name not in hand:
+            later = [r for r in seen if at_or_after(r, release)]
+            when = (f"only SGLang {later[0]} and later read it" if later and not at_or_after(release, seen[0])
+                    else f"SGLang {release} no longer reads it (last read by {seen[-1]})")
+            found.append(diag("ENV002", f"{name} is set but {when}", flags=(name,), origin="env",
+                              fix="unset it, or check the release you deploy"))
+        elif not seen and name not in hand:
+            import difflib
+
+            close = difflib.get_close_matches(name, [n for n, r in history["names"].items() if release in r], n=2)
+            hint = f"did you mean {' or '.join(close)}?" if close else "unset it"
+            found.append(diag("ENV002", f"{name} is set but no SGLang release {KNOWN_RELEASES[0]}-"
+                              f"{KNOWN_RELEASES[-1]} reads it", flags=(name,), origin="env", fix=hint))
+    return found

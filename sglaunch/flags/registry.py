@@ -308,10 +308,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(the fast path).", choices=("static", "cap-accept", "compact"), default="static",
            added="0.5.16"),
     EnvVar("SGLANG_ENABLE_UNIFIED_RADIX_TREE", "Opt into UnifiedRadixTree (default for SWA, Mamba "
-           "and DSA models since 0.5.16, for all models since 0.5.19).", noop_since="0.5.19"),
-    EnvVar("SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK", "Chunked input-logprob computation (on by default "
-           "since 0.5.16).", default="true"),
-    EnvVar("SGLANG_CACHE_DIR", "Root of all JIT and compile caches (0.5.18).", added="0.5.18"),
+           "and DSA models since 0.5.16, for all models since 0.5.19).", noop_since="0.5.19",
+           removed="0.5.21"),
+    EnvVar("SGLANG_ENABLE_LOGPROB_CHUNK", "Chunked input-logprob computation (on by default since "
+           "0.5.16, which renamed it from SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK).", default="true",
+           added="0.5.16"),
+    EnvVar("SGLANG_CACHE_DIR", "Root of the JIT and compile caches (all of them since 0.5.18)."),
     EnvVar("SGLANG_ENABLE_MOE_DEFERRED_FINALIZE", "Deferred MoE finalize (on by default in later "
            "releases)."),
     EnvVar("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "Free SWA slots out of the window."),

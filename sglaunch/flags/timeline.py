@@ -364,10 +364,26 @@ def _flag_record(flag: Flag) -> dict:
     return record
 
 
+def env_index(releases: Sequence[str], data: Mapping[str, dict] | None = None) -> dict:
+    """Environment variables SGLang reads: name -> releases whose `environ.py` declares it; and
+    old name -> [new name, releases] for names still read under a deprecated spelling."""
+    data = data if data is not None else {r: release_data(r) for r in releases}
+    names: dict[str, list[str]] = {}
+    renamed: dict[str, list] = {}
+    for release in releases:
+        for var in data[release].get("env") or ():
+            names.setdefault(var["name"], []).append(release)
+            if var.get("deprecated_name"):
+                renamed.setdefault(var["deprecated_name"], [var["name"], []])[1].append(release)
+    return {"names": names, "renamed": renamed}
+
+
 def index_text(releases: Sequence[str]) -> str:
     flags = generated_flags(releases)
     lines = ",\n".join(json.dumps(_flag_record(f), sort_keys=True, ensure_ascii=False) for f in flags)
-    return '{"releases": ' + json.dumps(list(releases)) + ',\n"flags": [\n' + lines + "\n]}\n"
+    env = json.dumps(env_index(releases), sort_keys=True)
+    return ('{"releases": ' + json.dumps(list(releases)) + ',\n"env": ' + env + ',\n"flags": [\n' + lines
+            + "\n]}\n")
 
 
 def _flag_from_record(record: dict) -> Flag:
@@ -390,10 +406,20 @@ def _flag_from_record(record: dict) -> Flag:
     return flag
 
 
+@functools.lru_cache(maxsize=1)
+def _index() -> dict:
+    with open(os.path.join(DATA_DIR, INDEX_NAME), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def env_history() -> dict:
+    """`env_index` of the releases, from the committed index."""
+    return _index()["env"]
+
+
 def load_generated(releases: Sequence[str]) -> tuple[Flag, ...]:
     """The generated flags of `releases`, from the committed index."""
-    with open(os.path.join(DATA_DIR, INDEX_NAME), encoding="utf-8") as handle:
-        data = json.load(handle)
+    data = _index()
     if tuple(data["releases"]) != tuple(releases):
         raise RuntimeError(f"sglaunch/flags/sglang/{INDEX_NAME} covers {data['releases']}, not "
                            f"{list(releases)}: run `python -m sglaunch.flags.timeline`")
