@@ -234,15 +234,27 @@ def remove_flag(rule: Rule, ctx: _Context) -> list[Finding]:
     return [ctx.finding(rule, o, [Replace(o.index, occurrence_end(o, args), ())]) for o in ctx.of(rule.old)]
 
 
+def _unknown_value(rule: Rule, occurrence: Occurrence, ctx: _Context) -> Finding:
+    """The value is shell text ($Q): unknown until the script runs, so the rule can neither pass
+    nor fix it; it is reported (never passed silently, never guessed)."""
+    raw = " ".join(occurrence.raw) if isinstance(occurrence.raw, tuple) else occurrence.raw
+    return ctx.finding(rule, occurrence, level=MANUAL, message=(
+        f"the value of {occurrence.spelling} is shell text ({raw}), unknown until the script runs; "
+        f"if it is {rule.old}: {rule.message.strip()}"))
+
+
 def remove_value(rule: Rule, ctx: _Context) -> list[Finding]:
-    return [ctx.finding(rule, o, level=MANUAL) for o in ctx.of(rule.flag)
-            if same_value(o.flag, o.raw, rule.old or "") or _in_list(o.raw, rule.old)]
+    return [_unknown_value(rule, o, ctx) if o.dynamic else ctx.finding(rule, o, level=MANUAL)
+            for o in ctx.of(rule.flag)
+            if o.dynamic or same_value(o.flag, o.raw, rule.old or "") or _in_list(o.raw, rule.old)]
 
 
 def replace_value(rule: Rule, ctx: _Context) -> list[Finding]:
     findings = []
     for occurrence in ctx.of(rule.flag):
-        if same_value(occurrence.flag, occurrence.raw, rule.old or ""):
+        if occurrence.dynamic:
+            findings.append(_unknown_value(rule, occurrence, ctx))
+        elif same_value(occurrence.flag, occurrence.raw, rule.old or ""):
             ops = set_value_ops(occurrence, ctx.site.args, rule.new or "")
             findings.append(ctx.finding(rule, occurrence, ops))
         elif _in_list(occurrence.raw, rule.old):

@@ -226,3 +226,14 @@ def test_crlf_file_keeps_crlf_in_inserted_lines(tmp_path):
     report = process_file(str(path), True, RULES_16, "0.5.16", False)
     assert report.migrated == ("export A=1\r\nexport SGLANG_RAGGED_VERIFY_MODE=compact\r\n"
                                "sglang serve --speculative-algorithm DSPARK\r\n")
+
+
+def test_a_value_rule_on_shell_text_reports_instead_of_passing():
+    """`--quantization $Q` may be qoq when the script runs: --check must not pass it silently."""
+    text = 'sglang serve --quantization "$Q" --fp4-gemm-backend ${FP4}\n'
+    result = migrate(text, "shell", unsafe=True)
+    assert result.text == text
+    by_rule = {f.rule_id: f for f in result.findings}
+    assert by_rule["R516-04"].level == "manual" and "$Q" in by_rule["R516-04"].message
+    assert by_rule["R516-03"].level == "manual" and "${FP4}" in by_rule["R516-03"].message
+    assert migrate("sglang serve --quantization awq --fp4-gemm-backend auto\n", "shell").findings == []
