@@ -11,10 +11,10 @@ Two families, captured at start-up largest first into one shared memory pool:
   min(T, max_bs) + 1 requests so there is always a spare one: the first dummy owns the T - t
   padding rows (its own causal attention over the padding page), the others have no query rows.
 
-With a DSpark drafter, the target features of the rows are copied to a static buffer and the
-model runner writes the draft context K/V from them after the replay. With
-SGLAUNCH_DRAFT_CUDA_GRAPH=1 (opt-in until a GPU run has checked it, like the drafter's own graphs)
-every graph writes the draft context K/V itself, so no eager draft work follows a replay.
+With a DSpark drafter every graph writes the draft context K/V itself, so no eager draft work
+follows a replay; with SGLAUNCH_DRAFT_CUDA_GRAPH=0 (which also turns the drafter's own graphs off)
+the target features are copied to a static buffer and the model runner writes the draft context
+from them after the replay.
 
 Steps that fit no graph (prefill chunks longer than the window, batches over the largest bucket,
 page tables over the fixed index buffer) run eagerly. The torch attention backend builds

@@ -149,7 +149,8 @@ class LLMEngine:
     def step(self) -> list[TokenOutput]:
         """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
         new tokens."""
-        chunks = self.scheduler.schedule()
+        began = time.perf_counter()
+        chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
         sampled: list = [None] * len(chunks)  # per chunk: a token, a list (speculative) or None
         logprobs: list = [None] * len(chunks)
         failed: dict[int, Exception] = {}  # chunk index -> why its request could not be sampled
@@ -165,21 +166,30 @@ class LLMEngine:
             self.counters["steps"] += 1
         finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
+        if self.spec is not None:  # what the planned step really took (calibrates its step costs)
+            self.spec.planner.observe_step_seconds(time.perf_counter() - began)
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
     def _propose(self, chunks: list[Chunk]):
         """DSpark: draft for the chunks that speculate (their draft_tokens get filled), or None when
-        nothing speculates or the planner steps aside (then the step is a plain decode step)."""
-        spec_chunks = [c for c in chunks if c.lookahead] if self.spec is not None else []
+        nothing can speculate or the planner steps aside (a plain decode step: no drafter, and no
+        draft pages reserved)."""
+        candidates = self.scheduler.lookahead_candidates(chunks) if self.spec is not None else []
+        if not candidates:
+            return None
+        ids = {id(c) for c in candidates}
+        extra = sum(c.end - c.start for c in chunks if id(c) not in ids)
+        budget = self.spec.plan([c.req.rid for c in candidates], extra)
+        if budget is None:
+            return None
+        self.scheduler.reserve_lookahead(candidates)
+        spec_chunks = [c for c in candidates if c.lookahead]
         if not spec_chunks:
             return None
-        extra = sum(c.end - c.start for c in chunks if not c.lookahead)
-        proposal = self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
-                                     self._verify_tiers(chunks))
-        if proposal is None:  # stepped aside: these chunks decode plainly, their draft pages go back
-            self.scheduler.drop_lookahead(spec_chunks)
-        return proposal
+        extra += sum(c.end - c.start for c in candidates if not c.lookahead)
+        return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
+                                 self._verify_tiers(chunks), budget)
 
     def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
         """Captured verify-graph tiers a step of these chunks can replay; none when it will run

@@ -79,7 +79,7 @@ class ModelRunner:
         if self.graphs is not None and self.draft is not None:
             from sglaunch.speculative.draft_graphs import enabled_from_env
 
-            if enabled_from_env():  # NOTE: opt-in until a GPU run has checked it (docs/gpu.md)
+            if enabled_from_env():  # NOTE: on unless SGLAUNCH_DRAFT_CUDA_GRAPH=0 (docs/gpu.md)
                 self.draft.enable_graphs(list(self.graphs.plan.decode_sizes), max_positions)
 
     def _load_drafter(self, max_positions: int):

@@ -100,13 +100,15 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step -----------------------------------------------------------------------
-    def schedule(self) -> list[Chunk]:
-        """The chunks to compute this step (running requests first, then admissions)."""
+    def schedule(self, lookahead: bool = True) -> list[Chunk]:
+        """The chunks to compute this step (running requests first, then admissions).
+        lookahead=False: reserve no draft pages here (the engine first asks its planner whether
+        drafting pays, then calls reserve_lookahead)."""
         budget = [self.limits.chunked_prefill_size or math.inf]
         chunks = self._schedule_running(budget)
         chunks += self._admit_waiting(budget)
-        if self.limits.spec_lookahead:
-            self._reserve_lookahead(chunks)
+        if self.limits.spec_lookahead and lookahead:
+            self.reserve_lookahead(chunks)
         if not chunks and not self.running and self.waiting:
             # NOTE: nothing runs and the head request still does not fit: it never will
             self._drop(self.waiting.pop(0))
@@ -181,26 +183,23 @@ class Scheduler:
         spare = self.allocator.num_free + (self.radix.evictable_pages if self.radix else 0)
         return spare - need >= len(self.running)
 
-    def _reserve_lookahead(self, chunks: list[Chunk]) -> None:
+    def lookahead_candidates(self, chunks: list[Chunk]) -> list[Chunk]:
+        """The running decodes that could verify drafts this step (before any page is reserved)."""
+        return [chunk for chunk in chunks if self._chunk_lookahead(chunk) > 0]
+
+    def reserve_lookahead(self, chunks: list[Chunk]) -> None:
         """Pages for the drafts each running decode may verify, from what is left after
         admission. NOTE: speculation never preempts: without pages a request verifies no drafts."""
         for chunk in chunks:
-            req = chunk.req
-            if chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING:
-                continue
-            lookahead = self._lookahead_cap(req)
-            if lookahead > 0 and self._reserve(req, chunk.end + lookahead):
+            lookahead = self._chunk_lookahead(chunk)
+            if lookahead > 0 and self._reserve(chunk.req, chunk.end + lookahead):
                 chunk.lookahead = lookahead
 
-    def drop_lookahead(self, chunks: list[Chunk]) -> None:
-        """The step verifies no drafts for these chunks (DSpark stepped aside): each decodes one
-        token, and the pages reserved for its drafts go back to the allocator."""
-        for chunk in chunks:
-            chunk.lookahead, chunk.draft_tokens = 0, []
-            keep = self._pages_for(chunk.end)
-            if len(chunk.req.pages) > keep:
-                self.allocator.free(chunk.req.pages[keep:])
-                del chunk.req.pages[keep:]
+    def _chunk_lookahead(self, chunk: Chunk) -> int:
+        req = chunk.req
+        if chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING:
+            return 0
+        return self._lookahead_cap(req)
 
     def _lookahead_cap(self, req: Req) -> int:
         """Drafts worth verifying: a commit of n + 1 tokens stays within max_new_tokens and the

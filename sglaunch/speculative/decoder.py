@@ -94,19 +94,26 @@ class DSparkDecoder:
                                             else "none (verify every draft)"), spec.confidence_sts_path or "none")
 
     # ---- before the target forward ------------------------------------------------------
+    def plan(self, rids: Sequence[str], extra_tokens: int) -> int | None:
+        """Before anything is drafted or reserved: the step's draft budget K, or None when
+        drafting does not pay at this load (the step decodes plainly; counted)."""
+        budget = self.planner.plan_drafts(rids, extra_tokens)
+        if budget is None:
+            self.stats.record_step_aside(len(rids))
+            self.planner.skip_step()
+            self._maybe_log()
+        return budget
+
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
-                run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = ()) -> Proposal | None:
-        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies;
-        None when the planner steps aside (nothing drafted: the chunks decode plainly).
+                run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = (),
+                budget: int | None = None) -> Proposal:
+        """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies.
+        budget: plan()'s K (None: the planner's budget, no stepping aside).
         verify_tiers: the captured verify-graph tiers this step could replay (empty: eager)."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
-        budget = self.planner.plan_drafts([r.rid for r in reqs], extra_tokens)
-        if budget is None:  # drafting does not pay at this load: a plain step, no drafter
-            self.stats.record_step_aside(len(chunks))
-            self.planner.skip_step()
-            self._maybe_log()
-            return None
+        if budget is None:
+            budget = self.planner.budget([r.rid for r in reqs], extra_tokens)
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)])
         out = run_draft(step)

@@ -1,4 +1,5 @@
-"""CUDA graphs of the DSpark drafter's block forward (opt-in: SGLAUNCH_DRAFT_CUDA_GRAPH=1).
+"""CUDA graphs of the DSpark drafter's block forward (on by default; SGLAUNCH_DRAFT_CUDA_GRAPH=0 turns
+them off, and with them the draft-context write inside the target's graphs).
 
 Eagerly, the block forward dispatches about 200 operators a step (two draft layers); on an H200
 host that is several milliseconds, longer than the GPU needs for the work. A graph replays them
@@ -40,7 +41,9 @@ MAX_CELLS = 1 << 19  # padded batch x padded context: the gathered K/V of one la
 
 
 def enabled_from_env() -> bool:
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """On unless SGLAUNCH_DRAFT_CUDA_GRAPH is 0/false/no/off. NOTE: on by default since the H200 run
+    of 2026-12-01 (88 of 88 GPU tests; DSpark's work per step 2.5-4.8 ms against 5.6-7.4 eagerly)."""
+    return os.environ.get(ENABLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)

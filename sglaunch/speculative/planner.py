@@ -23,6 +23,9 @@ paper's Theta = tau * SPS(B).
   keep a loaded engine drafting on an optimistic guess. A step that steps aside observes nothing
   but still advances the lag, so `lag` such steps later a request is priced at the running mean
   again (and drafts, if that pays): stale survivals of one bad patch cannot keep it aside.
+  The table's step times are scaled by what engine steps of each kind really took
+  (`StepCostCalibration`): the table sees the target forward, DSpark's work and a plain decode,
+  not the rest of an engine step (on an H200, 2026-12-01, it priced a DSpark step 14-35% low).
 - Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
   target's verify CUDA graph is keyed on the step's TOTAL tokens rounded up to a captured tier,
   so the rows between the planned total and that tier run anyway as padding. Rounding the
@@ -76,11 +79,14 @@ def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: Sps
     values = sorted((float(a) for a in lagged_survivals), reverse=True)
     if sps is None:
         return len(values)
-    best_k, tau = 0, float(num_requests)
+    best_k, tau, rest = 0, float(num_requests), sum(values)
     best = theta(tau, extra_tokens + num_requests, sps, num_requests)
     for k, a in enumerate(values, start=1):
-        tau += a
-        value = theta(tau, extra_tokens + num_requests + k, sps, num_requests)
+        seconds = sps.step_seconds(extra_tokens + num_requests + k, num_requests)
+        if (tau + rest) / seconds <= best:
+            break  # NOTE: exact: no later k can do better (step time never falls as k grows)
+        tau, rest = tau + a, rest - a
+        value = tau / seconds
         if value > best:
             best_k, best = k, value
     return best_k
@@ -100,16 +106,45 @@ def plain_rate(num_requests: int, sps: SpsTable, extra_tokens: int = 0) -> float
 
 
 def drafting_pays(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable, extra_tokens: int = 0,
-                  min_gain: float = MIN_DRAFT_GAIN) -> int | None:
+                  min_gain: float = MIN_DRAFT_GAIN, draft_scale: float = 1.0, plain_scale: float = 1.0) -> int | None:
     """The budget K when drafting is expected to beat a plain step by `min_gain`, else None
     (step aside: verify nothing, run no drafter). A budget of 0 always steps aside; the rate
-    comparison needs a table that prices the draft stage (without it drafting looks free)."""
+    comparison needs a table that prices the draft stage (without it drafting looks free).
+    draft_scale / plain_scale: measured over modelled step time of each kind of step."""
     k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens)
     if k == 0:
         return None
-    if sps.prices_drafting and rate < min_gain * plain_rate(num_requests, sps, extra_tokens):
+    plain = plain_rate(num_requests, sps, extra_tokens) / plain_scale
+    if sps.prices_drafting and rate / draft_scale < min_gain * plain:
         return None
     return k
+
+
+class StepCostCalibration:
+    """Measured engine step time over the table's step time, per kind of step ("draft": a DSpark
+    step, "plain": a stepped-aside one), as a running mean. The table prices the target forward,
+    DSpark's own work and a plain decode; the rest of an engine step (step input, commit,
+    outputs, the host work that grows with the tokens committed) it does not see, and that part
+    differs between the two kinds. Each ratio learns only from steps of its own kind."""
+
+    DECAY = 0.9
+    LIMITS = (0.25, 4.0)  # NOTE: one stalled step (a GC pause, a capture) moves a ratio at most this far
+
+    def __init__(self):
+        self.scale = {"draft": 1.0, "plain": 1.0}
+        self.pending: tuple[str, float] | None = None  # (kind, modelled seconds) of the planned step
+
+    def expect(self, kind: str, seconds: float) -> None:
+        self.pending = (kind, seconds)
+
+    def observe(self, seconds: float) -> None:
+        """The planned step took `seconds` (host wall time, which waits for its read-backs)."""
+        if self.pending is None or self.pending[1] <= 0:
+            return
+        kind, modelled = self.pending
+        ratio = min(max(seconds / modelled, self.LIMITS[0]), self.LIMITS[1])
+        self.scale[kind] = self.DECAY * self.scale[kind] + (1 - self.DECAY) * ratio
+        self.pending = None
 
 
 def align_to_tier(budget: int, fixed_tokens: int, max_budget: int, tiers: Sequence[int]) -> int:
@@ -166,7 +201,7 @@ class DSparkPlanner:
 
     def __init__(self, block_size: int, mode: str, sps: SpsTable | None = None,
                  sts_temperatures: Sequence[float] | None = None, lag_steps: int = DEFAULT_LAG_STEPS,
-                 has_confidence_head: bool = True, step_aside: bool = True):
+                 has_confidence_head: bool = True, step_aside: bool = True, calibrate: bool = True):
         if mode not in ("static", "cap-accept", "compact"):
             raise ValueError(f"unknown ragged verify mode {mode!r}; choose static, cap-accept or compact")
         if mode != "static" and not has_confidence_head:
@@ -178,6 +213,7 @@ class DSparkPlanner:
         self.temperatures = list(sts_temperatures) if sts_temperatures is not None else [1.0] * block_size
         self.relay = ConfidenceRelay(block_size, lag_steps)
         self.step_aside = step_aside  # False: always draft (SGLAUNCH_DSPARK_STEP_ASIDE=0)
+        self.calibration = StepCostCalibration() if calibrate else None  # None: the table as it is
         self.prior = [1.0] * block_size  # running mean survival per slot: unknown requests' row
         self._observed = False
         self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
@@ -201,11 +237,21 @@ class DSparkPlanner:
         unknown requests at the running mean survival, not at 1.0."""
         if not self.can_step_aside:
             return self.budget(request_ids, extra_tokens)
+        R, scale = len(request_ids), self.calibration.scale if self.calibration else {"draft": 1.0, "plain": 1.0}
         lagged = [a for row in self.relay.lagged(request_ids, self.prior) for a in row]
-        if drafting_pays(lagged, len(request_ids), self.sps, extra_tokens) is None:
-            return None
-        budget = self.budget(request_ids, extra_tokens)
-        return budget if budget > 0 else None
+        budget = None
+        if drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"],
+                         plain_scale=scale["plain"]) is not None:
+            budget = self.budget(request_ids, extra_tokens) or None
+        if self.calibration is not None:
+            self.calibration.expect(*(("plain", self.sps.plain_step_seconds(R, extra_tokens)) if budget is None else
+                                      ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))))
+        return budget
+
+    def observe_step_seconds(self, seconds: float) -> None:
+        """The engine step planned last took `seconds` (calibrates the table's step times)."""
+        if self.calibration is not None:
+            self.calibration.observe(seconds)
 
     def allocate(self, conf_logits, budget: int, active=None, caps=None):
         """Device: current survivals [R, G] and windows [R] (int32) from raw confidence logits.

@@ -150,8 +150,10 @@ def test_cap_accept_equals_compact(dspark_files):
 
 
 def test_seeded_sampling_is_deterministic(dspark_files):
+    """For a fixed step-cost table: a profiled one (compact's default) is measured, and the
+    step-aside decisions, which set how a request's random stream is used, follow timings."""
     batch = prompts(6, seed=7)
-    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"])
     outs = []
     for seed in (7, 7, 8):
         engine, cluster = create_engine(config)

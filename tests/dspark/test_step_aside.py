@@ -186,3 +186,44 @@ def test_the_start_up_profile_prices_plain_decode_steps(dspark_files):
         assert engine.allocator.num_used == 0
     finally:
         cluster.stop(engine)
+
+
+def test_measured_step_times_correct_the_table():
+    """The table prices drafting at 1.3x a plain step; once DSpark steps are seen to take twice
+    what the table says (host work it does not price), the planner steps aside; once plain
+    steps are seen to take twice theirs too, drafting pays again."""
+    planner = DSparkPlanner(GAMMA, "compact", table({1: 0.003}, {1: 0.01}), lag_steps=1)
+    planner.observe(["a"], [[0.5, 0.3, 0.2, 0.1]])  # tau 2.1 for 13 ms: 1.6x the plain 10 ms
+    assert planner.plan_drafts(["a"]) is not None
+    for _ in range(30):
+        assert planner.calibration.pending[0] == "draft"
+        planner.observe_step_seconds(2 * planner.calibration.pending[1])
+        if planner.plan_drafts(["a"]) is None:
+            break
+    assert planner.plan_drafts(["a"]) is None and planner.calibration.scale["draft"] > 1.3
+    for _ in range(30):
+        assert planner.calibration.pending[0] == "plain"
+        planner.observe_step_seconds(2 * planner.calibration.pending[1])
+        if planner.plan_drafts(["a"]) is not None:
+            break
+    assert planner.plan_drafts(["a"]) is not None
+    # a single stalled step moves a scale a bounded amount
+    before = dict(planner.calibration.scale)
+    planner.observe_step_seconds(1e6)
+    assert max(planner.calibration.scale[k] - before[k] for k in before) <= 0.1 * 4.0
+
+
+def test_the_pruned_budget_search_is_exact():
+    import random
+
+    from sglaunch.speculative.planner import choose_budget, theta
+
+    rng = random.Random(3)
+    for _ in range(300):
+        R = rng.randint(1, 6)
+        values = sorted((rng.random() ** rng.choice([0.5, 1, 3]) for _ in range(R * GAMMA)), reverse=True)
+        points = {t: 100.0 / (1 + rng.random() * t / 8) for t in (1, 2, 4, 8, 16, 32)}
+        sps = SpsTable.from_points(points, rng.choice(["step", "linear"])).with_draft_costs({1: rng.random() * 0.02})
+        extra = rng.choice([0, 0, 5])
+        scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
+        assert choose_budget(values, R, sps, extra) == scores.index(max(scores))

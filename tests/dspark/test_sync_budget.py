@@ -199,8 +199,8 @@ class StepLog:
         self.rows: list[tuple[int, int, int]] = []
         propose = spec.propose
 
-        def logged(chunks, generators, extra_tokens, run_draft, verify_tiers=()):
-            proposal = propose(chunks, generators, extra_tokens, run_draft, verify_tiers)
+        def logged(chunks, generators, extra_tokens, run_draft, verify_tiers=(), budget=None):
+            proposal = propose(chunks, generators, extra_tokens, run_draft, verify_tiers, budget)
             reachable = sum(min(c.lookahead, GAMMA) for c in chunks)
             self.rows.append((extra_tokens + len(chunks), sum(proposal.verify_lens), reachable))
             return proposal

@@ -253,14 +253,16 @@ def test_engine_steps_do_not_plan_cudnn_attention(files, drafter, backend):
 
 @pytest.mark.parametrize("drafter", ["oracle", "random"])
 def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
-    """SGLAUNCH_DRAFT_CUDA_GRAPH=1: the block forward replays graphs (padded batch and context),
+    """By default (SGLAUNCH_DRAFT_CUDA_GRAPH unset) the block forward replays graphs (padded batch and context),
     and DSpark still equals plain greedy; the oracle drafter's accept lengths need exact drafts."""
     from sglaunch.speculative.draft_graphs import ENABLE_ENV
 
     batch = prompts(10, seed=6)
     plain, _ = greedy_outputs(cuda_config(files), batch, 20)
-    eager, _ = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
-    monkeypatch.setenv(ENABLE_ENV, "1")
+    monkeypatch.setenv(ENABLE_ENV, "0")
+    eager, eager_replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
+    assert eager_replays.get("draft", 0) == 0, f"SGLAUNCH_DRAFT_CUDA_GRAPH=0 replayed drafter graphs: {eager_replays}"
+    monkeypatch.delenv(ENABLE_ENV)  # the default: drafter graphs on
     graphed, replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
     assert replays.get("draft", 0) > 0, f"no drafter graph was replayed: {replays}"
     assert_same_greedy(graphed, plain, f"DSpark ({drafter} drafter, drafter graphs) vs plain greedy")
