@@ -5,9 +5,11 @@
 # that follow each other within the 30 s a machine stays warm:
 #
 #   (here)                 bash benchmarks/gpu_session6.sh snapshot  the committed tree -> .gpu6/tree.tar.gz
-#   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start     wheels -> /tmp/site, that tree ->
-#                                                                    /tmp/repo, the job starts
-#   B  (carry .smol1)      bash benchmarks/gpu_session6.sh half1     SmolLM2's wheel, first half
+#   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start [pipeline|pipeline2]  wheels -> /tmp/site,
+#                                                                    that tree -> /tmp/repo, the job starts
+#   B  (carry .s1a/p_aa, then .s1a/p_ab)  bash benchmarks/gpu_session6.sh half1 a, then half1 b:
+#                          SmolLM2's first half (too big beside the tree) in two quarters,
+#                          `mkdir .s1a && split -b 24M .smol1/part_aa .s1a/p_`
 #   C  (carry .smol2)      bash benchmarks/gpu_session6.sh half2 540 second half, `models pull`, then wait
 #   D                      bash benchmarks/gpu_session6.sh wait 560  wait for the rest, bring results back
 #
@@ -53,11 +55,27 @@ pipeline() {
   touch "$W/all.done"
 }
 
+pipeline2() {  # the second run: the step-aside path made cheap, drafter graphs on by default
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py tests/gpu/test_kernels_gpu.py
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  for n in 1 2; do
+    part "sweep$n" 300 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+      --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep$n" --concurrency 1,8,32,64 \
+      --requests 16,48,128,256 --max-tokens 128 --time-budget 250 \
+      --modes "compact,compact+SGLAUNCH_DSPARK_STEP_ASIDE=0"
+  done
+  part bench 420 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset .gpu6/heldout_code.jsonl --num-prompts 48 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest profile sweep bench; do
+    for f in pytest profile sweep sweep1 sweep2 bench; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -91,17 +109,19 @@ case "${1:-}" in
       python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
       nproc; } > "$W/machine.txt" 2>&1
     cat "$W/machine.txt"
-    export -f part pipeline
+    export -f part pipeline pipeline2
     export W REPO SMOL DRAFTER
-    setsid nohup bash -c pipeline > "$W/nohup.log" 2>&1 < /dev/null &
+    setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
     ;;
   snapshot)  # here, before call A
     mkdir -p .gpu6 && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' > .gpu6/tree.tar.gz \
       && git rev-parse HEAD > .gpu6/tree.commit && du -sh .gpu6
     ;;
-  half1)
-    mkdir -p /tmp/smol && cp .smol1/part_aa /tmp/smol/ && ls -la /tmp/smol && tail -3 "$W/pipeline.log"
+  half1)  # half1 a (carry .s1a/p_aa), then half1 b (carry .s1a/p_ab): the first half in two quarters
+    mkdir -p /tmp/smol && cp ".s1a/p_a${2:-a}" /tmp/smol/ || exit 1
+    if [ "${2:-a}" = b ]; then cat /tmp/smol/p_aa /tmp/smol/p_ab > /tmp/smol/part_aa && rm /tmp/smol/p_a?; fi
+    ls -la /tmp/smol && tail -3 "$W/pipeline.log"
     ;;
   half2)
     cp .smol2/part_ab /tmp/smol/ && cat /tmp/smol/part_a? > /tmp/smol/w.whl \
