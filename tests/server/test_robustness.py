@@ -213,7 +213,7 @@ def test_the_event_loop_answers_health_while_a_long_prompt_is_tokenized(http):
             answered_meanwhile += not done.is_set()
     thread.join()
     assert result["reply"].status_code == 400
-    assert answered_meanwhile >= 5
+    assert answered_meanwhile >= 20  # hundreds here; 2 when tokenizing blocked the loop
 
 
 def test_one_hostile_request_never_disturbs_a_running_stream(server, greedy_text):
