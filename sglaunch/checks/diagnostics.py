@@ -46,6 +46,7 @@ CODES: dict[str, CodeInfo] = {
     "CFG001": CodeInfo(E, "config key is not kebab-case"),
     "CFG002": CodeInfo(W, "--config=FILE is not expanded by SGLang"),
     "CFG003": CodeInfo(W, "config key with an empty value"),
+    "CFG004": CodeInfo(E, "config key SGLang's --config loader refuses"),
     # environment variables
     "ENV001": CodeInfo(W, "environment variable removed or without effect"),
     "ENV002": CodeInfo(W, "SGLANG_* variable the target release does not read"),

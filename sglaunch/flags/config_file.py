@@ -17,6 +17,7 @@ from sglaunch.checks.diagnostics import Diagnostic, diag
 from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence, Origin, unknown_flag_error
 from sglaunch.flags.spec import Flag, FlagSchema, Kind
+from sglaunch.flags.timeline import config_refused
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -36,6 +37,7 @@ def load_config_file(path_text: str, schema: FlagSchema, release: str) -> Config
     occurrences: list[Occurrence] = []
     diagnostics: list[Diagnostic] = []
     seen: dict[str, int] = {}
+    refused = config_refused(release)
     for key_node, value_node in root.value if root is not None else ():
         line = key_node.start_mark.line + 1
         key = _key(key_node, path, line)
@@ -45,6 +47,14 @@ def load_config_file(path_text: str, schema: FlagSchema, release: str) -> Config
         seen[key] = line
         origin = Origin("config", f"{path}:{line}")
         flag = _flag_for_key(key, schema, release, origin, diagnostics)
+        refusing = refused.get(key.replace("-", "_"))
+        if refusing is not None:
+            shared = "" if refusing == flag.name else f", whose key it shares with {refusing}"
+            diagnostics.append(diag(
+                "CFG004", f"SGLang {release}'s --config loader stops with 'Unsupported config option' on "
+                f"the key '{key}' (it only reads plain values and switches{shared})",
+                flags=(flag.name,), origin=str(origin),
+                fix=f"pass {flag.name} on the command line instead of in the file"))
         value = _construct(loader, value_node, origin)
         occurrence = _occurrence(flag, key, value, origin, diagnostics)
         if occurrence is not None:

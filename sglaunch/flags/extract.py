@@ -1731,11 +1731,33 @@ def find_wheel(release: str, wheel_dir: Path, download: bool = True) -> Path:
     return found[-1]
 
 
+CONFIG_PARSERS = ("sglang/srt/utils/server_args_config_parser.py", "sglang/srt/server_args_config_parser.py")
+
+
+def config_loader(wheel: "Wheel") -> str | None:
+    """Which argparse actions the release's `--config FILE.yaml` loader accepts as keys:
+    "store-only" (store and store_true; any other action is refused with "Unsupported config
+    option") or "single-value" (also any action taking one value, from 0.5.23). None: no loader."""
+    for name in CONFIG_PARSERS:
+        text = wheel.read(name)
+        if text is None:
+            continue
+        tree = ast.parse(text)
+        functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        if "_takes_one_value" in functions:
+            return "single-value"
+        if "ConfigArgumentMerger" in classes:
+            return "store-only"
+    return None
+
+
 def extract_release(release: str, wheel_path: Path) -> dict:
-    data = extract_wheel(Wheel(wheel_path))
+    wheel = Wheel(wheel_path)
+    data = extract_wheel(wheel)
     return {"release": release, "wheel": wheel_path.name, "sha256": _sha256(wheel_path),
-            "extractor": EXTRACTOR_VERSION, "flags": data["flags"], "env": data["env"]}, \
-        data["warnings"]
+            "extractor": EXTRACTOR_VERSION, "config_loader": config_loader(wheel),
+            "flags": data["flags"], "env": data["env"]}, data["warnings"]
 
 
 def dumps(data: dict) -> str:

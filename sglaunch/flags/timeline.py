@@ -65,6 +65,7 @@ class Facts:
     deprecated: bool = False
     negatable: bool = False  # argparse.BooleanOptionalAction: --no-NAME turns it off
     group: str | None = None
+    action: str = "store"
 
 
 def entry_facts(entry: Mapping[str, Any]) -> Facts:
@@ -81,6 +82,7 @@ def entry_facts(entry: Mapping[str, Any]) -> Facts:
                   deprecated_for=(deprecated or {}).get("replaced_by"),
                   deprecated_value=new_flag.partition("=")[2] or None,
                   deprecation_message=(deprecated or {}).get("message") or "")
+    common["action"] = action
     if action in SWITCH_ACTIONS or nargs == 0:
         return Facts(Kind.BOOL, switch_value=action != "store_false", negatable=action == "BooleanOptionalAction",
                      **common)
@@ -378,12 +380,42 @@ def env_index(releases: Sequence[str], data: Mapping[str, dict] | None = None) -
     return {"names": names, "renamed": renamed}
 
 
+def config_refused_keys(release_facts: dict) -> dict[str, str]:
+    """YAML keys (dashes as underscores) that one release's `--config` loader refuses with
+    "Unsupported config option", each with the flag whose action refuses it.
+
+    Up to 0.5.22 the loader turns only store and store_true actions into argv and keys the others
+    by their dest; a deprecated alias shares its dest with the flag it replaced, so the *new*
+    flag's key is refused too (`cuda-graph-max-bs-decode:` in 0.5.16). 0.5.23 also takes any
+    action with one value and keeps a key usable when a supported flag reads it."""
+    loader = release_facts.get("config_loader")
+    if loader is None:
+        return {}
+    entries = [e for e in release_facts["flags"] if e["name"] not in ("--config", "--help")]
+
+    def keys(entry: dict) -> set[str]:
+        spellings = (entry["name"], *entry.get("aliases", ()))
+        return {entry["dest"]} | {s[2:].replace("-", "_") for s in spellings if s.startswith("--")}
+
+    def supported(entry: dict) -> bool:
+        action = entry.get("action") or "store"
+        if action in ("store", "store_true"):
+            return True
+        return loader == "single-value" and entry.get("nargs") is None
+
+    if loader == "store-only":
+        return {e["dest"]: e["name"] for e in entries if not supported(e)}
+    usable = set().union(*(keys(e) for e in entries if supported(e)))
+    return {k: e["name"] for e in entries if not supported(e) for k in sorted(keys(e)) if k not in usable}
+
+
 def index_text(releases: Sequence[str]) -> str:
     flags = generated_flags(releases)
     lines = ",\n".join(json.dumps(_flag_record(f), sort_keys=True, ensure_ascii=False) for f in flags)
     env = json.dumps(env_index(releases), sort_keys=True)
-    return ('{"releases": ' + json.dumps(list(releases)) + ',\n"env": ' + env + ',\n"flags": [\n' + lines
-            + "\n]}\n")
+    refused = json.dumps({r: config_refused_keys(release_data(r)) for r in releases}, sort_keys=True)
+    return ('{"releases": ' + json.dumps(list(releases)) + ',\n"env": ' + env + ',\n"config_refused": '
+            + refused + ',\n"flags": [\n' + lines + "\n]}\n")
 
 
 def _flag_from_record(record: dict) -> Flag:
@@ -410,6 +442,11 @@ def _flag_from_record(record: dict) -> Flag:
 def _index() -> dict:
     with open(os.path.join(DATA_DIR, INDEX_NAME), encoding="utf-8") as handle:
         return json.load(handle)
+
+
+def config_refused(release: str) -> dict[str, str]:
+    """`config_refused_keys` of `release`, from the committed index."""
+    return _index()["config_refused"].get(release, {})
 
 
 def env_history() -> dict:

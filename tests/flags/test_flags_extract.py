@@ -248,7 +248,8 @@ def test_cli_writes_one_file_per_release(tmp_path, capsys):
     data = json.loads((out / "9.9.1.json").read_text())
     assert data["release"] == "9.9.1" and data["extractor"] == extract.EXTRACTOR_VERSION
     assert data["wheel"] == "sglang-9.9.1-py3-none-any.whl" and len(data["sha256"]) == 64
-    assert set(data) == {"release", "wheel", "sha256", "extractor", "flags", "env"}
+    assert set(data) == {"release", "wheel", "sha256", "extractor", "config_loader", "flags", "env"}
+    assert data["config_loader"] is None  # the fake wheels carry no --config loader
     text = (out / "9.9.2.json").read_text()
     assert text.count("\n") > len(json.loads(text)["flags"])  # one flag per line: diffable
     assert extract.dumps(json.loads(text)) == text  # stable

@@ -121,3 +121,21 @@ def test_empty_file_means_no_flags(tmp_path):
     code, report = check_json("--config", str(cfg))
     assert code == 0
     assert all(s["origin"] in ("resolved",) for s in report["settings"])
+
+
+def test_keys_the_sglang_config_loader_refuses(tmp_path):
+    """Up to 0.5.22 SGLang's --config loader refuses keys of actions other than store/store_true,
+    by dest, so the new flag that a deprecated alias writes into is refused too; 0.5.23 fixed that."""
+    cfg = write(tmp_path, "cuda-graph-max-bs-decode: 8\n")
+    code, report = check_json("--config", str(cfg))
+    (found,) = [d for d in report["diagnostics"] if d["code"] == "CFG004"]
+    assert code == 1 and "--cuda-graph-max-bs" in found["message"] and found["origin"] == f"{cfg}:1"
+    code, report = check_json("--release", "0.5.23", "--config", str(cfg))
+    assert "CFG004" not in [d["code"] for d in report["diagnostics"]]
+    cfg = write(tmp_path, "disable-cuda-graph: true\n")  # a deprecated switch: refused in every release
+    for release in ("0.5.16", "0.5.23"):
+        _, report = check_json("--release", release, "--config", str(cfg))
+        assert "CFG004" in [d["code"] for d in report["diagnostics"]], release
+    cfg = write(tmp_path, "page-size: 16\nenable-metrics: true\n")  # plain value and switch: fine
+    _, report = check_json("--config", str(cfg))
+    assert "CFG004" not in [d["code"] for d in report["diagnostics"]]

@@ -207,6 +207,6 @@ def test_fires_and_stays_quiet(case: Case, make_checkpoint, fake_gpus, fake_flas
 
 def test_every_code_is_exercised():
     """The catalogue and this table cannot drift apart (ENG003 is serve-only: tested in test_serve)."""
-    # FLAG014 (shell text in a script) is tested in test_script
-    covered = {case.code for case in CASES} | {"CFG001", "CFG002", "CFG003", "ENG003", "FLAG014"}
+    # FLAG014 (shell text in a script) is tested in test_script, CFG004 in test_config_file
+    covered = {case.code for case in CASES} | {"CFG001", "CFG002", "CFG003", "CFG004", "ENG003", "FLAG014"}
     assert covered == set(CODES)
