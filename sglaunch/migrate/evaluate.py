@@ -13,6 +13,7 @@ from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence, split_argv, unknown_flag_error
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.flags.spec import Flag, Kind, Status
+from sglaunch.flags.timeline import config_refused
 from sglaunch.migrate.rules import Rule, When
 from sglaunch.migrate.tokens import Site
 
@@ -350,8 +351,14 @@ def validate(site: Site, release: str) -> list[Finding]:
     except SglaunchError as exc:
         return [Finding("validate", ERROR, site.line, f"cannot read the launch arguments: {exc.message}")]
     findings = []
+    refused = config_refused(release) if site.fmt == "config" else {}
     for occurrence in split.occurrences:
         problem = _problem_at(occurrence, release)
+        key = occurrence.spelling[2:].replace("-", "_")
+        if not problem and key in refused:
+            problem = (f"SGLang {release}'s --config loader stops with 'Unsupported config option' on the key "
+                       f"'{occurrence.spelling[2:]}' (it reads plain values and switches only); pass "
+                       f"{occurrence.flag.name} on the command line instead")
         if problem:
             findings.append(Finding("validate", MANUAL, site.token_line(occurrence.index), problem,
                                     token=occurrence.spelling))

@@ -237,3 +237,13 @@ def test_a_value_rule_on_shell_text_reports_instead_of_passing():
     assert by_rule["R516-04"].level == "manual" and "$Q" in by_rule["R516-04"].message
     assert by_rule["R516-03"].level == "manual" and "${FP4}" in by_rule["R516-03"].message
     assert migrate("sglang serve --quantization awq --fp4-gemm-backend auto\n", "shell").findings == []
+
+
+def test_config_key_the_sglang_loader_refuses_fails_the_check():
+    """`disable-cuda-graph: true` in a --config file: SGLang's loader stops with 'Unsupported config
+    option' (a deprecated switch action) in every release; --check must not pass it."""
+    result = migrate("model-path: /m\ndisable-cuda-graph: true\npage-size: 16\n", "config")
+    (finding,) = result.findings
+    assert finding.rule_id == "validate" and finding.level == "manual" and finding.line == 2
+    assert "Unsupported config option" in finding.message
+    assert migrate("model-path: /m\npage-size: 16\n", "config").findings == []
