@@ -26,11 +26,18 @@ def config_for(checkpoint) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
+    import torch
+
     from sglaunch.engine.launch import create_engine
 
+    threads = torch.get_num_threads()
     engine, cluster = create_engine(config_for(tiny_llama))
     yield engine
     cluster.stop(engine)
+    # NOTE: a CPU rank flushes denormals in the thread that created it (this one); later tests
+    # in this process (hypothesis's float strategies) need IEEE floats back
+    torch.set_flush_denormal(False)
+    torch.set_num_threads(threads)
 
 
 def run(engine, requests):

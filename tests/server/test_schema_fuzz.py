@@ -4,6 +4,8 @@ codes, content types and error bodies."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -17,6 +19,14 @@ from schemathesis.checks import (  # noqa: E402
 from .conftest import running_server  # noqa: E402
 
 EXAMPLES_PER_ROUTE = 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ieee_floats():
+    """Hypothesis draws subnormal floats; an in-process CPU engine earlier in this process (other
+    test modules) may have left this thread flushing them to zero."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_flush_denormal(False)
 
 
 @pytest.fixture(scope="module")
