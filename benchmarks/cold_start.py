@@ -21,8 +21,8 @@ COMMANDS = {
     "python -c pass (baseline)": [sys.executable, "-c", "pass"],
     "sglaunch --help": [sys.executable, "-m", "sglaunch", "--help"],
     "sglaunch serve --help": [sys.executable, "-m", "sglaunch", "serve", "--help"],
-    "sglaunch check-config": [sys.executable, "-m", "sglaunch", "check-config", "--no-machine", "--tp", "2"],
-    "sglaunch check-config (with GPU probe)": [sys.executable, "-m", "sglaunch", "check-config", "--tp", "1"],
+    "sglaunch check-config": [sys.executable, "-m", "sglaunch", "check-config", "--no-machine", "--tp-size", "2"],
+    "sglaunch check-config (with GPU probe)": [sys.executable, "-m", "sglaunch", "check-config", "--tp-size", "1"],
     "sglaunch migrate-flags --help": [sys.executable, "-m", "sglaunch", "migrate-flags", "--help"],
     "sglaunch version": [sys.executable, "-m", "sglaunch", "version"],
 }
