@@ -464,8 +464,8 @@ def test_align_verify_tokens_to_graph_tier_replays_filled_tiers(dspark_files, fl
         assert tiers, "no verify graphs were captured"
         propose = engine.spec.propose
 
-        def logged(chunks, generators, extra, run_draft, verify_tiers=()):
-            proposal = propose(chunks, generators, extra, run_draft, verify_tiers)
+        def logged(chunks, generators, extra, run_draft, verify_tiers=(), budget=None):
+            proposal = propose(chunks, generators, extra, run_draft, verify_tiers, budget)
             reachable = sum(min(c.lookahead, helpers.GAMMA) for c in chunks)
             rows.append((extra + len(chunks), sum(proposal.verify_lens), reachable, bool(verify_tiers)))
             return proposal
