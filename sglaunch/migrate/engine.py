@@ -43,8 +43,7 @@ def read_sites(text: str, fmt: str) -> tuple[list[Site], list[tuple[int, str]]]:
     try:
         if fmt == "shell":
             parsed = shell.parse_script(text)
-            return list(parsed.sites), [(line, "shell syntax tree-sitter could not parse; "
-                                         "commands there are left alone") for line in parsed.error_lines]
+            return list(parsed.sites), shell_problems(parsed)
         if fmt == "config":
             doc = yamlfmt.read_config(text)
         elif fmt in ("k8s", "compose", "yaml"):
@@ -56,6 +55,76 @@ def read_sites(text: str, fmt: str) -> tuple[list[Site], list[tuple[int, str]]]:
     except (yamlfmt.YamlError, dockerfile.DockerfileError) as exc:
         raise UnreadableError(str(exc)) from None
     return doc.sites, doc.errors
+
+
+def shell_problems(parsed) -> list[tuple]:
+    """A parsed script's read problems: (line, message) notices and (line, message, text, kind)
+    places the engine reports as manual when they may hold a launch or a rule's flag."""
+    problems: list[tuple] = []
+    flagged = {line for line, _, kind in parsed.suspects if kind == "region"}
+    for line in parsed.error_lines:
+        if line not in flagged:
+            problems.append((line, "shell syntax tree-sitter could not parse; commands there are left alone"))
+    for line, source, kind in parsed.suspects:
+        problems.append((line, SUSPECT_MESSAGES.get(kind.split(" ")[0], "{}").format(kind.partition(" ")[2]),
+                         source, kind.split(" ")[0]))
+    return problems
+
+
+SUSPECT_MESSAGES = {
+    "region": "shell syntax tree-sitter could not parse; a launch there is neither checked nor fixed",
+    "variable": "${} holds what looks like SGLang launch flags, but the tool cannot follow it into a launch; "
+                "check and fix it by hand",
+    "unresolved": "${} is set outside this file; the launch flags it passes are not checked",
+    "heredoc": "a heredoc written to {} holds an SGLang launch the tool does not read; check it by hand",
+    "shell": "a shell string holds an SGLang launch the tool cannot line up with its quoting; fix it by hand",
+    "nested": "launch commands nested this deep are not read; check it by hand",
+    "unreadable": "{}",
+}
+
+
+def suspicious(text: str, rules: Sequence[Rule], release: str) -> str:
+    """The first flag in `text` that a rule of the range is about or that `release` refuses ('' if none)."""
+    from sglaunch.flags.registry import SCHEMA
+    from sglaunch.flags.spec import Status
+
+    words = set(re.findall(r"[A-Za-z0-9_.:/-]+", text))
+    for token in re.findall(r"--[A-Za-z0-9][A-Za-z0-9_-]*", text):
+        for rule in rules:
+            if rule.kind in ("rename-flag", "remove-flag") and token == rule.old:
+                return token
+            if rule.kind in ("remove-value", "replace-value") and token == rule.flag and rule.old in words:
+                return f"{token} {rule.old}"
+        flag = SCHEMA.lookup(token)
+        if flag is not None and flag.status_at(release) is Status.REMOVED:
+            return token
+    return ""
+
+
+def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) -> list[Finding]:
+    """Read problems as findings: a place that may hold a launch (a launcher name or a rule's
+    flag) which the tool cannot read is `manual`, so that --check fails; other notes are `info`."""
+    from sglaunch.migrate.shell import mentions
+
+    out = []
+    launch_file = mentions(text)
+    for problem in _unique(problems):
+        if len(problem) == 2:
+            out.append(Finding("parse", INFO, problem[0], problem[1]))
+            continue
+        line, message, source, kind = problem
+        flag = suspicious(source, rules, release)
+        if kind == "unresolved":
+            out.append(Finding("unread", INFO, line, message, token=source))
+        elif kind == "variable":
+            if flag:
+                out.append(Finding("unread", MANUAL, line, f"{message} ({flag})", token=flag))
+        elif flag or mentions(source) or (kind == "region" and launch_file):
+            detail = f" ({flag})" if flag else ""
+            out.append(Finding("unread", MANUAL, line, message + detail, token=flag))
+        else:
+            out.append(Finding("parse", INFO, line, message))
+    return out
 
 
 def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
@@ -77,8 +146,8 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
             findings.append(finding)
 
     identity = list(range(1, text.count("\n") + 2))
-    for line, message in _unique(problems):
-        report(Finding("parse", INFO, line, message), identity)
+    for finding in _problem_findings(problems, text, rules, to_release):
+        report(finding, identity)
     current, count, line_map = text, len(sites), identity
     for _round in range(MAX_ROUNDS):
         planned = _plan(current, sites, rules, unsafe_fixes)

@@ -44,6 +44,10 @@ DYNAMIC_NODES = frozenset({
     "process_substitution",
 })
 PASSTHROUGH = re.compile(r'^"?\$(\{)?[@*](?(1)\})"?$')
+VAR_USE = re.compile(r'^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$')
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+REMOTE = frozenset({"ssh", "kubectl", "oc", "pdsh", "clush"})  # run the command elsewhere: no exports
+SCRIPT_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")
 ARRAY_USE = re.compile(r'^"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?$')
 DOUBLE_QUOTE_ESCAPES = re.compile(r'\\([\\"$`])|\\\n')
 
@@ -69,6 +73,10 @@ class ParsedScript:
     commands: tuple[LaunchCommand, ...]
     sites: tuple[Site, ...]
     error_lines: tuple[int, ...]  # lines tree-sitter could not parse (commands there are skipped)
+    # (line, source text, why): places that may hold launch flags the reader could not follow
+    # (an unparseable region, an argument variable it cannot resolve, a heredoc or shell string
+    # it cannot read); the engine reports those that mention a launcher or a rule's flag.
+    suspects: tuple[tuple[int, str, str], ...] = ()
 
 
 def extract_launch_commands(text: str) -> list[LaunchCommand]:
@@ -250,16 +258,39 @@ class _Array:
 
 
 @dataclass
+class _WordVar:
+    """A plain variable whose value is a list of words (`ARGS="--tp 8 --x"`), expanded
+    unquoted as `$ARGS`: each word keeps its place inside the assignment."""
+
+    tokens: list[tuple[ShellContainer, int]]
+    source: str
+    used: bool = False
+
+
+@dataclass
 class _State:
     exports: dict[str, str] = field(default_factory=dict)
     export_dynamic: set[str] = field(default_factory=set)
     shell_vars: dict[str, tuple[str, bool]] = field(default_factory=dict)
     arrays: dict[str, _Array] = field(default_factory=dict)
+    words: dict[str, _WordVar] = field(default_factory=dict)
     has_export: bool = False
+
+    def copy(self, expanded: bool = False) -> "_State":
+        """What a child shell sees: the exports (variables are not inherited unless exported).
+        `expanded`: the child's text is expanded by this shell first (a double-quoted
+        `bash -c "..."`, an unquoted heredoc), so this shell's variables apply too."""
+        state = _State(exports=dict(self.exports), export_dynamic=set(self.export_dynamic))
+        if expanded:
+            state.shell_vars = dict(self.shell_vars)
+            state.words = dict(self.words)
+            state.arrays = dict(self.arrays)
+        return state
 
 
 class _Script:
-    def __init__(self, text: str, mapper: Mapper, fmt: str):
+    def __init__(self, text: str, mapper: Mapper, fmt: str, line_at: Callable[[int], int] | None = None,
+                 state: "_State | None" = None, depth: int = 0):
         self.text = text
         self.mapper = mapper
         self.fmt = fmt
@@ -267,6 +298,13 @@ class _Script:
         self.data = data
         self.ascii = len(data) == len(text)
         self.char_at: list[int] | None = None if self.ascii else _byte_to_char(text)
+        self.line_at = line_at  # character offset -> line of the outermost script (nested scripts)
+        self.initial = state
+        self.depth = depth
+        self.commands: list[LaunchCommand] = []
+        self.sites: list[Site] = []
+        self.errors: list[int] = []
+        self.suspects: list[tuple[int, str, str]] = []
 
     def pos(self, byte: int) -> int:
         return byte if self.char_at is None else self.char_at[byte]
@@ -275,17 +313,24 @@ class _Script:
         return self.text[self.pos(node.start_byte):self.pos(node.end_byte)]
 
     def line(self, node) -> int:
+        if self.line_at is not None:
+            return self.line_at(self.pos(node.start_byte))
         return node.start_point[0] + 1
+
+    def offset_line(self, offset: int) -> int:
+        if self.line_at is not None:
+            return self.line_at(offset)
+        return self.text.count("\n", 0, offset) + 1
 
     def parse(self) -> ParsedScript:
         tree = _parser().parse(self.data)
-        state = _State()
-        commands: list[LaunchCommand] = []
-        sites: list[Site] = []
-        errors: list[int] = []
+        state = self.initial if self.initial is not None else _State()
+        inherited = {id(v) for v in state.words.values()}
         for node, in_error in _walk(tree.root_node):
             if node.type == "ERROR" or node.is_missing:
-                errors.append(self.line(node))
+                self.errors.append(self.line(node))
+                if node.type == "ERROR":
+                    self.suspects.append((self.line(node), self.src(node), "region"))
                 continue
             if in_error:
                 continue
@@ -293,13 +338,117 @@ class _Script:
                 self._record_assignment(node, state)
             elif node.type == "unset_command":
                 self._unset(node, state)
+            elif node.type == "heredoc_redirect":
+                self._heredoc(node, state)
             elif node.type == "command":
                 self._record_unset(node, state)
                 built = self._launch(node, state)
                 if built is not None:
-                    commands.append(built[0])
-                    sites.append(built[1])
-        return ParsedScript(tuple(commands), tuple(sites), tuple(sorted(set(errors))))
+                    self.commands.append(built[0])
+                    self.sites.append(built[1])
+                else:
+                    self._nested_strings(node, state)
+        for name, var in state.words.items():
+            if not var.used and var.tokens and id(var) not in inherited:
+                first = var.tokens[0]
+                self.suspects.append((first[0].tokens[first[1]].line, var.source, "variable " + name))
+        return ParsedScript(tuple(self.commands), tuple(self.sites), tuple(sorted(set(self.errors))),
+                            tuple(self.suspects))
+
+    # -- scripts inside this script -------------------------------------------------
+
+    def _inner(self, text: str, offset_of: Callable[[int], int], mapper: Mapper, state: "_State") -> None:
+        """Parse `text` (a heredoc body or a shell string of this script) as a script of its own:
+        `offset_of` gives the offset in this script of each of its characters."""
+        if self.depth >= 4:
+            self.suspects.append((self.offset_line(offset_of(0)), text, "nested too deep"))
+            return
+        inner = _Script(text, mapper, self.fmt, line_at=lambda off: self.offset_line(offset_of(off)),
+                        state=state, depth=self.depth + 1).parse()
+        self.commands.extend(inner.commands)
+        self.sites.extend(inner.sites)
+        self.errors.extend(inner.error_lines)
+        self.suspects.extend(inner.suspects)
+
+    def _heredoc(self, node, state: "_State") -> None:
+        """`bash <<EOF`, `ssh host <<EOF`, `cat > run.sh <<'EOF'`: a body that is a script is read
+        as one (its edits stay inside the body); text printed or written elsewhere is data."""
+        body = next((c for c in node.children if c.type == "heredoc_body"), None)
+        start = next((c for c in node.children if c.type == "heredoc_start"), None)
+        parent = node.parent
+        if body is None or start is None or parent is None:
+            return
+        text = self.src(body)
+        if not _mentions(text):
+            return
+        command = next((c for c in parent.children if c.type == "command"), None)
+        words = [] if command is None else [self._token(w).value for w in _command_words(command)]
+        target = None
+        for child in parent.children:
+            if child.type == "file_redirect" and any(c.type in (">", ">>", ">|") for c in child.children):
+                dest = child.child_by_field_name("destination") or (child.named_children[-1] if child.named_children else None)
+                if dest is not None:
+                    target = self._token(dest).value
+        prog = os.path.basename(words[0]) if words else ""
+        if prog == "tee" and len(words) > 1:
+            target = next((w for w in words[1:] if not w.startswith("-")), target)
+        runs = prog in SHELLS or prog in REMOTE or (prog in WRAPPERS and any(os.path.basename(w) in SHELLS for w in words))
+        written_script = prog in ("cat", "tee") and target is not None and (
+            target.endswith(SCRIPT_SUFFIXES) or _shebang(text))
+        if not (runs or written_script):
+            if target is not None and prog in ("cat", "tee"):
+                self.suspects.append((self.line(body), text, f"heredoc written to {target}"))
+            return
+        quoted = any(q in self.src(start) for q in ("'", '"', "\\"))
+        begin = self.pos(body.start_byte)
+        forbidden = "" if quoted else "$`\\"
+        outer = self.mapper
+
+        def mapper(edit: TextEdit) -> TextEdit | None:
+            if any(ch in edit.text for ch in forbidden):
+                return None
+            return outer(TextEdit(edit.start + begin, edit.end + begin, edit.text))
+
+        inherit = prog in SHELLS or (prog in WRAPPERS and prog not in DOCKER)
+        inner_state = state.copy(expanded=not quoted) if inherit else \
+            (state.copy(expanded=True) if not quoted else _State())
+        if not inherit:
+            inner_state.exports, inner_state.export_dynamic = {}, set()
+        self._inner(text, lambda off: begin + off, mapper, inner_state)
+
+    def _nested_strings(self, node, state: "_State") -> None:
+        """`bash -c "..."`, `srun ... bash -lc '...'`, `ssh host "..."`, `docker exec c sh -c "..."`,
+        `tmux new -d "..."`: a quoted argument of a command runner that holds a launch is a script."""
+        words = _command_words(node)
+        if not words:
+            return
+        values = [self._token(w).value for w in words]
+        prog = os.path.basename(values[0])
+        if not (prog in WRAPPERS or prog in SHELLS or prog in REMOTE or values[0].startswith("$")):
+            return
+        remote = prog in REMOTE or any(os.path.basename(v) in REMOTE for v in values[1:3]) or \
+            (prog in DOCKER and len(values) > 1 and values[1] in ("exec", "run", "create"))
+        for word in words[1:]:
+            if word.type not in ("string", "raw_string", "ansi_c_string", "concatenation", "word"):
+                continue
+            token = self._token(word)
+            if not _mentions(token.value):
+                continue
+            container = ShellContainer(self.text, [token], self.mapper)
+            mapper, positions = word_mapper(container, 0)
+            if positions is None:
+                self.suspects.append((token.line, token.value, "shell string"))
+                continue
+            at = positions
+
+            def offset_of(off: int, at=at, end=token.end) -> int:
+                return at[off] if off < len(at) else end
+
+            expanded = self.src(word)[:1] != "'"
+            inner_state = state.copy(expanded=expanded)
+            if remote:
+                inner_state.exports, inner_state.export_dynamic = {}, set()
+            self._inner(token.value, offset_of, mapper, inner_state)
 
     # -- assignments -------------------------------------------------------------
 
@@ -332,9 +481,50 @@ class _Script:
             self._record_array(name, value_node, state, appending)
             return
         value, dynamic = self._value(value_node) if value_node is not None else ("", False)
+        if appending and name in state.shell_vars:
+            previous, was_dynamic = state.shell_vars[name]
+            value, dynamic = previous + value, dynamic or was_dynamic
         state.shell_vars[name] = (value, dynamic)
         if export or name in state.exports:
             _set_export(state, name, value, dynamic)
+        if value_node is not None:
+            self._record_words(name, value_node, state, appending)
+
+    def _record_words(self, name: str, node, state: _State, appending: bool) -> None:
+        """`CMD="python -m sglang.launch_server ..."` is read as a script (it is run as
+        `$CMD`, `bash -c "$CMD"`, `eval`); `ARGS="--tp 8 --enable-x"` as words for `$ARGS`."""
+        token = self._token(node)
+        if _mentions(token.value):
+            container = ShellContainer(self.text, [token], self.mapper)
+            mapper, positions = word_mapper(container, 0)
+            if positions is None:
+                self.suspects.append((token.line, token.value, "variable " + name))
+            else:
+                self._inner(token.value, lambda off, at=positions, end=token.end: at[off] if off < len(at) else end,
+                            mapper, state.copy())
+            state.words.pop(name, None)
+            return
+        container = _words_container(self, node, token)
+        if container is None:
+            state.words.pop(name, None)
+            return
+        refs: list[tuple[ShellContainer, int]] = []
+        previous = state.words.get(name)
+        for index, word in enumerate(container.tokens):
+            ref = VAR_USE.match(word.value)
+            if ref and ref.group(1) == name and previous is not None:
+                refs.extend(previous.tokens)  # ARGS="$ARGS --x"
+                previous.used = True
+            elif ref and ref.group(1) in state.words:
+                refs.extend(state.words[ref.group(1)].tokens)
+                state.words[ref.group(1)].used = True
+            else:
+                refs.append((container, index))
+        if appending and previous is not None:
+            refs = previous.tokens + refs
+        source = token.value if previous is None or not (appending or refs[:1] == previous.tokens[:1]) \
+            else previous.source + " " + token.value
+        state.words[name] = _WordVar(refs, source, used=False)
 
     def _record_array(self, name: str, node, state: _State, appending: bool) -> None:
         tokens = [self._token(c) for c in node.children if c.type in ARG_NODES]
@@ -353,11 +543,12 @@ class _Script:
                 state.exports.pop(name, None)
                 state.arrays.pop(name, None)
                 state.shell_vars.pop(name, None)
+                state.words.pop(name, None)
 
     def _unset(self, node, state: _State) -> None:
         for child in node.children[1:]:
             name = self.src(child)
-            for table in (state.exports, state.arrays, state.shell_vars):
+            for table in (state.exports, state.arrays, state.shell_vars, state.words):
                 table.pop(name, None)
 
     def _value(self, node) -> tuple[str, bool]:
@@ -418,6 +609,14 @@ class _Script:
                 passthrough = True
             elif array and array.group(1) in state.arrays:
                 refs.extend(state.arrays[array.group(1)].tokens)
+            elif (var := VAR_USE.match(raw)) and var.group(1) in state.words \
+                    and not _takes_value(arg_tokens[index - 1].value if index else ""):
+                state.words[var.group(1)].used = True  # unquoted $ARGS: its words, where they are written
+                refs.extend(state.words[var.group(1)].tokens)
+            elif (var := VAR_USE.match(raw.strip('"')) or ARRAY_USE.match(raw)) and token.dynamic \
+                    and not _takes_value(arg_tokens[index - 1].value if index else ""):
+                self.suspects.append((token.line, raw, "unresolved " + var.group(1)))
+                refs.append((line_container, index))
             else:
                 refs.append((line_container, index))
         values = [c.tokens[i] for c, i in refs]
@@ -462,6 +661,104 @@ class _Script:
             return None if mapped is None else [mapped]
 
         return set_env
+
+
+def _takes_value(previous: str) -> bool:
+    """The token before is a flag that may take this one as its value (`--tp $TP`)."""
+    if not previous.startswith("-") or "=" in previous:
+        return False
+    from sglaunch.flags.registry import SCHEMA
+    from sglaunch.flags.spec import Kind
+
+    flag = SCHEMA.lookup(previous)
+    return flag is None or flag.kind is not Kind.BOOL
+
+
+def _command_words(node) -> list:
+    name = node.child_by_field_name("name")
+    if name is None:
+        return []
+    words = [name.children[0] if name.children else name]
+    return words + [c for c in node.children if c.type in ARG_NODES and c.start_byte > name.start_byte]
+
+
+def mentions(text: str) -> bool:
+    """The text holds an SGLang launcher name."""
+    return LAUNCH_MODULE in text or bool(SERVE.search(text))
+
+
+_mentions = mentions
+SERVE = re.compile(r"\bsglang\s+serve\b")
+
+
+def _shebang(text: str) -> bool:
+    first = text.lstrip().split("\n", 1)[0]
+    return first.startswith("#!") and any(s in first for s in ("sh", "bash"))
+
+
+def word_mapper(container: ShellContainer, k: int):
+    """(mapper, positions) for shell word k of `container`: edits of the word's unquoted value
+    become edits of the container's text (then of the file), with characters that would change
+    the quoting refused. positions: per character of the value, its offset in the text
+    (None when they cannot be lined up)."""
+    from sglaunch.migrate.tokens import align, scalar_mapper
+
+    token = container.tokens[k]
+    source = container.text[token.start:token.end]
+    forbidden = {'"': '"\\$`\n', "'": "'\n"}.get(source[:1], " \t\n\"'\\$`;&|<>()#")
+    positions = align(source, token.start, token.value)
+    if positions is None:
+        return None, None
+    inner = scalar_mapper(positions, token.end, forbidden)
+
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        moved = inner(edit)
+        return None if moved is None else container.mapper(moved)
+
+    return mapper, positions
+
+
+class _WordsContainer(ShellContainer):
+    """The words of a variable's value (`ARGS="--tp 8 --x"`): edits stay inside the quotes, so
+    new words must be plain (no quoting, no `$`)."""
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        if any(not SAFE_PLAIN.fullmatch(t) for t in new_tokens):
+            return None
+        return super().replace(i, j, new_tokens)
+
+
+SAFE_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def _words_container(script: "_Script", node, token: ShellToken) -> "_WordsContainer | None":
+    """Split a variable's value into its words as unquoted `$VAR` would (on blanks; quotes
+    inside the value stay literal), each word with its place in the script."""
+    if node.type not in ("string", "raw_string", "word", "concatenation", "simple_expansion", "expansion"):
+        return None
+    if node.type in ("simple_expansion", "expansion") or "$(" in token.value or "`" in token.value:
+        return None
+    source = script.text[token.start:token.end]
+    base = ShellContainer(script.text, [token], script.mapper)
+    mapper, positions = word_mapper(base, 0)
+    if positions is None:
+        return None
+    words = []
+    for match in re.finditer(r"[^ \t\n]+", token.value):
+        a, b = match.start(), match.end()
+        value = match.group(0)
+        start, end = positions[a], positions[b - 1] + 1
+        if script.text[start:end] != value:
+            return None  # an escape inside the word: keep it out of reach
+        words.append(ShellToken(value, "$" in value, start, end, script.offset_line(start)))
+    quote = source[:1] if source[:1] in ("'", '"') else ""
+    forbidden = {'"': '"\\$`\n', "'": "'\n"}.get(quote, " \t\n\"'\\$`;&|<>()#")
+    outer = script.mapper
+
+    def guarded(edit: TextEdit) -> TextEdit | None:
+        return None if any(ch in edit.text for ch in forbidden) else outer(edit)
+
+    return _WordsContainer(script.text, words, guarded)
 
 
 def _continues(text: str, line_start: int) -> bool:
@@ -513,7 +810,9 @@ def _find_launcher(values: Sequence[str]) -> tuple[int, int, str] | None:
 
 def _runs_commands(first: str) -> bool:
     base = os.path.basename(first)
-    return base.startswith("python") or base in ("sglang", "pypy3") or base in WRAPPERS
+    # `$PYTHON -m sglang.launch_server`, `"${PY}" -m ...`, `$(which python3) -m ...`
+    return base.startswith("python") or base in ("sglang", "pypy3") or base in WRAPPERS or \
+        first.startswith("$")
 
 
 def _program_index(values: Sequence[str], module_flag: int) -> int:
