@@ -11,7 +11,7 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from sglaunch.migrate import shell
@@ -34,6 +34,7 @@ class _Instruction:
     value: str  # arguments as dockerfile-parse joined them
     line: int  # 1-based
     masked: str = ""  # text[body:end] with comment lines blanked out (same length)
+    heredocs: list = field(default_factory=list)  # _Heredoc bodies that follow the instruction
 
     def exec_items(self, text: str) -> list[str] | None:
         raw = text[self.body:self.end].strip()
@@ -77,11 +78,96 @@ class JsonArrayContainer:
         return [TextEdit(start, end, "")]
 
 
+@dataclass
+class _Heredoc:
+    """`RUN <<EOF` / `COPY <<'EOF' /start.sh`: the body lines after the instruction."""
+
+    delimiter: str
+    quoted: bool
+    start: int  # offset of the body's first line
+    end: int  # offset of the delimiter line (the body ends just before it)
+    line: int  # 1-based line of the body's first line
+
+
+HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def _attach_heredocs(text: str, instructions: list[_Instruction]) -> list[_Instruction]:
+    """dockerfile-parse does not know BuildKit heredocs and reads their bodies as instructions:
+    find each body (up to its delimiter line), give it to its instruction, drop the rest."""
+    offsets = _line_offsets(text)
+    lines = text.split("\n")
+    kept: list[_Instruction] = []
+    skip_until = -1
+    for instruction in instructions:
+        if instruction.start < skip_until:
+            continue
+        if instruction.keyword in ("RUN", "COPY", "ADD"):
+            row = instruction.line  # 0-based row of the next line
+            for match in HEREDOC.finditer(text[instruction.body:instruction.end]):
+                strip_tabs = bool(match.group(1))
+                first = row
+                while row < len(lines) and (lines[row].lstrip("\t") if strip_tabs else lines[row]) != match.group(3):
+                    row += 1
+                if row >= len(lines):
+                    raise DockerfileError(f"line {instruction.line}: heredoc <<{match.group(3)} is never closed")
+                instruction.heredocs.append(_Heredoc(match.group(3), bool(match.group(2)), offsets[first],
+                                                     offsets[row], first + 1))
+                row += 1
+            if instruction.heredocs:
+                skip_until = offsets[row] if row < len(offsets) else len(text) + 1
+        kept.append(instruction)
+    return kept
+
+
 def read_dockerfile(text: str) -> Document:
     doc = Document()
-    for stage in _stages(_instructions(text)):
+    for stage in _stages(_attach_heredocs(text, _instructions(text))):
         doc.sites.extend(_stage_sites(text, stage))
+        doc.errors.extend(_heredoc_sites(text, stage, doc.sites))
     return doc
+
+
+def _heredoc_sites(text: str, stage: list[_Instruction], sites: list[Site]) -> list:
+    """Scripts in `RUN <<EOF` bodies (run by the build shell, or the program named after the
+    marker) and in `COPY <<EOF /x.sh` bodies (a script written into the image)."""
+    problems: list = []
+    for instruction in stage:
+        for doc in instruction.heredocs:
+            body = text[doc.start:doc.end]
+            if not shell.mentions(body):
+                continue
+            head = HEREDOC.sub(" ", instruction.masked).strip()
+            head = RUN_OPTION.sub("", head + " ").strip() if instruction.keyword == "RUN" else head
+            words = head.split()
+            if instruction.keyword == "RUN":
+                program = os.path.basename(words[0]) if words else ""
+                script = not words or program in SHELLS or words[:1] == ["set"]
+            else:
+                dest = words[-1] if words else ""
+                script = dest.endswith(shell.SCRIPT_SUFFIXES) or shell._shebang(body)
+            if not script:
+                problems.append((doc.line, f"a {instruction.keyword} heredoc holds an SGLang launch the tool "
+                                 "does not read (not a shell script)", body, "unreadable"))
+                continue
+            forbidden = "" if doc.quoted else "$`\\"
+            start = doc.start
+
+            def mapper(edit: TextEdit, start=start, forbidden=forbidden) -> TextEdit | None:
+                if any(ch in edit.text for ch in forbidden):
+                    return None
+                return TextEdit(edit.start + start, edit.end + start, edit.text)
+
+            parsed = shell.parse_script(body, mapper, fmt="dockerfile")
+            env, dynamic = _stage_env(stage, instruction.start)
+            for site in parsed.sites:
+                adopted = _adopt(site, text, start, env, dynamic, None, doc.line - 1)
+                adopted.env_hint = "set NAME=VALUE in front of the command in the heredoc"
+                sites.append(adopted)
+            for line in parsed.error_lines:
+                problems.append((doc.line - 1 + line, "shell syntax in a heredoc that the tool could not parse",
+                                 body, "region"))
+    return problems
 
 
 def _instructions(text: str) -> list[_Instruction]:
