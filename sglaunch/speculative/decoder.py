@@ -124,8 +124,11 @@ class DSparkDecoder:
             torch.tensor(step.anchor_tokens, dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
             torch.tensor(greedy, dtype=torch.bool)], self.device)
-        block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
-                                          all_greedy=all(greedy))
+        if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph
+            block = out.greedy
+        else:
+            block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
+                                              all_greedy=all(greedy))
         windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
         verify, accept = mode_lengths(self.mode, windows, self.gamma)
         verify, accept = torch.minimum(verify, caps), torch.minimum(accept, caps)

@@ -3,7 +3,8 @@ them off, and with them the draft-context write inside the target's graphs).
 
 Eagerly, the block forward dispatches about 200 operators a step (two draft layers); on an H200
 host that is several milliseconds, longer than the GPU needs for the work. A graph replays them
-in one launch.
+in one launch, followed by the Markov block sampling of an all-greedy batch (`graph_body`), which
+a step whose requests are all greedy takes as its draft block.
 
 The forward's shapes depend on the batch size B and on the slot table's width C (the longest
 context of the step), so a graph is keyed on both, each rounded up:
@@ -31,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftKVPool, DSparkDrafter
+from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftBlock, DraftKVPool, DSparkDrafter
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,21 @@ def batch_from_flat(flat: torch.Tensor, key: DraftGraphKey, feature_width: int, 
     )
 
 
+def graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool) -> BlockOutput:
+    """What a drafter graph captures: the block forward, then the Markov block sampling of an
+    all-greedy batch (out.greedy). A step whose requests are all greedy reads that block (so its
+    85 or so sampling operators run inside the replay); any other step samples out eagerly."""
+    out = drafter.forward_block(batch, pool)
+    out.greedy = drafter.greedy_block(out, batch.anchor_tokens)
+    return out
+
+
+def first_rows(block: DraftBlock, batch: int) -> DraftBlock:
+    """The real requests' rows of a padded block."""
+    conf = block.conf_logits[:batch] if block.conf_logits is not None else None
+    return DraftBlock(block.tokens[:batch], None, block.logits[:batch], conf)
+
+
 class DraftGraphRunner:
     """Captures (lazily) and replays the drafter's block forward per DraftGraphKey."""
 
@@ -133,18 +149,18 @@ class DraftGraphRunner:
         graph, out = self.graphs[key]
         graph.replay()
         self.replays += 1
-        return BlockOutput(out.hidden[:batch], out.logits[:batch])
+        return BlockOutput(out.hidden[:batch], out.logits[:batch], first_rows(out.greedy, batch))
 
     def _capture(self, key: DraftGraphKey):
         start = time.perf_counter()
         batch = batch_from_flat(self.flat, key, self.feature_width, self.dtype)
         # NOTE: warm-up outside the capture (kernel selection, workspaces); with no pending
         # context rows the forward writes nothing to the pool, so warm-up and capture are pure
-        self.drafter.forward_block(batch, self.pool)
+        graph_body(self.drafter, batch, self.pool)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            out = self.drafter.forward_block(batch, self.pool)
+            out = graph_body(self.drafter, batch, self.pool)
         logger.info("DSpark drafter: CUDA graph for batch %d, context %d captured in %.0f ms", key.batch,
                     key.context, 1e3 * (time.perf_counter() - start))
         return graph, out

@@ -80,6 +80,7 @@ class DraftBatch:
 class BlockOutput:
     hidden: torch.Tensor  # [B, gamma, d] final-normed block states h_k
     logits: torch.Tensor  # [B, gamma, V] float32 base logits U_k (slot k predicts position p + k + 1)
+    greedy: DraftBlock | None = None  # the all-greedy sample_block, when a drafter graph computed it too
 
 
 @dataclass
@@ -401,6 +402,14 @@ class DSparkDrafter(nn.Module):
             full = q_all.new_zeros(B, G, self.config.vocab_size)
             q_all = full.index_copy_(2, self.draft_vocab, q_all)
         return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
+
+    def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
+        """sample_block for a batch of greedy rows only, from device inputs alone (no host value):
+        what a drafter CUDA graph captures after the forward."""
+        B, G = anchor_tokens.shape[0], self.config.block_size
+        zeros = torch.zeros(B, device=anchor_tokens.device)
+        return self.sample_block(out, anchor_tokens, zeros, uniforms=torch.zeros(B, G, device=anchor_tokens.device),
+                                 return_probs=False, all_greedy=True)
 
     def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:
         """forward_block + sample_block."""

@@ -9,7 +9,7 @@ import torch
 from spec_helpers import feature_rows, tiny_config
 from sglaunch.speculative.checkpoint import init_drafter_state, load_drafter, save_drafter
 from sglaunch.speculative.draft_graphs import (
-    MIN_CONTEXT, DraftGraphKey, DraftGraphPlan, batch_from_flat, padded_inputs)
+    MIN_CONTEXT, DraftGraphKey, DraftGraphPlan, batch_from_flat, first_rows, graph_body, padded_inputs)
 from sglaunch.speculative.draft_runner import context_slots
 from sglaunch.speculative.drafter import DraftBatch
 
@@ -68,7 +68,14 @@ def test_padded_batch_gives_the_eager_output(tmp_path, markov):
     assert key == DraftGraphKey(4, MIN_CONTEXT)
     static = torch.zeros(key.flat_size + 50, dtype=torch.int64)  # a larger static buffer, as on the GPU
     static[: key.flat_size] = padded_inputs(anchors, lengths, table, key)
-    padded = drafter.forward_block(batch_from_flat(static, key, cfg.num_features * cfg.hidden_size, torch.float32), pool)
+    padded = graph_body(drafter, batch_from_flat(static, key, cfg.num_features * cfg.hidden_size, torch.float32), pool)
     assert padded.logits.shape[0] == key.batch and torch.isfinite(padded.logits).all()
     torch.testing.assert_close(padded.hidden[:3], eager.hidden, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(padded.logits[:3], eager.logits, rtol=1e-5, atol=1e-5)
+    # the greedy block sampled inside the graph equals the eager sampling of the real rows
+    want = drafter.sample_block(eager, torch.tensor(anchors), torch.zeros(3), uniforms=torch.zeros(3, cfg.block_size),
+                                return_probs=False, all_greedy=True)
+    got = first_rows(padded.greedy, 3)
+    assert torch.equal(got.tokens, want.tokens) and got.probs is None
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.conf_logits, want.conf_logits, rtol=1e-5, atol=1e-5)
