@@ -1,0 +1,121 @@
+"""Issue 17: launches wherever teams keep them, and `--check` never passes a file that breaks.
+
+Every fixture in tests/migrate/fixtures/recall/ holds a launch that fails on 0.5.16 in a place
+the tool used to miss (a shell string, a heredoc, a launcher or the flags behind a variable, a
+Makefile, a systemd unit, a Python launcher, a CI workflow, a Helm template, ...). For each:
+`--check` must exit 1 with the expected findings at the expected lines; `--write
+--unsafe-fixes` must fix what it reports as fixable, keep the decoys, and a second run must
+change nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sglaunch.cli.migrate_flags import exit_code
+from sglaunch.migrate.evaluate import FIX, INFO, MANUAL, UNSAFE
+from sglaunch.migrate.files import process_file, write_atomic
+from sglaunch.migrate.rules import load_rules
+
+DIR = Path(__file__).parent / "fixtures" / "recall"
+RULES = load_rules().between("0.5.15", "0.5.16")
+TO = "0.5.16"
+
+# fixture -> (format, {(rule, line)} that must be reported, text that must survive --write,
+#             text that --write must produce)
+EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
+    "srun_bash_c.slurm": ("shell", {("R516-01", 9)},
+                          ['echo "started: python3 -m sglang.launch_server --enable-deepep-waterfill"',
+                           "\\$SLURM_NODEID"],
+                          ["--enable-waterfill --moe-a2a-backend deepep\""]),
+    "remote_ssh.sh": ("shell", {("R516-04", 4), ("R516-03", 5), ("R516-02", 6)},
+                      [], ["--fp4-gemm-backend auto --port 30001'", "--optimistic-prefill-attempts 3'"]),
+    "heredoc_writer.sh": ("shell", {("R516-08", 5), ("R516-10", 9)},
+                          ["usage: python3 -m sglang.launch_server --enable-deepep-waterfill"],
+                          ['--enable-prefill-cp "$@"', "--cp-strategy interleave --port ${PORT}"]),
+    "python_var.sh": ("shell", {("R516-01", 4), ("R516-03", 6), ("R516-08", 9)},
+                      ["$PYTHON -m sglang.launch_server $ARGS --port 30000"],
+                      ['ARGS="--model-path /models/qwen --tp 4 --enable-waterfill --moe-a2a-backend deepep"',
+                       'ARGS="$ARGS --fp4-gemm-backend auto"']),
+    "dead_args.sh": ("shell", {("unread", 3)}, ['SERVER_ARGS="--model-path /m --enable-deepep-waterfill"'], []),
+    "broken_syntax.sh": ("shell", {("unread", 2)}, ["--enable-deepep-waterfill"], []),
+    "Dockerfile.heredoc": ("dockerfile", {("R516-01", 5), ("R516-07", 5), ("R516-04", 9), ("unread", 12)},
+                           ["ENV SGLANG_RAGGED_VERIFY_MODE=static",
+                            'print("python -m sglang.launch_server --enable-deepep-waterfill")'],
+                           ["--enable-waterfill --moe-a2a-backend deepep --speculative-algorithm DSPARK &"]),
+}
+
+
+def test_every_fixture_has_expectations():
+    assert sorted(EXPECT) == sorted(p.name for p in DIR.iterdir())
+
+
+def run(path: Path, unsafe: bool = False):
+    report = process_file(str(path), True, RULES, TO, unsafe)
+    assert report is not None
+    return report
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_check_fails_with_the_expected_findings(name):
+    fmt, expected, _, _ = EXPECT[name]
+    report = run(DIR / name)
+    assert report.fmt == fmt
+    assert report.error is None, report.error
+    found = {(f.rule_id, f.line) for f in report.findings}
+    assert expected <= found, sorted(found)
+    assert exit_code([report]) == 1  # --check never passes these files
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_write_fixes_keeps_decoys_and_is_idempotent(name, tmp_path):
+    _, _, kept, produced = EXPECT[name]
+    target = tmp_path / name
+    shutil.copyfile(DIR / name, target)
+    first = run(target, unsafe=True)
+    if first.changed:
+        write_atomic(str(target), first.migrated)
+    text = target.read_text()
+    for snippet in kept:
+        assert snippet in text, snippet
+    for snippet in produced:
+        assert snippet in text, (snippet, text)
+    second = run(target, unsafe=True)
+    assert not second.changed, second.diff()
+    assert not [f for f in second.findings if f.level in (FIX, UNSAFE)]
+    # what cannot be fixed stays reported as manual after the fixes, so --check keeps failing
+    manual_before = {(f.rule_id, f.token) for f in first.findings if f.level == MANUAL}
+    manual_after = {(f.rule_id, f.token) for f in second.findings if f.level == MANUAL}
+    assert manual_before <= manual_after | {(r, t) for r, t in manual_before if r.startswith("R")}
+
+
+def test_unresolved_argument_variable_is_a_notice_not_silence():
+    report = run(DIR / "python_var.sh")
+    notes = [f for f in report.findings if f.rule_id == "unread"]
+    assert [(f.level, f.line, f.token) for f in notes] == [(INFO, 9, "$EXTRA_ARGS")]
+
+
+def test_value_variable_is_not_expanded_into_its_assignment():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = "B=cutlass\npython -m sglang.launch_server --fp4-gemm-backend $B --fp8-gemm-backend $B\n"
+    result = migrate_text(text, "shell", RULES, TO, unsafe_fixes=True)
+    assert result.text == text  # the value is shell text: reported, never rewritten at B=
+    assert [(f.rule_id, f.level) for f in result.findings if f.rule_id == "R516-03"] == [("R516-03", MANUAL)]
+
+
+@pytest.mark.parametrize("text", [
+    "echo 'bash -c \"python -m sglang.launch_server --enable-deepep-waterfill\"'\n",
+    "cat <<EOF\npython -m sglang.launch_server --enable-deepep-waterfill\nEOF\n",
+    "grep -- '--enable-deepep-waterfill' notes.txt\n",
+    "# ssh host \"python -m sglang.launch_server --enable-deepep-waterfill\"\n",
+])
+def test_decoys_stay_silent(text):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, "shell", RULES, TO)
+    assert result.text == text
+    assert [f for f in result.findings if f.level != INFO] == []
