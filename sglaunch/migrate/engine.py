@@ -234,7 +234,42 @@ def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: boo
             applied.extend(finding.ops)
             plan.findings.append(finding)
         plan.expected.append((_expected_args(args, applied), _expected_env(env, applied)))
+        for finding, edits in _false_keys(text, site, rules):
+            if edits and _conflicts(edits, plan.edits):
+                continue
+            plan.edits.extend(edits)
+            plan.findings.append(finding)
     return plan
+
+
+def _false_keys(text: str, site: Site, rules: Sequence[Rule]):
+    """`enable-deepep-waterfill: false` in a `--config` file: argparse never sees it, but the
+    dead key stops SGLang's loader. A rename writes the new key (the value stays false, so no
+    `ensure` is added); a removed or re-valued switch's `false` entry is deleted (false is the
+    default)."""
+    from sglaunch.flags.registry import SCHEMA
+
+    for key in site.false_keys:
+        flag = SCHEMA.lookup(key.spelling)
+        if flag is None:
+            continue
+        for rule in rules:
+            if rule.kind not in ("rename-flag", "remove-flag") or SCHEMA.lookup(rule.old or "") is not flag:
+                continue
+            if rule.kind == "rename-flag" and not (rule.set_value or rule.value_map or rule.transform):
+                name = key.spelling[2:]
+                if text[key.start:key.start + len(name)] != name or not (rule.new or "").startswith("--"):
+                    break
+                edits = [TextEdit(key.start, key.start + len(name), (rule.new or "")[2:])]
+                how = f"renamed to {(rule.new or '')[2:]} (the value stays false)"
+            else:
+                indent = text[key.line_start:key.start].rstrip("\"'")
+                edits = [TextEdit(key.line_start, key.line_end,
+                                  f"{indent}{key.comment}\n" if key.comment else "")]
+                how = "deleted (false is the default)"
+            yield (Finding(rule.id, FIX, key.line, f"the `--config` key {key.spelling[2:]}: false is {how}. "
+                           + rule.message, (), rule, key.spelling), edits)
+            break
 
 
 def _downgrade(finding: Finding) -> Finding:
@@ -339,11 +374,22 @@ def _revalidate(sites: list[Site], release: str, findings: list[Finding],
     (same token on the same original line)."""
     explained = {(f.token, f.line) for f in findings if f.level in (MANUAL, UNSAFE, INFO)}
     extra = []
+    from sglaunch.flags.registry import SCHEMA
+    from sglaunch.flags.spec import Status
+
     for site in sites:
         for finding in validate(site, release):
             line = _original_line(line_map, finding.line)
             if (finding.token, line) not in explained:
                 extra.append(finding)
+        for key in site.false_keys:
+            flag = SCHEMA.lookup(key.spelling)
+            if flag is not None and flag.status_at(release) is Status.REMOVED \
+                    and (key.spelling, _original_line(line_map, key.line)) not in explained:
+                extra.append(Finding("validate", MANUAL, key.line,
+                                     f"the `--config` key {key.spelling[2:]} (false) names a flag SGLang "
+                                     f"{release} no longer has (removed in {flag.removed}); its loader refuses "
+                                     "unknown keys: delete the entry", token=key.spelling))
     return extra
 
 

@@ -46,6 +46,16 @@ class TokenRef:
 EnvSetter = Callable[[str, str], "list[TextEdit] | None"]
 
 
+@dataclass(frozen=True)
+class FalseKey:
+    spelling: str  # --enable-deepep-waterfill
+    start: int  # offset of the key's name (inside its quotes)
+    line: int
+    line_start: int  # the whole entry's lines, for a deletion
+    line_end: int
+    comment: str = ""  # a trailing comment, kept on its own line when the entry goes
+
+
 @dataclass
 class Site:
     """One SGLang launch command found in a file, in any format."""
@@ -61,6 +71,9 @@ class Site:
     set_env: EnvSetter | None = None  # None: this format cannot carry environment variables
     env_hint: str = ""  # how to set an environment variable by hand in this format
     fmt: str = "shell"
+    # `--config` switches written `key: false`: not in `args` (argparse never sees them), but a
+    # renamed or removed flag's dead key still stops SGLang's loader
+    false_keys: tuple["FalseKey", ...] = ()
 
     def token_line(self, index: int) -> int:
         return self.refs[index].line if 0 <= index < len(self.refs) else self.line

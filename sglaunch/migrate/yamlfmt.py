@@ -393,6 +393,7 @@ def _config_site(text: str, root) -> Site:
         args.append(value)
         refs.append(TokenRef(container, index, (node or key).start_mark.line + 1))
 
+    false_keys = []
     for key, value in root.value:
         if not is_scalar(key):
             continue
@@ -400,6 +401,8 @@ def _config_site(text: str, root) -> Site:
         if is_scalar(value) and value.tag == BOOL_TAG and (flag is None or flag.kind is Kind.BOOL):
             if value.value.lower() in ("true", "yes", "on"):
                 push("--" + key.value, key, None, "key")
+            elif not root.flow_style:
+                false_keys.append(_false_key(text, key, value))
         elif is_seq(value) and value.value and all(is_scalar(v) for v in value.value):
             push("--" + key.value, key, None, "key")
             for item in value.value:
@@ -409,7 +412,22 @@ def _config_site(text: str, root) -> Site:
             push(str(value.value), key, value, "value")
     return Site(args=tuple(args), dynamic=tuple(False for _ in args), refs=tuple(refs),
                 line=root.start_mark.line + 1, launcher="sglang serve --config", fmt="config",
-                env_hint="export the variable in the script or manifest that runs `sglang serve --config FILE`")
+                env_hint="export the variable in the script or manifest that runs `sglang serve --config FILE`",
+                false_keys=tuple(k for k in false_keys if k is not None))
+
+
+def _false_key(text: str, key, value):
+    from sglaunch.migrate.tokens import FalseKey
+
+    skip = 1 if key.style in ('"', "'") else 0
+    line_start = text.rfind("\n", 0, key.start_mark.index) + 1
+    if text[line_start:key.start_mark.index].strip():
+        return None
+    end = _line_end(text, value.end_mark.index)
+    comments = comments_in(text, value.end_mark.index, end, [])
+    comment = text[comments[0][0]:comments[0][1]] if comments else ""
+    return FalseKey("--" + str(key.value), key.start_mark.index + skip, key.start_mark.line + 1,
+                    line_start, end, comment)
 
 
 # --------------------------------------------------------------------------- k8s / compose / any YAML

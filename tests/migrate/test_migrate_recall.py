@@ -46,6 +46,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                            ["ENV SGLANG_RAGGED_VERIFY_MODE=static",
                             'print("python -m sglang.launch_server --enable-deepep-waterfill")'],
                            ["--enable-waterfill --moe-a2a-backend deepep --speculative-algorithm DSPARK &"]),
+    "sglang_config_false.yaml": ("config", {("R516-01", 3), ("R516-08", 4), ("R516-20", 5)},
+                                 ["enable-metrics: false", "tp-size: 8"],
+                                 ["enable-waterfill: false   # off for now\n", '"enable-prefill-cp": false\n']),
 }
 
 
@@ -119,3 +122,12 @@ def test_decoys_stay_silent(text):
     result = migrate_text(text, "shell", RULES, TO)
     assert result.text == text
     assert [f for f in result.findings if f.level != INFO] == []
+
+
+def test_false_config_key_keeps_false_and_adds_no_backend(tmp_path):
+    target = tmp_path / "c.yaml"
+    shutil.copyfile(DIR / "sglang_config_false.yaml", target)
+    report = run(target)
+    assert "moe-a2a-backend" not in report.migrated  # `ensure` is for the switch turned on
+    assert "elastic-ep" not in report.migrated  # false is the default: the dead entry goes
+    assert report.migrated.count("\n") == report.original.count("\n") - 1
