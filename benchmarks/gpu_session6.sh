@@ -71,16 +71,33 @@ pipeline2() {  # the second run: the step-aside path made cheap, drafter graphs 
   touch "$W/all.done"
 }
 
+pipeline3() {  # the third run: greedy block sampling inside the drafter graphs; three sweep rounds
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py tests/gpu/test_kernels_gpu.py
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  for n in 1 2 3; do
+    part "sweep$n" 200 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+      --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep$n" --concurrency 1,8,32,64 \
+      --requests 16,48,128,256 --max-tokens 128 --time-budget 170 \
+      --modes "compact,compact+SGLAUNCH_DSPARK_STEP_ASIDE=0"
+  done
+  part bench 240 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset .gpu6/heldout_code.jsonl --num-prompts 48 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest profile sweep sweep1 sweep2 bench; do
+    for f in pytest profile sweep sweep1 sweep2 sweep3 bench; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
         pytest) grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$W/$f.log" | grep -vE "PASSED" | tail -40
                 grep -cE " PASSED" "$W/$f.log" ;;
+        sweep?) tail -n 9 "$W/$f.log" ;;
         *) tail -n 45 "$W/$f.log" ;;
       esac
     done
@@ -109,7 +126,7 @@ case "${1:-}" in
       python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
       nproc; } > "$W/machine.txt" 2>&1
     cat "$W/machine.txt"
-    export -f part pipeline pipeline2
+    export -f part pipeline pipeline2 pipeline3
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
