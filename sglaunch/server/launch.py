@@ -148,7 +148,8 @@ class _HttpServer(uvicorn.Server):
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM: stop admitting and drain; a second signal ends the drain at once.
+    """SIGINT/SIGTERM: stop admitting and drain; a second signal ends the drain at once (the
+    running requests get their abort event), a third drops open connections.
 
     NOTE: the HTTP server keeps listening while requests drain, so a load balancer sees /health
     answer 503 instead of a refused connection.
@@ -161,10 +162,12 @@ class _StopSignal:
         self.again = asyncio.Event()
 
     def trigger(self, sig: signal.Signals) -> None:
+        if self.again.is_set():  # a third signal: drop open connections at once
+            self._server.force_exit = True
+            return
         if self.event.is_set():
             logger.info("Received %s again; aborting the running requests now.", sig.name)
             self.again.set()
-            self._server.force_exit = True
             return
         logger.info("Received %s; shutting down.", sig.name)
         self._state.shutting_down = True

@@ -196,3 +196,21 @@ def test_a_rank_killed_mid_stream_ends_every_stream_with_an_error_event(long_lla
     assert "TP rank 1" in server.log()
     assert not alive(rank1)
 
+
+
+def test_a_second_signal_ends_the_drain_at_once(long_llama, tmp_path):
+    server = start(long_llama, tmp_path, graceful_shutdown_timeout=600)
+    try:
+        streams = [Stream(server.base_url, max_tokens=1800) for _ in range(3)]
+        for stream in streams:
+            assert stream.started.wait(120)
+        server.process.send_signal(signal.SIGTERM)
+        assert httpx.get(f"{server.base_url}/health", timeout=30).status_code == 503  # draining
+        server.process.send_signal(signal.SIGTERM)
+        for stream in streams:
+            stream.join()
+            assert stream.finish_reasons == ["abort"] and stream.events[-1] == "[DONE]"
+    finally:
+        exit_code = stop_server(server)
+    assert exit_code == 0, server.log()
+    assert "aborting the running requests now" in server.log()
