@@ -17,7 +17,8 @@ from sglaunch.migrate.rules import Rule
 from sglaunch.migrate.tokens import Site, TextEdit, apply_edits, drop_overlaps
 
 MAX_ROUNDS = 8
-FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml")
+FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
+           "systemd", "env", "python")
 
 
 class UnreadableError(Exception):
@@ -36,8 +37,10 @@ class Result:
     sites: int = 0  # launch commands found
 
 
-def read_sites(text: str, fmt: str) -> tuple[list[Site], list[tuple[int, str]]]:
-    """Launch commands of `text` in format `fmt`, plus non-fatal read problems (line, message)."""
+def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Site], list[tuple]]:
+    """Launch commands of `text` in format `fmt`, plus non-fatal read problems (line, message)
+    or (line, message, source text, kind). `origin`: the file's path, for the files it names
+    (compose `env_file:`, systemd `EnvironmentFile=`)."""
     from sglaunch.migrate import dockerfile, shell, yamlfmt
 
     try:
@@ -46,14 +49,27 @@ def read_sites(text: str, fmt: str) -> tuple[list[Site], list[tuple[int, str]]]:
             return list(parsed.sites), shell_problems(parsed)
         if fmt == "config":
             doc = yamlfmt.read_config(text)
-        elif fmt in ("k8s", "compose", "yaml"):
-            doc = yamlfmt.read_manifest(text, fmt)
+        elif fmt in ("k8s", "compose", "yaml", "workflow"):
+            doc = yamlfmt.read_manifest(text, fmt, origin)
+        elif fmt == "helm":
+            doc = yamlfmt.read_helm(text, origin)
         elif fmt == "dockerfile":
             doc = dockerfile.read_dockerfile(text)
+        elif fmt in ("makefile", "systemd", "env"):
+            from sglaunch.migrate import textfmt
+
+            doc = {"makefile": textfmt.read_makefile, "env": textfmt.read_envfile}[fmt](text) \
+                if fmt != "systemd" else textfmt.read_systemd(text, origin)
+        elif fmt == "python":
+            from sglaunch.migrate import pyfmt
+
+            doc = pyfmt.read_python(text)
         else:
             raise UnreadableError(f"unknown format {fmt}")
     except (yamlfmt.YamlError, dockerfile.DockerfileError) as exc:
         raise UnreadableError(str(exc)) from None
+    except SyntaxError as exc:
+        raise UnreadableError(f"invalid Python: {exc.msg} (line {exc.lineno})") from None
     return doc.sites, doc.errors
 
 
@@ -128,10 +144,10 @@ def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) 
 
 
 def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
-                 unsafe_fixes: bool = False) -> Result:
+                 unsafe_fixes: bool = False, origin: str | None = None) -> Result:
     """Migrate one file's text. Never raises for bad input: problems become findings/errors."""
     try:
-        sites, problems = read_sites(text, fmt)
+        sites, problems = read_sites(text, fmt, origin)
     except UnreadableError as exc:
         return Result(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
     findings: list[Finding] = []
@@ -150,18 +166,18 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
         report(finding, identity)
     current, count, line_map = text, len(sites), identity
     for _round in range(MAX_ROUNDS):
-        planned = _plan(current, sites, rules, unsafe_fixes)
+        planned = _plan(current, sites, rules, unsafe_fixes, _GUARDS.get(fmt))
         for finding in planned.findings:
             report(finding, line_map)
         if not planned.edits:
             break
         updated = apply_edits(current, planned.edits)
-        problem = _verify(updated, fmt, count, planned.expected)
+        problem = _verify(updated, fmt, count, planned.expected, origin)
         if problem:
             return _refused(text, findings, problem)
         line_map = _carry_lines(current, updated, planned.edits, line_map)
         current = updated
-        sites, _ = read_sites(current, fmt)
+        sites, _ = read_sites(current, fmt, origin)
     else:
         raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
     for finding in _revalidate(sites, to_release, findings, line_map):
@@ -213,7 +229,22 @@ class _Plan:
     expected: list[tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=list)
 
 
-def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: bool) -> _Plan:
+def _helm_guard(text: str, edits: Sequence[TextEdit]) -> bool:
+    """No edit may touch a Helm directive or write one (or the mask that stands for one)."""
+    from sglaunch.migrate.yamlfmt import MASK
+
+    for edit in edits:
+        around = text[max(0, edit.start - 2):edit.end + 2]
+        if "{{" in around or "}}" in around or MASK in edit.text or "{{" in edit.text:
+            return False
+    return True
+
+
+_GUARDS = {"helm": _helm_guard}
+
+
+def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: bool,
+          guard: Callable[[str, Sequence[TextEdit]], bool] | None = None) -> _Plan:
     plan = _Plan()
     for site in sites:
         args, env = list(site.args), dict(site.env)
@@ -224,6 +255,8 @@ def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: boo
                 plan.findings.append(finding)
                 continue
             edits = _edits_for(site, finding.ops)
+            if edits is not None and guard is not None and not guard(text, edits):
+                edits = None
             if edits is None:
                 plan.findings.append(_downgrade(finding))
                 continue
@@ -345,10 +378,10 @@ def _expected_env(env: dict[str, str], ops: Sequence[Op]) -> dict[str, str]:
     return out
 
 
-def _verify(text: str, fmt: str, count: int, expected) -> str:
+def _verify(text: str, fmt: str, count: int, expected, origin: str | None = None) -> str:
     """'' when the rewritten text re-reads as exactly the intended commands."""
     try:
-        sites, _ = read_sites(text, fmt)
+        sites, _ = read_sites(text, fmt, origin)
     except UnreadableError as exc:
         return f"the rewrite would not parse any more ({exc})"
     if len(sites) != count:
@@ -396,26 +429,63 @@ def _revalidate(sites: list[Site], release: str, findings: list[Finding],
 # --------------------------------------------------------------------------- formats
 
 
+SCRIPT_NAMES = (".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")
+MAKEFILES = ("makefile", "gnumakefile")
+SYSTEMD = (".service", ".socket", ".target", ".timer")
+
+
 def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     """Format from the file name, then the content; None when it is not a launch file."""
     path = PurePath(name)
     lower = path.name.lower()
-    if lower in ("dockerfile", "containerfile") or lower.startswith("dockerfile.") \
+    parts = [p.lower() for p in path.parts]
+    if lower in ("dockerfile", "containerfile") or lower.startswith(("dockerfile.", "containerfile.")) \
             or lower.endswith((".dockerfile", ".containerfile")):
         return "dockerfile"
-    if lower.endswith((".yaml", ".yml")):
+    if lower.endswith((".yaml", ".yml", ".tpl")):
+        if lower in (".gitlab-ci.yml", ".gitlab-ci.yaml") or "workflows" in parts[:-1] and ".github" in parts \
+                or lower in ("action.yml", "action.yaml") or ".gitlab" in parts or ".circleci" in parts \
+                or lower.endswith(".gitlab-ci.yml"):
+            return "workflow"
+        if "{{" in text and ("templates" in parts[:-1] or _not_yaml(text)):
+            return "helm"
+        if lower.endswith(".tpl"):
+            return None
         from sglaunch.migrate.yamlfmt import detect_yaml
 
         return detect_yaml(text)
-    if lower.endswith((".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")):
+    if lower.endswith(SCRIPT_NAMES):
         return "shell"
-    return sniff(text, loose)
+    if lower in MAKEFILES or lower.endswith(".mk") or lower.startswith("makefile."):
+        return "makefile"
+    if lower.endswith(SYSTEMD) or lower.endswith(".service.in"):
+        return "systemd"
+    if lower == ".env" or lower.startswith(".env.") or lower.endswith(".env") or lower in ("env", "envfile"):
+        return "env"
+    if lower.endswith((".py", ".pyw")):
+        return "python"
+    sniffed = sniff(text, loose)
+    if sniffed is None and text.startswith("#!") and "python" in text.split("\n", 1)[0]:
+        return "python"
+    return sniffed
+
+
+def _not_yaml(text: str) -> bool:
+    from sglaunch.migrate.yamlfmt import YamlError, compose
+
+    try:
+        compose(text)
+    except YamlError:
+        return True
+    return False
 
 
 def sniff(text: str, loose: bool = True) -> str | None:
     """Content-only detection (stdin, files without a telling name)."""
     head = text.lstrip()[:4096]
     first = head.splitlines()[0] if head else ""
+    if re.search(r"(?m)^\[(Unit|Service|Install)\]\s*$", head) and re.search(r"(?m)^\s*Exec\w*=", head):
+        return "systemd"
     if first.startswith("#!") and any(s in first for s in ("sh", "bash", "zsh")):
         return "shell"
     if any(line.upper().startswith("FROM ") for line in head.splitlines()[:40]) and \

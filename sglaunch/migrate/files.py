@@ -16,7 +16,12 @@ from sglaunch.migrate.rules import Rule
 
 MAX_BYTES = 4 * 1024 * 1024
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__",
-                       ".mypy_cache", ".pytest_cache", ".tox", "site-packages"})
+                       ".mypy_cache", ".pytest_cache", ".tox", "site-packages", ".ruff_cache", ".nox",
+                       ".eggs", ".cache", ".idea", ".vscode", ".terraform", ".direnv"})
+# Hidden folders that hold CI and deployment files are walked; other hidden folders are not.
+HIDDEN_WALKED = frozenset({".github", ".gitlab", ".circleci", ".buildkite", ".ci", ".devcontainer",
+                           ".docker", ".deploy", ".k8s", ".helm", ".slurm", ".jenkins", ".drone", ".woodpecker",
+                           ".tekton", ".azure-pipelines", ".config"})
 BOM = "\ufeff"
 STDIN = "-"
 
@@ -64,7 +69,8 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
 
 def _walk(root: Path) -> Iterable[Path]:
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and (not d.startswith(".") or d in HIDDEN_WALKED)
+                         and not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg")))
         for name in sorted(files):
             yield Path(folder) / name
 
@@ -121,7 +127,8 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
             return report if explicit else None
         work = work.translate(_TO_PUA)
     try:
-        result: Result = migrate_text(work, fmt, rules, to_release, unsafe_fixes)
+        result: Result = migrate_text(work, fmt, rules, to_release, unsafe_fixes,
+                                      origin=path if path != STDIN else None)
     except ConvergenceError as exc:
         report.error = str(exc)
         report.findings.append(Finding("engine", ERROR, 0, str(exc)))

@@ -433,17 +433,82 @@ def _false_key(text: str, key, value):
 # --------------------------------------------------------------------------- k8s / compose / any YAML
 
 
-def read_manifest(text: str, fmt: str) -> Document:
-    """Kubernetes manifests, compose files and other YAML: every launch command inside."""
+def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
+    """Kubernetes manifests, compose files, CI workflows and other YAML: every launch command
+    inside. CI `run:` / `script:` steps see the `env:` / `variables:` maps of the workflow, job
+    and step around them; compose services their `env_file:` files (read next to `origin`)."""
     doc = Document()
     consumed: set[int] = set()
     for root in compose(text):
         for mapping in _mappings(root):
             if _has_command_keys(mapping):
-                doc.sites.extend(_container_sites(text, mapping, fmt, consumed))
-        for node in _nodes(root):
+                doc.sites.extend(_container_sites(text, mapping, fmt, consumed, origin, doc))
+        for node, env in _nodes_with_env(root, {}):
             if id(node) not in consumed:
-                doc.sites.extend(_loose_sites(text, node, fmt))
+                for site in _loose_sites(text, node, fmt):
+                    site.env = {**env, **site.env}
+                    doc.sites.append(site)
+    return doc
+
+
+def _nodes_with_env(node, env: dict[str, str]) -> Iterator:
+    """Every node with the environment its CI step would see: `env:` (GitHub Actions) and
+    `variables:` (GitLab CI) maps of scalars, inner ones overriding outer ones."""
+    if is_map(node):
+        local = dict(env)
+        for key in ("env", "variables"):
+            _, value = get(node, key)
+            if value is not None and is_map(value):
+                for k, v in value.value:
+                    if is_scalar(k) and is_scalar(v):
+                        local[str(k.value)] = str(v.value)
+                    elif is_scalar(k) and is_map(v):  # GitLab `NAME: {value: x, description: ...}`
+                        _, inner = get(v, "value")
+                        if inner is not None and is_scalar(inner):
+                            local[str(k.value)] = str(inner.value)
+        yield node, local
+        for key, value in node.value:
+            yield from _nodes_with_env(key, local)
+            yield from _nodes_with_env(value, local)
+    elif is_seq(node):
+        yield node, env
+        for item in node.value:
+            yield from _nodes_with_env(item, env)
+    else:
+        yield node, env
+
+
+MASK = "\ue000"  # stands for each character of a Helm `{{ ... }}` directive
+DIRECTIVE = re.compile(r"\{\{.*?\}\}", re.S)
+
+
+def mask_helm(text: str) -> str:
+    """A Helm template with every `{{ ... }}` directive masked, same length: a line that holds
+    only directives becomes blank, a directive inside a value one MASK per character (the
+    newlines inside a directive are kept), so ruamel.yaml reads the template's YAML."""
+    out = []
+    for line in text.split("\n"):
+        if DIRECTIVE.sub("", line).strip() == "" and "{{" in line:
+            out.append(" " * len(line))
+        else:
+            out.append(line)
+    masked = "\n".join(out)
+    return DIRECTIVE.sub(lambda m: "".join(c if c == "\n" else MASK for c in m.group(0)), masked)
+
+
+def read_helm(text: str, origin: str | None = None) -> Document:
+    """A Helm chart template: the masked YAML read as Kubernetes manifests. Values that hold a
+    directive are shell text to the rules (`--quantization {{ .Values.q }}` is reported, never
+    guessed); the engine refuses any edit that would touch a directive."""
+    masked = mask_helm(text)
+    try:
+        doc = read_manifest(masked, "k8s", origin)
+    except YamlError as exc:
+        raise YamlError(f"{exc} (after masking the template's {{{{ }}}} directives)") from None
+    for site in doc.sites:
+        site.dynamic = tuple(d or MASK in a for a, d in zip(site.args, site.dynamic))
+        site.args = tuple(re.sub(MASK + "+", "{{...}}", a) for a in site.args)  # as shown in findings
+        site.fmt = "helm"
     return doc
 
 
@@ -477,7 +542,8 @@ class _Part:
     lines: list[int]
 
 
-def _container_sites(text: str, mapping, fmt: str, consumed: set[int]) -> list[Site]:
+def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: str | None = None,
+                     doc: "Document | None" = None) -> list[Site]:
     parts: list[_Part] = []
     for key in ("entrypoint", "command", "args"):
         _, node = get(mapping, key)
@@ -490,12 +556,17 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int]) -> list[S
         parts.append(part)
     values = [v for p in parts for v in p.values]
     env, env_dynamic = _container_env(mapping)
+    file_env = _env_files(mapping, origin, doc)
+    env = {**file_env, **env}
     setter = _env_setter(text, mapping, fmt)
     hint = "add it to `env:`" if fmt == "k8s" else "add it to `environment:`"
     script = _shell_script(values)
     if script is not None:
         return _script_sites(text, parts, script, env, env_dynamic, setter, fmt)
     found = shell._find_launcher(values)
+    if found is None and get(mapping, "command")[1] is None and get(mapping, "entrypoint")[1] is None \
+            and flag_list(values):
+        found = (0, 0, "image entrypoint")  # `args:` only: the image's entrypoint is the launcher
     if found is None:
         return []
     _, end, launcher = found
@@ -530,7 +601,7 @@ def _part(text: str, node) -> _Part | None:
 
 
 def _is_dynamic(value: str) -> bool:
-    return "$(" in value or "${" in value
+    return "$(" in value or "${" in value or MASK in value
 
 
 def _line(text: str, mapper, start: int) -> int:
@@ -616,6 +687,41 @@ def _script_line(node, first_line: int, line_in_script: int) -> int:
     return first_line + offset + line_in_script
 
 
+def flag_list(values: Sequence[str]) -> bool:
+    """An argument list of SGLang flags without a launcher (k8s `args:` for the sglang image,
+    Helm `extraArgs:`): it starts with a flag and names at least one SGLang flag."""
+    if not values or not values[0].startswith("--"):
+        return False
+    return any(v.startswith("--") and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values)
+
+
+def _env_files(mapping, origin: str | None, doc: "Document | None") -> dict[str, str]:
+    """Variables of a compose service's `env_file:` files (`environment:` overrides them)."""
+    from sglaunch.migrate.textfmt import read_env_file
+
+    _, node = get(mapping, "env_file")
+    if node is None:
+        return {}
+    paths = []
+    for item in (node.value if is_seq(node) else [node]):
+        if is_scalar(item):
+            paths.append((str(item.value), item))
+        elif is_map(item) and is_scalar(get(item, "path")[1] or item):
+            path_node = get(item, "path")[1]
+            if path_node is not None:
+                paths.append((str(path_node.value), path_node))
+    env: dict[str, str] = {}
+    for path, item in paths:
+        read = read_env_file(path, origin)
+        if read is None:
+            if doc is not None:
+                doc.errors.append((item.start_mark.line + 1, f"env_file {path} cannot be read here; the variables "
+                                   "it sets are not checked"))
+            continue
+        env.update(read)
+    return env
+
+
 def _loose_sites(text: str, node, fmt: str) -> list[Site]:
     """Launch commands outside container specs: argv lists and embedded shell scripts."""
     if is_seq(node) and node.value and all(is_scalar(i) for i in node.value):
@@ -623,6 +729,8 @@ def _loose_sites(text: str, node, fmt: str) -> list[Site]:
         if part is None:
             return []
         found = shell._find_launcher(part.values)
+        if found is None and flag_list(part.values):
+            found = (0, 0, "argument list")
         if found is None:
             return []
         _, end, launcher = found

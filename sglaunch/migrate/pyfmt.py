@@ -1,0 +1,217 @@
+"""Launch commands in Python launchers, read with Python's own `ast`.
+
+Found: argument lists (`subprocess.Popen([sys.executable, "-m", "sglang.launch_server", ...])`,
+`cmd = [...]`, `cmd += ["--x", ...]`, any list or tuple literal that holds a launcher or starts
+with an SGLang flag), and strings that hold a launch command (`os.system("python -m ...")`,
+`shell=True`, `shlex.split(...)`, f-strings, whose `{...}` fields count as shell text). A
+string literal that is exactly a flag a rule is about, anywhere else (`cmd.append("--x")`),
+is reported for a person. Edits stay inside the string literals' quotes; elements that are
+not plain literals (`sys.executable`, `str(port)`, `*extra`) are never rewritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Sequence
+
+from sglaunch.migrate import shell
+from sglaunch.migrate.tokens import Site, TextEdit, TokenRef
+from sglaunch.migrate.yamlfmt import Document, flag_list
+
+FLAG_LITERAL = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?")
+SAFE = re.compile(r"[^\\\n'\"]*")
+
+
+class _Offsets:
+    def __init__(self, text: str):
+        self.text = text
+        self.lines = text.split("\n")
+        self.starts = [0]
+        for line in self.lines[:-1]:
+            self.starts.append(self.starts[-1] + len(line) + 1)
+
+    def at(self, lineno: int, col_bytes: int) -> int:
+        line = self.lines[lineno - 1]
+        col = len(line.encode("utf-8", "surrogatepass")[:col_bytes].decode("utf-8", "surrogatepass"))
+        return self.starts[lineno - 1] + col
+
+    def span(self, node) -> tuple[int, int]:
+        return self.at(node.lineno, node.col_offset), self.at(node.end_lineno, node.end_col_offset)
+
+
+class _Literal:
+    """A plain one-line string literal ("x" or 'x', no prefix, no escapes) or None."""
+
+    def __init__(self, text: str, start: int, end: int):
+        self.start, self.end = start, end
+        src = text[start:end]
+        self.quote = src[:1] if src[:1] in ("'", '"') and src[-1:] == src[:1] and len(src) >= 2 else ""
+        if src.startswith(self.quote * 3) or not SAFE.fullmatch(src[1:-1] if self.quote else "\\"):
+            self.quote = ""
+
+
+class PyListContainer:
+    """The elements of a Python list or tuple literal used as an argv."""
+
+    def __init__(self, text: str, spans: list[tuple[int, int]], literals: list[bool]):
+        self.text = text
+        self.spans = spans
+        self.literal = [_Literal(text, s, e) if ok else None for (s, e), ok in zip(spans, literals)]
+
+    def _plain(self, i: int) -> _Literal | None:
+        lit = self.literal[i]
+        return lit if lit is not None and lit.quote else None
+
+    def rename_prefix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        lit = self._plain(i)
+        if lit is None or not self.text[lit.start + 1:].startswith(old) or not SAFE.fullmatch(new):
+            return None
+        return [TextEdit(lit.start + 1, lit.start + 1 + len(old), new)]
+
+    def replace_suffix(self, i: int, old: str, new: str) -> list[TextEdit] | None:
+        lit = self._plain(i)
+        if lit is None or not self.text[lit.start:lit.end - 1].endswith(old) or not SAFE.fullmatch(new):
+            return None
+        return [TextEdit(lit.end - 1 - len(old), lit.end - 1, new)]
+
+    def replace(self, i: int, j: int, new_tokens: Sequence[str]) -> list[TextEdit] | None:
+        if any(self._plain(k) is None for k in range(i, j)) or any(not SAFE.fullmatch(t) for t in new_tokens):
+            return None
+        quote = self._plain(i).quote  # type: ignore[union-attr]
+        start, end = self.spans[i][0], self.spans[j - 1][1]
+        if new_tokens:
+            return [TextEdit(start, end, ", ".join(quote + t + quote for t in new_tokens))]
+        if j < len(self.spans):
+            start, end = start, self.spans[j][0]
+        elif i > 0:
+            start = self.spans[i - 1][1]
+        if "#" in self.text[start:end]:
+            return None  # a comment between the elements: leave it to a person
+        return [TextEdit(start, end, "")]
+
+
+def read_python(text: str) -> Document:
+    tree = ast.parse(text)
+    offsets = _Offsets(text)
+    doc = Document()
+    covered: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for arg in node.args[:1]:
+                if isinstance(arg, (ast.List, ast.Tuple)):
+                    arg._sglaunch_env = _call_env(node)  # type: ignore[attr-defined]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            site = _argv_site(text, offsets, node)
+            if site is not None:
+                doc.sites.append(site)
+                covered.update(id(e) for e in node.elts)
+        elif isinstance(node, ast.JoinedStr):
+            covered.update(id(v) for v in node.values)
+            _fstring(text, offsets, node, doc)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in covered:
+            if shell.mentions(node.value):
+                _script(text, offsets, node, doc)
+            elif FLAG_LITERAL.fullmatch(node.value):
+                doc.errors.append((node.lineno, f"the string {node.value!r} looks like an SGLang launch flag "
+                                   "outside any argument list the tool can read; check it by hand",
+                                   node.value, "unreadable"))
+    return doc
+
+
+def _call_env(call: ast.Call) -> dict[str, str]:
+    for keyword in call.keywords:
+        if keyword.arg == "env" and isinstance(keyword.value, ast.Dict):
+            return {k.value: v.value for k, v in zip(keyword.value.keys, keyword.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+                    and isinstance(k.value, str) and isinstance(v.value, str)}
+    return {}
+
+
+def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
+    values, dynamic, spans, literal = [], [], [], []
+    passthrough = False
+    for element in node.elts:
+        span = offsets.span(element)
+        if isinstance(element, ast.Constant) and isinstance(element.value, str):
+            values.append(element.value)
+            dynamic.append(False)
+            literal.append(True)
+        elif isinstance(element, ast.Starred):
+            passthrough = True
+            continue
+        else:
+            values.append(ast.get_source_segment(text, element) or "$expr")
+            dynamic.append(True)
+            literal.append(False)
+        spans.append(span)
+    found = shell._find_launcher(["python" if d and k == 0 else v for k, (v, d) in enumerate(zip(values, dynamic))])
+    if found is None and flag_list(values):
+        found = (0, 0, "argument list")
+    if found is None:
+        return None
+    _, end, launcher = found
+    container = PyListContainer(text, spans, literal)
+    refs = tuple(TokenRef(container, k, node.lineno if k >= len(node.elts) else
+                          text.count("\n", 0, spans[k][0]) + 1) for k in range(end, len(values)))
+    env = getattr(node, "_sglaunch_env", {})
+    return Site(args=tuple(values[end:]), dynamic=tuple(dynamic[end:]), refs=refs, line=node.lineno,
+                launcher=launcher, env=dict(env), passthrough=passthrough, fmt="python",
+                env_hint="pass env={**os.environ, 'NAME': 'VALUE'} to the subprocess call")
+
+
+def _script(text: str, offsets: _Offsets, node: ast.Constant, doc: Document) -> None:
+    start, end = offsets.span(node)
+    lit = _Literal(text, start, end)
+    src = text[start:end]
+    triple = src[:3] in ('"""', "'''")
+    if triple and "\\" not in src:
+        body_start, body = start + 3, src[3:-3]
+        forbidden = src[:1] + "\\"
+    elif lit.quote:
+        body_start, body = start + 1, src[1:-1]
+        forbidden = lit.quote + "\\\n"
+    else:
+        doc.errors.append((node.lineno, "a Python string holds an SGLang launch the tool cannot line up with "
+                           "its escapes; check it by hand", node.value, "unreadable"))
+        return
+    _parse_into(doc, body, body_start, forbidden, text, node.lineno)
+
+
+def _fstring(text: str, offsets: _Offsets, node: ast.JoinedStr, doc: Document) -> None:
+    start, end = offsets.span(node)
+    src = text[start:end]
+    match = re.match(r"(?i)[fr]{1,2}('''|\"\"\"|'|\")", src)
+    if match is None or "\\" in src:
+        if shell.mentions(src):
+            doc.errors.append((node.lineno, "an f-string holds an SGLang launch the tool cannot read; check it by hand",
+                               src, "unreadable"))
+        return
+    quote = match.group(1)
+    body = src[match.end():len(src) - len(quote)]
+    if not shell.mentions(body):
+        return
+    # `{expr}` fields become shell expansions of the same length: values the rules cannot know
+    masked = re.sub(r"\{[^{}]*\}", lambda m: "$" + "_" * (len(m.group(0)) - 1), body)
+    _parse_into(doc, masked, start + match.end(), quote[:1] + "\\{}", text, node.lineno)
+
+
+def _parse_into(doc: Document, body: str, body_start: int, forbidden: str, text: str, lineno: int) -> None:
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        if any(ch in edit.text for ch in forbidden):
+            return None
+        return TextEdit(edit.start + body_start, edit.end + body_start, edit.text)
+
+    first_line = text.count("\n", 0, body_start) + 1
+    parsed = shell.parse_script(body, mapper, fmt="python")
+    for site in parsed.sites:
+        site.refs = tuple(TokenRef(r.container, r.index, first_line - 1 + r.line) for r in site.refs)
+        site.line = first_line - 1 + site.line
+        site.set_env = None
+        site.env_hint = "set it in the environment the Python launcher passes to the server"
+        doc.sites.append(site)
+    for line, source, kind in parsed.suspects:
+        doc.errors.append((first_line - 1 + line, "a launch in a Python string the tool could not read fully",
+                           source, "region" if kind == "region" else kind.split(" ")[0]))

@@ -1,0 +1,212 @@
+"""Launch commands in Makefiles, systemd units and env files.
+
+All three hold shell (or shell-like) text in known places. Each reader writes a *masked* copy
+of the file, of the same length, in which everything but those places is blanked out (and
+make's `$(VAR)` is written `${VAR}`), and hands it to the shell reader (tree-sitter-bash):
+offsets stay the file's own, so an edit is made on the original text at the same place.
+Edits that would bring in a `$` (make and systemd expand it) are refused and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+from sglaunch.migrate import shell
+from sglaunch.migrate.tokens import Site, TextEdit
+from sglaunch.migrate.yamlfmt import Document
+
+MAKE_VAR = re.compile(r"\$([({])([A-Za-z_][A-Za-z0-9_.-]*)([)}])")
+MAKE_ASSIGN = re.compile(r"^(?:export\s+|override\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\?=|:=|::=|\+=|!=|=)\s*(.*)$")
+
+
+def _blank(line: str) -> str:
+    return " " * len(line)
+
+
+def _guard(forbidden: str):
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        return None if any(ch in edit.text for ch in forbidden) else edit
+
+    return mapper
+
+
+def _problems(parsed) -> list:
+    from sglaunch.migrate.engine import shell_problems
+
+    return shell_problems(parsed)
+
+
+# --------------------------------------------------------------------------- Makefile
+
+
+def read_makefile(text: str) -> Document:
+    """Recipe lines (tab-indented, with their backslash continuations) are shell; `@`, `-`
+    and `+` prefixes are dropped, `$(VAR)` / `${VAR}` become shell expansions and `$$` a
+    literal `$`. Variable assignments that hold launch flags (`SGLANG_ARGS = --x`) are
+    reported when a recipe uses them, since make, not the shell, expands them."""
+    lines = text.split("\n")
+    out: list[str] = []
+    in_recipe = continued = False
+    assignments: list[tuple[int, str, str]] = []
+    for number, line in enumerate(lines, 1):
+        if continued and in_recipe:
+            out.append(_mask_make(line))
+        elif line.startswith("\t") and in_recipe:
+            body = line[1:]
+            stripped = body.lstrip("@-+ \t")
+            out.append("\t" + " " * (len(body) - len(stripped)) + _mask_make(stripped))
+        elif not line.strip() or line.lstrip().startswith("#"):
+            out.append(_blank(line))  # blank lines and comments do not end a recipe
+            continued = False
+            continue
+        else:
+            in_recipe = bool(re.match(r"^[^\s#=][^=]*:(?!=)", line)) and not MAKE_ASSIGN.match(line)
+            match = MAKE_ASSIGN.match(line)
+            if match and not line.startswith("\t"):
+                assignments.append((number, match.group(1), match.group(2)))
+            out.append(_blank(line))
+        continued = line.endswith("\\") and (in_recipe or continued)
+    masked = "\n".join(out)
+    parsed = shell.parse_script(masked, _guard("$"), fmt="makefile")
+    doc = Document(sites=list(parsed.sites), errors=_problems(parsed))
+    for number, name, value in assignments:
+        if "-" in value or shell.mentions(value):
+            doc.errors.append((number, f"${{{name}}} holds what looks like SGLang launch flags; make expands it "
+                               "into the recipe, where the tool does not follow it: check and fix it by hand",
+                               value, "variable"))
+    return doc
+
+
+def _mask_make(line: str) -> str:
+    line = line.replace("$$", "\\$")
+    return MAKE_VAR.sub(lambda m: "${" + m.group(2) + "}" if m.group(1) == "(" or m.group(3) == "}" else m.group(0),
+                        line)
+
+
+# --------------------------------------------------------------------------- systemd
+
+
+EXEC_KEYS = ("ExecStart", "ExecStartPre", "ExecStartPost", "ExecReload")
+
+
+def read_systemd(text: str, origin: str | None = None) -> Document:
+    """`ExecStart=` lines (with `-@:+!` prefixes and backslash continuations) are read as
+    shell words; `Environment=` and readable `EnvironmentFile=` files give the environment.
+    The compact fix goes in as an `Environment=` line before `ExecStart=`."""
+    lines = text.split("\n")
+    out: list[str] = []
+    env: dict[str, str] = {}
+    files: dict[str, str] = {}
+    problems: list = []
+    continued = False
+    exec_starts: list[int] = []  # offsets of the ExecStart= lines
+    offset = 0
+    for line in lines:
+        match = re.match(r"^(\s*)(\w+)\s*=\s*", line)
+        if continued:
+            out.append(line)
+        elif match and match.group(2) in EXEC_KEYS:
+            prefix = match.end()
+            rest = line[prefix:]
+            stripped = rest.lstrip("-@:+!")
+            out.append(" " * (prefix + len(rest) - len(stripped)) + stripped)
+            if match.group(2) == "ExecStart":
+                exec_starts.append(offset)
+        else:
+            if match and match.group(2) == "Environment":
+                try:
+                    words = shlex.split(line[match.end():])
+                except ValueError:
+                    words = []
+                for word in words:
+                    name, eq, value = word.partition("=")
+                    if eq:
+                        env[name] = value
+            elif match and match.group(2) == "EnvironmentFile":
+                path = line[match.end():].strip().lstrip("-")
+                read = read_env_file(path, origin)
+                if read is None:
+                    files[path] = ""
+                    problems.append((len(out) + 1, f"EnvironmentFile={path} cannot be read here; the variables "
+                                     "it sets (they override Environment=) are not checked"))
+                else:
+                    env.update(read)
+            out.append(_blank(line))
+        continued = (continued or bool(match and match.group(2) in EXEC_KEYS)) and line.endswith("\\")
+        offset += len(line) + 1
+    masked = "\n".join(out)
+    parsed = shell.parse_script(masked, _guard("$%"), fmt="systemd")
+    problems.extend(_problems(parsed))
+    sites = []
+    for site in parsed.sites:
+        site.env = {**env, **site.env}
+        at = max((o for o in exec_starts if o <= _site_offset(site, masked)), default=None)
+        site.set_env = _systemd_setter(text, at) if at is not None else None
+        site.env_hint = "add `Environment=NAME=VALUE` to the [Service] section"
+        sites.append(site)
+    return Document(sites=sites, errors=problems)
+
+
+def _site_offset(site: Site, text: str) -> int:
+    lines = text.split("\n")
+    return sum(len(line) + 1 for line in lines[:site.line - 1])
+
+
+def _systemd_setter(text: str, at: int):
+    def set_env(name: str, value: str) -> list[TextEdit] | None:
+        if any(ch in value for ch in ' "\\$%'):
+            return None
+        return [TextEdit(at, at, f"Environment={name}={value}\n")]
+
+    return set_env
+
+
+# --------------------------------------------------------------------------- env files
+
+
+def parse_env_text(text: str) -> dict[str, str]:
+    """`NAME=VALUE` lines of an env file (compose `env_file:`, systemd `EnvironmentFile=`)."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].strip()
+        name, eq, value = line.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.strip()):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        env[name.strip()] = value
+    return env
+
+
+def read_env_file(path: str, origin: str | None) -> dict[str, str] | None:
+    """The variables of an env file named by another file (relative to that file's folder),
+    or None when it cannot be read."""
+    if not path:
+        return None
+    candidates = [path] if os.path.isabs(path) else []
+    if origin and not os.path.isabs(path):
+        candidates.append(os.path.join(os.path.dirname(origin) or ".", path))
+    for candidate in candidates:
+        try:
+            with open(candidate, encoding="utf-8", errors="surrogateescape") as handle:
+                return parse_env_text(handle.read())
+        except OSError:
+            continue
+    return None
+
+
+def read_envfile(text: str) -> Document:
+    """An env file is shell assignment syntax: a value holding a launch (`CMD="python -m
+    sglang.launch_server ..."`) is read and fixed as a script; a value holding launch flags
+    (`SGLANG_ARGS=--x`) is reported, since whoever reads the file expands it."""
+    parsed = shell.parse_script(text, fmt="env")
+    return Document(sites=list(parsed.sites), errors=_problems(parsed))
