@@ -448,7 +448,35 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
                 for site in _loose_sites(text, node, fmt):
                     site.env = {**env, **site.env}
                     doc.sites.append(site)
+                if is_seq(node) and (shell._find_launcher([str(i.value) for i in node.value if is_scalar(i)])
+                                     or flag_list([str(i.value) for i in node.value if is_scalar(i)])):
+                    consumed.update(id(i) for i in node.value)
+        doc.errors.extend(_stray_flags(root, consumed))
     return doc
+
+
+STRAY_FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]+")
+
+
+def _stray_flags(root, consumed: set[int]) -> list:
+    """String values outside any launch the reader found that hold launch flags (an env var
+    `SGLANG_ARGS: "--x"`, a chart value): reported by the engine when a rule is about one of
+    them, since nothing here can be checked or fixed."""
+    found = []
+    for node in _nodes(root):
+        if not is_map(node):
+            continue
+        for key, value in node.value:
+            items = value.value if is_seq(value) else [value]
+            for item in items:
+                if not is_scalar(item) or item.tag != STR_TAG or id(item) in consumed:
+                    continue
+                text = str(item.value)
+                if STRAY_FLAG.search(text) and not _mentions_launch(text):
+                    found.append((item.start_mark.line + 1, f"`{key.value}` holds what looks like SGLang launch "
+                                  "flags in a place the tool does not read as a launch; check and fix it by hand",
+                                  text, "variable"))
+    return found
 
 
 def _nodes_with_env(node, env: dict[str, str]) -> Iterator:

@@ -189,3 +189,30 @@ def test_directory_walk_reads_every_kind_and_hidden_ci_folders(tmp_path):
         if report is not None:
             seen[str(Path(path).relative_to(tmp_path / "repo"))] = report.fmt
     assert seen == {name: fmt for name, (fmt, *_ ) in EXPECT.items()}
+
+
+@pytest.mark.parametrize("fmt, text, line", [
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n"
+            "    env:\n    - name: SGLANG_ARGS\n      value: \"--model-path /m --enable-deepep-waterfill\"\n", 9),
+    ("dockerfile", "FROM lmsysorg/sglang:v0.5.15\nENV SGLANG_ARGS=\"--enable-deepep-waterfill\"\nCMD [\"/start.sh\"]\n", 2),
+    ("shell", "export SGLANG_ARGS='--tp 8 --quantization qoq'\nexec /opt/start_server.sh\n", 1),
+])
+def test_rule_flags_in_places_not_read_as_launches_fail_check(fmt, text, line):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, fmt, RULES, TO)
+    assert result.text == text
+    assert [(f.rule_id, f.level, f.line) for f in result.findings] == [("unread", MANUAL, line)]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: nginx\n"
+            "    env:\n    - name: OPTS\n      value: \"--model-path /m --tp 8\"\n"),
+    ("dockerfile", "FROM python:3.12\nENV PIP_OPTS=\"--no-cache-dir\"\nCMD [\"python\"]\n"),
+    ("shell", "OPTS='--tp 8 --verbose'\nexec ./other_tool $OPTS\n"),
+])
+def test_flags_no_rule_is_about_stay_silent(fmt, text):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, fmt, RULES, TO)
+    assert [f for f in result.findings if f.level == MANUAL] == []
