@@ -42,24 +42,91 @@ def migrate_flags(
                                                "behaviour (see `sglaunch rules list`).")] = False,
     fmt: Annotated[Optional[str], typer.Option("--format", help=f"Force the format: {', '.join(FORMATS)}.")] = None,
     as_json: JsonOption = False,
+    output_format: Annotated[str, typer.Option("--output-format", help="text, json, github (workflow "
+                                               "annotations) or sarif (2.1.0).")] = "text",
 ) -> None:
     """Rewrite launch scripts and configs for a newer SGLang release."""
     options = _options(from_release, to_release, check, write, fmt)
+    if output_format not in OUTPUT_FORMATS:
+        raise SglaunchError(f"unknown output format '{output_format}'", hint=f"choose one of: {', '.join(OUTPUT_FORMATS)}")
+    if as_json:
+        output_format = "json"
     rules = load_rules().between(options["from"], options["to"])
     stdin_text = sys.stdin.read() if STDIN in paths else None
     reports = []
+    ignored = 0  # walked files that are not launch files of any kind
     for path, explicit in iter_files(paths):
         report = process_file(path, explicit, rules, options["to"], unsafe_fixes, fmt, stdin_text)
         if report is not None:
             reports.append(report)
+        else:
+            ignored += 1
     if write:
         _write(reports)
     code = exit_code(reports)
-    if as_json:
-        print(json.dumps(_json(reports, options, code, check, write), indent=2))
+    if output_format == "json":
+        print(json.dumps(_json(reports, options, code, check, write, ignored), indent=2))
+    elif output_format == "github":
+        _github(reports, write)
+    elif output_format == "sarif":
+        print(json.dumps(_sarif(reports, rules), indent=2))
     else:
-        _print(reports, check, write, unsafe_fixes, len(rules))
+        _print(reports, check, write, unsafe_fixes, len(rules), ignored)
     raise typer.Exit(code)
+
+
+OUTPUT_FORMATS = ("text", "json", "github", "sarif")
+GITHUB_LEVEL = {MANUAL: "error", ERROR: "error", UNSAFE: "warning", FIX: "warning", INFO: "notice"}
+SARIF_LEVEL = {MANUAL: "error", ERROR: "error", UNSAFE: "warning", FIX: "warning", INFO: "note"}
+
+
+def _github_escape(text: str, property_value: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
+
+
+def _github(reports: list[FileReport], write: bool) -> None:
+    """GitHub Actions workflow commands: one annotation per finding, at its file and line."""
+    for report in reports:
+        for f in report.findings:
+            kind = GITHUB_LEVEL.get(f.level, "warning")
+            label = "fixed" if f.level == FIX and report.written else f.level
+            print(f"::{kind} file={_github_escape(report.path, True)},line={max(f.line, 1)},"
+                  f"title={_github_escape(f'{f.rule_id} {label}', True)}::{_github_escape(_short(f.message))}")
+        if report.error and not report.findings:
+            print(f"::error file={_github_escape(report.path, True)}::{_github_escape(report.error)}")
+        if report.changed and not report.written and not any(f.level == FIX for f in report.findings):
+            print(f"::warning file={_github_escape(report.path, True)}::would change")
+
+
+def _sarif(reports: list[FileReport], rules) -> dict:
+    """SARIF 2.1.0, for code-scanning uploads: one result per finding."""
+    from sglaunch import __version__
+
+    described = {}
+    for rule in rules:
+        described[rule.id] = {"id": rule.id, "name": rule.name,
+                              "shortDescription": {"text": headline(rule.message)},
+                              "fullDescription": {"text": _short(rule.message)}}
+    results = []
+    for report in reports:
+        for f in report.findings:
+            if f.rule_id not in described:
+                described[f.rule_id] = {"id": f.rule_id, "shortDescription": {"text": f.rule_id}}
+            results.append({
+                "ruleId": f.rule_id, "level": SARIF_LEVEL.get(f.level, "warning"),
+                "message": {"text": _short(f.message)},
+                "properties": {"sglaunchLevel": f.level, "token": f.token},
+                "locations": [{"physicalLocation": {
+                    "artifactLocation": {"uri": report.path if report.path != STDIN else "stdin"},
+                    "region": {"startLine": max(f.line, 1)}}}],
+            })
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+        "runs": [{"tool": {"driver": {"name": "sglaunch migrate-flags", "version": __version__,
+                                      "rules": sorted(described.values(), key=lambda r: r["id"])}},
+                  "results": results}],
+    }
 
 
 def _options(from_release: str, to_release: str, check: bool, write: bool, fmt: str | None) -> dict:
@@ -114,7 +181,8 @@ def exit_code(reports: list[FileReport]) -> int:
 # --------------------------------------------------------------------------- output
 
 
-def _print(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: bool, rule_count: int) -> None:
+def _print(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: bool, rule_count: int,
+           ignored: int = 0) -> None:
     from rich.markup import escape
 
     console = stdout_console()
@@ -131,6 +199,7 @@ def _print(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: bo
             console.file.write(report.diff())
             console.file.flush()
     err.print(_summary(reports, check, write, unsafe_fixes, rule_count))
+    err.print(kinds_line(reports, ignored))
 
 
 def _stderr():
@@ -181,11 +250,31 @@ def _summary(reports: list[FileReport], check: bool, write: bool, unsafe_fixes: 
     return ", ".join(parts)
 
 
-def _json(reports: list[FileReport], options: dict, code: int, check: bool, write: bool) -> dict:
+def kinds_line(reports: list[FileReport], ignored: int) -> str:
+    """`read: 3 shell, 1 k8s; skipped: 2 (binary, too large), 14 not launch files`."""
+    from collections import Counter
+
+    read = Counter(r.fmt for r in reports if r.fmt and not r.note)
+    skipped = [r for r in reports if r.note]
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(read.items(), key=lambda kv: (-kv[1], kv[0]))) or "nothing"
+    line = f"read: {parts}"
+    tail = []
+    if skipped:
+        tail.append(f"{len(skipped)} unreadable or too large")
+    if ignored:
+        tail.append(f"{ignored} not launch files")
+    return line + (f"; skipped: {', '.join(tail)}" if tail else "")
+
+
+def _json(reports: list[FileReport], options: dict, code: int, check: bool, write: bool, ignored: int = 0) -> dict:
+    from collections import Counter
+
     return {
         "from": options["from"], "to": options["to"],
         "mode": "write" if write else "check" if check else "diff",
         "exit_code": code,
+        "read": dict(Counter(r.fmt for r in reports if r.fmt and not r.note)),
+        "skipped": {"unreadable": sum(1 for r in reports if r.note), "not_launch_files": ignored},
         "files": [_file_json(r, check) for r in reports],
     }
 

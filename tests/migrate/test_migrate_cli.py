@@ -161,3 +161,32 @@ def test_subprocess_module_entry_point(script):
         [sys.executable, "-c", "import sys, sglaunch.cli.migrate_flags, sglaunch.migrate.engine,"
          " sglaunch.migrate.yamlfmt, sglaunch.migrate.dockerfile; print(sorted(sys.modules))"],
         capture_output=True, text=True, timeout=60).stdout.replace("'", " ").split()
+
+
+def test_github_annotations_and_sarif(tmp_path):
+    path = tmp_path / "serve.sh"
+    path.write_text(OLD + "python -m sglang.launch_server --quantization qoq\n")
+    result = invoke("migrate-flags", "--check", "--output-format", "github", str(path))
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert any(line.startswith(f"::warning file={path},line=2,title=R516-01 fix::") for line in lines)
+    assert any(line.startswith(f"::error file={path},line=3,title=R516-04 manual::") for line in lines)
+    sarif = json.loads(invoke("migrate-flags", "--check", "--output-format", "sarif", str(path)).output)
+    assert sarif["version"] == "2.1.0"
+    results = sarif["runs"][0]["results"]
+    assert {(r["ruleId"], r["level"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+            for r in results} == {("R516-01", "warning", 2), ("R516-04", "error", 3)}
+    assert {"R516-01", "R516-04"} <= {r["id"] for r in sarif["runs"][0]["tool"]["driver"]["rules"]}
+    assert invoke("migrate-flags", "--output-format", "xml", str(path)).exit_code == 2
+
+
+def test_walk_summary_counts_kinds_read_and_skipped(tmp_path):
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "ci.yml").write_text(
+        "jobs:\n  a:\n    steps:\n      - run: python -m sglang.launch_server --enable-deepep-waterfill\n")
+    (tmp_path / "serve.sh").write_text(OLD)
+    (tmp_path / "README.md").write_text("python -m sglang.launch_server --enable-deepep-waterfill\n")
+    result = invoke("migrate-flags", "--check", str(tmp_path))
+    assert "read: 1 shell, 1 workflow; skipped: 1 not launch files" in " ".join(result.output.split())
+    data = json.loads(invoke("migrate-flags", "--check", "--json", str(tmp_path)).output)
+    assert data["read"] == {"shell": 1, "workflow": 1} and data["skipped"]["not_launch_files"] == 1
