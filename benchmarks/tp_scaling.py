@@ -313,8 +313,8 @@ def forced_check(engine, prompts: list[list[int]], reference: dict, tol: float) 
             seen.append(logits[0].float().cpu())
         return logits
 
-    def forced_sample(chunks, logits, rows, sampled, logprobs):
-        sample(chunks, logits, rows, sampled, logprobs)
+    def forced_sample(chunks, logits, rows, sampled, logprobs, *rest):
+        sample(chunks, logits, rows, sampled, logprobs, *rest)  # rest: the per-request failures
         for i, chunk in enumerate(chunks):
             tokens = forcing.get(chunk.req.rid)
             if sampled[i] is not None and tokens:
