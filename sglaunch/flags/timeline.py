@@ -31,11 +31,12 @@ SUPPRESS = "==SUPPRESS=="  # argparse.SUPPRESS as the extractor writes it
 SWITCH_ACTIONS = ("store_true", "store_false", "store_const", "count", "append_const")
 
 
-@functools.lru_cache(maxsize=None)
 def release_data(release: str) -> dict:
-    """One release's extracted flags (the JSON file shipped in the package)."""
-    with open(os.path.join(DATA_DIR, f"{release}.json"), encoding="utf-8") as handle:
-        return json.load(handle)
+    """One release's extracted flags (the JSON file shipped in the package); building the index
+    and the tests read them, the front end reads only the index."""
+    from sglaunch.flags.release_diff import load_release_data
+
+    return load_release_data(release)
 
 
 def has_release_data(release: str) -> bool:
