@@ -92,10 +92,11 @@ SUSPECT_MESSAGES = {
     "variable": "${} holds what looks like SGLang launch flags, but the tool cannot follow it into a launch; "
                 "check and fix it by hand",
     "unresolved": "${} is set outside this file; the launch flags it passes are not checked",
-    "heredoc": "a heredoc written to {} holds an SGLang launch the tool does not read; check it by hand",
+    "heredoc": "a heredoc ({}) holds an SGLang launch the tool does not read; check it by hand",
     "shell": "a shell string holds an SGLang launch the tool cannot line up with its quoting; fix it by hand",
     "nested": "launch commands nested this deep are not read; check it by hand",
     "unreadable": "{}",
+    "built": "the shell builds a launch argument here at run time; flags in it are not checked or fixed",
 }
 
 
@@ -132,7 +133,7 @@ def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) 
         flag = suspicious(source, rules, release)
         if kind == "unresolved":
             out.append(Finding("unread", INFO, line, message, token=source))
-        elif kind == "variable":
+        elif kind in ("variable", "built"):
             if flag:
                 out.append(Finding("unread", MANUAL, line, f"{message} ({flag})", token=flag))
         elif flag or mentions(source) or (kind == "region" and launch_file):

@@ -46,6 +46,12 @@ DYNAMIC_NODES = frozenset({
 PASSTHROUGH = re.compile(r'^"?\$(\{)?[@*](?(1)\})"?$')
 VAR_USE = re.compile(r'^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$')
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+DATA_PROGRAMS = frozenset({
+    "echo", "printf", "logger", "cat", "grep", "egrep", "fgrep", "rg", "sed", "awk", "gawk", "tee", "jq",
+    "yq", "git", "notify-send", "wall", "curl", "wget", "read", ":", "true", "false", "test", "[", "[[",
+    "print", "die", "fail", "log", "info", "warn", "error", "debug", "note", "say", "msg", "usage",
+    "local", "declare", "typeset", "readonly", "export", "mail", "sendmail", "slack", "gh", "glab",
+})
 REMOTE = frozenset({"ssh", "kubectl", "oc", "pdsh", "clush"})  # run the command elsewhere: no exports
 SCRIPT_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")
 ARRAY_USE = re.compile(r'^"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?$')
@@ -392,12 +398,17 @@ class _Script:
         prog = os.path.basename(words[0]) if words else ""
         if prog == "tee" and len(words) > 1:
             target = next((w for w in words[1:] if not w.startswith("-")), target)
-        runs = prog in SHELLS or prog in REMOTE or (prog in WRAPPERS and any(os.path.basename(w) in SHELLS for w in words))
+        piped = self._piped_into(parent, node)
+        runs = prog in SHELLS or prog in REMOTE or prog in ("read", "mapfile") or \
+            (prog in WRAPPERS and any(os.path.basename(w) in SHELLS for w in words)) or \
+            (piped is not None and (piped in SHELLS or piped == "ssh"))
         written_script = prog in ("cat", "tee") and target is not None and (
             target.endswith(SCRIPT_SUFFIXES) or _shebang(text))
         if not (runs or written_script):
             if target is not None and prog in ("cat", "tee"):
                 self.suspects.append((self.line(body), text, f"heredoc written to {target}"))
+            elif piped is not None or prog not in ("cat", "echo", "printf", ""):
+                self.suspects.append((self.line(body), text, f"heredoc given to {piped or prog}"))
             return
         quoted = any(q in self.src(start) for q in ("'", '"', "\\"))
         begin = self.pos(body.start_byte)
@@ -416,6 +427,48 @@ class _Script:
             inner_state.exports, inner_state.export_dynamic = {}, set()
         self._inner(text, lambda off: begin + off, mapper, inner_state)
 
+    def _aliases(self, words, state: "_State") -> None:
+        """`alias serve='python -m sglang.launch_server ...'`: the value is a command."""
+        for word in words[1:]:
+            token = self._token(word)
+            name, eq, value = token.value.partition("=")
+            if not eq or not _mentions(value):
+                continue
+            container = ShellContainer(self.text, [token], self.mapper)
+            mapper, positions = word_mapper(container, 0)
+            if positions is None:
+                self.suspects.append((token.line, token.value, "shell string"))
+                continue
+            skip = len(name) + 1
+
+            def inner_mapper(edit: TextEdit, skip=skip, mapper=mapper) -> TextEdit | None:
+                return mapper(TextEdit(edit.start + skip, edit.end + skip, edit.text))
+
+            self._inner(value, lambda off, at=positions, skip=skip, end=token.end:
+                        at[off + skip] if off + skip < len(at) else end, inner_mapper, state.copy())
+
+    def _piped_into(self, statement, redirect) -> str | None:
+        """The program a heredoc's command pipes into (`cat <<EOF | bash`), if any."""
+        inner = next((c for c in redirect.children if c.type == "pipeline"), None)
+        pipeline = inner if inner is not None else statement.parent
+        if pipeline is None or pipeline.type != "pipeline":
+            return None
+        after = inner is not None
+        for child in pipeline.named_children:
+            if child.id == statement.id:
+                after = True
+            elif after:
+                command = child if child.type == "command" else next(
+                    (c for c in child.named_children if c.type == "command"), None)
+                words = _command_words(command) if command is not None else []
+                if words:
+                    values = [self._token(w).value for w in words]
+                    k = 0
+                    while k < len(values) - 1 and os.path.basename(values[k]) in WRAPPERS:
+                        k += 1
+                    return os.path.basename(values[k])
+        return None
+
     def _nested_strings(self, node, state: "_State") -> None:
         """`bash -c "..."`, `srun ... bash -lc '...'`, `ssh host "..."`, `docker exec c sh -c "..."`,
         `tmux new -d "..."`: a quoted argument of a command runner that holds a launch is a script."""
@@ -424,7 +477,10 @@ class _Script:
             return
         values = [self._token(w).value for w in words]
         prog = os.path.basename(values[0])
-        if not (prog in WRAPPERS or prog in SHELLS or prog in REMOTE or values[0].startswith("$")):
+        if prog in DATA_PROGRAMS:
+            return  # echo, printf, grep ...: the text is data
+        if prog == "alias":
+            self._aliases(words, state)
             return
         remote = prog in REMOTE or any(os.path.basename(v) in REMOTE for v in values[1:3]) or \
             (prog in DOCKER and len(values) > 1 and values[1] in ("exec", "run", "create"))
@@ -574,7 +630,7 @@ class _Script:
         tokens = [self._token(w) for w in words]
         found = _find_launcher([t.value for t in tokens])
         if found is None:
-            return None
+            return self._launch_from_variable(node, state, words, tokens, prefixes)
         prog, end, launcher = found
         docker_run = _docker_run_index([t.value for t in tokens[:prog]])
         env: dict[str, str] = {}
@@ -587,6 +643,28 @@ class _Script:
         return self._build(node, state, tokens[end:], words[end:], launcher, env, env_dynamic,
                            docker_run, tokens)
 
+    def _launch_from_variable(self, node, state: _State, words, tokens, prefixes):
+        """`"${CMD[@]}" --port 1` / `$CMD` where the array or variable holds the launcher."""
+        head = self.src(words[0])
+        match = ARRAY_USE.match(head) or VAR_USE.match(head)
+        if match is None:
+            return None
+        var = state.arrays.get(match.group(1)) if ARRAY_USE.match(head) else state.words.get(match.group(1))
+        if var is None or not var.tokens:
+            return None
+        lead = list(var.tokens)
+        found = _find_launcher([c.tokens[i].value for c, i in lead])
+        if found is None:
+            return None
+        if isinstance(var, _WordVar):
+            var.used = True
+        _, end, launcher = found
+        env, env_dynamic = dict(state.exports), set(state.export_dynamic)
+        for prefix in prefixes:
+            self._prefix_env(prefix, env, env_dynamic)
+        return self._build(node, state, tokens[1:], words[1:], launcher, env, env_dynamic, None, tokens,
+                           lead=lead[end:])
+
     def _prefix_env(self, node, env: dict[str, str], env_dynamic: set[str]) -> None:
         name_node = node.child_by_field_name("name")
         value_node = node.child_by_field_name("value")
@@ -598,12 +676,15 @@ class _Script:
             env_dynamic.add(self.src(name_node))
 
     def _build(self, node, state, arg_tokens, arg_nodes, launcher, env, env_dynamic,
-               docker_run, all_tokens) -> tuple[LaunchCommand, Site]:
+               docker_run, all_tokens, lead=()) -> tuple[LaunchCommand, Site]:
         line_container = ShellContainer(self.text, arg_tokens, self.mapper)
-        refs: list[tuple[ShellContainer, int]] = []
+        refs: list[tuple[ShellContainer, int]] = list(lead)
         passthrough = False
         for index, token in enumerate(arg_tokens):
             raw = self.src(arg_nodes[index])
+            if token.dynamic and "--" in raw and ("$(" in raw or "`" in raw):
+                # `$( [ -n "$X" ] && echo --enable-x )`: flags the shell builds at run time
+                self.suspects.append((token.line, raw, "built"))
             array = ARRAY_USE.match(raw)
             if PASSTHROUGH.match(raw):
                 passthrough = True
@@ -785,7 +866,7 @@ def _walk(root) -> Iterator[tuple[object, bool]]:
     while stack:
         node, in_error = stack.pop()
         yield node, in_error
-        if node.type in ("heredoc_body", "comment", "heredoc_redirect"):
+        if node.type in ("heredoc_body", "comment"):
             continue
         below = in_error or node.type == "ERROR"
         stack.extend((child, below) for child in reversed(node.children))

@@ -216,3 +216,40 @@ def test_flags_no_rule_is_about_stay_silent(fmt, text):
 
     result = migrate_text(text, fmt, RULES, TO)
     assert [f for f in result.findings if f.level == MANUAL] == []
+
+
+SHELL_CASES = [
+    # (text, rule, level, line, fixed text or None)
+    ('CMD=(python3 -m sglang.launch_server --enable-deepep-waterfill)\n"${CMD[@]}" --port 1\n',
+     "R516-01", FIX, 1, "CMD=(python3 -m sglang.launch_server --enable-waterfill --moe-a2a-backend deepep)"),
+    ('python3 -m sglang.launch_server $( [ -n "$X" ] && echo --enable-deepep-waterfill ) --tp 2\n',
+     "unread", MANUAL, 1, None),
+    ("alias serve='python -m sglang.launch_server --enable-prefill-context-parallel'\n",
+     "R516-08", FIX, 1, "alias serve='python -m sglang.launch_server --enable-prefill-cp'"),
+    ("read -r -d '' LAUNCH <<EOF\npython -m sglang.launch_server --quantization qoq\nEOF\neval \"$LAUNCH\"\n",
+     "R516-04", MANUAL, 2, None),
+    ("cat <<'EOF' | bash\npython -m sglang.launch_server --enable-deepep-waterfill\nEOF\n",
+     "R516-01", FIX, 2, "python -m sglang.launch_server --enable-waterfill --moe-a2a-backend deepep\nEOF"),
+    ('cat <<EOF | kubectl apply -f -\nargs: ["python3", "-m", "sglang.launch_server", "--enable-deepep-waterfill"]\nEOF\n',
+     "unread", MANUAL, 2, None),
+    ('cat > run.sh <<EOF && chmod +x run.sh && python -m sglang.launch_server --enable-prefill-context-parallel\n'
+     'echo hi\nEOF\n', "R516-08", FIX, 1, "&& python -m sglang.launch_server --enable-prefill-cp\n"),
+    ('tmux new-session -d -s sg "python3 -m sglang.launch_server --enable-deepep-waterfill"\n',
+     "R516-01", FIX, 1, '--enable-waterfill --moe-a2a-backend deepep"'),
+    ('CMD="python3 -m sglang.launch_server --optimistic-prefill-retries 2"\nsrun bash -c "$CMD"\n',
+     "R516-02", UNSAFE, 1, None),
+]
+
+
+@pytest.mark.parametrize("text, rule, level, line, fixed", SHELL_CASES)
+def test_shell_constructs(text, rule, level, line, fixed):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, "shell", RULES, TO)
+    assert (rule, level, line) in [(f.rule_id, f.level, f.line) for f in result.findings], result.findings
+    if fixed is None:
+        assert result.text == text
+    else:
+        assert fixed in result.text
+        again = migrate_text(result.text, "shell", RULES, TO)
+        assert again.text == result.text
