@@ -167,7 +167,8 @@ class BodyLimitMiddleware:
 
 
 def _add_info_routes(app: FastAPI) -> None:
-    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # one operation id each
     app.add_api_route("/server_info", get_server_info, methods=["GET"])
     app.add_api_route("/get_server_info", deprecated_get_server_info, methods=["GET"],
                       deprecated=True)
