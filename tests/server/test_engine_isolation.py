@@ -66,6 +66,26 @@ def test_a_request_that_cannot_be_sampled_fails_alone(engine):
     assert not engine.scheduler.running and not engine.requests  # nothing left holding pages
 
 
+def test_a_failed_step_fails_the_requests_it_ran_and_frees_their_pages(engine):
+    """What ThreadedEngine does when a step fails with no single request to blame (one rank)."""
+    alone = run(engine, healthy_requests("clean"))
+    free_before = engine.allocator.num_free + (engine.scheduler.radix.evictable_pages
+                                               if engine.scheduler.radix else 0)
+    for request in healthy_requests("doomed"):
+        assert engine.add_request(request) == []
+    engine.step()  # both admitted and running
+    failed = engine.fail_running(RuntimeError("device lost"))
+    assert sorted(out.rid for out in failed) == ["doomed-a", "doomed-c"]
+    assert all(out.finished and out.finish_reason == "abort" and "device lost" in out.error for out in failed)
+    assert not engine.has_work and not engine.requests
+    free_after = engine.allocator.num_free + (engine.scheduler.radix.evictable_pages
+                                              if engine.scheduler.radix else 0)
+    assert free_after == free_before  # every page is free or an evictable cached prefix again
+    again = run(engine, healthy_requests("again"))
+    assert [again[r].token_ids for r in ("again-a", "again-c")] == \
+        [alone[r].token_ids for r in ("clean-a", "clean-c")]
+
+
 def test_a_huge_top_k_keeps_every_token(engine):
     off = run(engine, [GenerateRequest("off", PROMPTS["a"], dataclasses.replace(SEEDED, top_k=-1))])["off"]
     huge = run(engine, [GenerateRequest("huge", PROMPTS["a"], dataclasses.replace(SEEDED, top_k=10**20))])["huge"]
