@@ -152,6 +152,9 @@ def _heredoc_sites(text: str, stage: list[_Instruction], sites: list[Site]) -> l
             else:
                 dest = words[-1] if words else ""
                 script = dest.endswith(shell.SCRIPT_SUFFIXES) or shell._shebang(body)
+            if not script and instruction.keyword == "RUN" and program.startswith("python"):
+                problems.extend(_python_heredoc(text, doc, stage, instruction, sites))
+                continue
             if not script:
                 problems.append((doc.line, f"a {instruction.keyword} heredoc holds an SGLang launch the tool "
                                  "does not read (not a shell script)", body, "unreadable"))
@@ -285,6 +288,26 @@ def _run_sites(text: str, stage: list[_Instruction]) -> list[Site]:
         # in a RUN line the variable goes in front of the command (`NAME=VALUE python ...`)
         sites.extend(_adopt(site, text, instruction.body + skip, env, dynamic, None) for site in parsed.sites)
     return sites
+
+
+def _python_heredoc(text: str, doc: _Heredoc, stage, instruction, sites: list[Site]) -> list:
+    """`RUN python3 <<EOF`: the body read with Python's `ast`, the rest of the file blanked
+    (same offsets), so its edits land in the Dockerfile."""
+    from sglaunch.migrate import pyfmt
+
+    masked = "".join(c if c == "\n" else " " for c in text[:doc.start]) + text[doc.start:doc.end] + \
+        "".join(c if c == "\n" else " " for c in text[doc.end:])
+    try:
+        found = pyfmt.read_python(masked)
+    except SyntaxError as exc:
+        return [(doc.line, f"a RUN python heredoc the tool cannot parse ({exc.msg})", text[doc.start:doc.end],
+                 "unreadable")]
+    env, dynamic = _stage_env(stage, instruction.start)
+    for site in found.sites:
+        site.env = {**env, **site.env}
+        site.fmt = "dockerfile"
+        sites.append(site)
+    return found.errors
 
 
 def _mentions_launch(value: str) -> bool:

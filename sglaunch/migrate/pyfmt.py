@@ -91,16 +91,42 @@ class PyListContainer:
         return [TextEdit(start, end, "")]
 
 
+RUNNERS = frozenset({
+    "system", "popen", "run", "call", "check_call", "check_output", "Popen", "split", "getoutput",
+    "getstatusoutput", "create_subprocess_shell", "create_subprocess_exec", "spawn", "spawnv", "execl",
+    "execlp", "execv", "execvp", "execvpe", "run_cmd", "run_command", "sh", "bash", "shell", "launch",
+    "start", "start_server", "popen_launch_server",
+})
+QUIET = frozenset({"print", "echo", "write", "debug", "info", "warning", "warn", "error", "exception",
+                   "critical", "log", "format", "help", "add_argument", "ArgumentParser", "secho", "fail"})
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
 def read_python(text: str) -> Document:
     tree = ast.parse(text)
     offsets = _Offsets(text)
     doc = Document()
     covered: set[int] = set()
+    run: set[int] = set()  # strings that are run as commands: given to a runner, or kept in a variable
+    quiet: set[int] = set()  # strings printed or logged: data
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
+            name = _call_name(node)
             for arg in node.args[:1]:
                 if isinstance(arg, (ast.List, ast.Tuple)):
                     arg._sglaunch_env = _call_env(node)  # type: ignore[attr-defined]
+            target = run if name in RUNNERS else quiet if name in QUIET else None
+            if target is not None:
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    target.update(id(n) for n in ast.walk(arg))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            run.update(id(n) for n in ast.walk(node.value) if isinstance(n, (ast.Constant, ast.JoinedStr)))
+        elif isinstance(node, ast.keyword) and node.arg in ("cmd", "command", "args", "script"):
+            run.update(id(n) for n in ast.walk(node.value))
     for node in ast.walk(tree):
         if isinstance(node, (ast.List, ast.Tuple)):
             site = _argv_site(text, offsets, node)
@@ -109,16 +135,37 @@ def read_python(text: str) -> Document:
                 covered.update(id(e) for e in node.elts)
         elif isinstance(node, ast.JoinedStr):
             covered.update(id(v) for v in node.values)
-            _fstring(text, offsets, node, doc)
+            if id(node) in run:
+                _fstring(text, offsets, node, doc)
+            elif id(node) not in quiet:
+                _unread(doc, node, ast.get_source_segment(text, node) or "")
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:  # sglang.Engine(enable_deepep_waterfill=True), ServerArgs(...)
+                if keyword.arg and "_" in keyword.arg:
+                    flag = "--" + keyword.arg.replace("_", "-")
+                    doc.errors.append((keyword.lineno, f"the keyword argument {keyword.arg}= names the SGLang flag "
+                                       f"{flag} (Engine / ServerArgs take the flags as keywords); rename or remove it "
+                                       "by hand", flag, "variable"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in covered:
+            if id(node) in quiet:
+                continue
             if shell.mentions(node.value):
-                _script(text, offsets, node, doc)
+                if id(node) in run:
+                    _script(text, offsets, node, doc)
+                else:
+                    _unread(doc, node, node.value)
             elif FLAG_LITERAL.fullmatch(node.value):
                 doc.errors.append((node.lineno, f"the string {node.value!r} looks like an SGLang launch flag "
                                    "outside any argument list the tool can read; check it by hand",
                                    node.value, "unreadable"))
     return doc
+
+
+def _unread(doc: Document, node, source: str) -> None:
+    if shell.mentions(source):
+        doc.errors.append((node.lineno, "a Python string holds an SGLang launch command that is neither run "
+                           "where the tool can see it nor printed; check it by hand", source, "variable"))
 
 
 def _call_env(call: ast.Call) -> dict[str, str]:

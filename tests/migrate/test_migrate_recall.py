@@ -42,10 +42,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                        'ARGS="$ARGS --fp4-gemm-backend auto"']),
     "dead_args.sh": ("shell", {("unread", 3)}, ['SERVER_ARGS="--model-path /m --enable-deepep-waterfill"'], []),
     "broken_syntax.sh": ("shell", {("unread", 2)}, ["--enable-deepep-waterfill"], []),
-    "Dockerfile.heredoc": ("dockerfile", {("R516-01", 5), ("R516-07", 5), ("R516-04", 9), ("unread", 12)},
+    "Dockerfile.heredoc": ("dockerfile", {("R516-01", 5), ("R516-07", 5), ("R516-04", 9), ("R516-08", 14)},
                            ["ENV SGLANG_RAGGED_VERIFY_MODE=static",
                             'print("python -m sglang.launch_server --enable-deepep-waterfill")'],
-                           ["--enable-waterfill --moe-a2a-backend deepep --speculative-algorithm DSPARK &"]),
+                           ["--enable-waterfill --moe-a2a-backend deepep --speculative-algorithm DSPARK &",
+                            '"--model-path", "/m", "--enable-prefill-cp"])']),
     "sglang_config_false.yaml": ("config", {("R516-01", 3), ("R516-08", 4), ("R516-20", 5)},
                                  ["enable-metrics: false", "tp-size: 8"],
                                  ["enable-waterfill: false   # off for now\n", '"enable-prefill-cp": false\n']),
@@ -253,3 +254,16 @@ def test_shell_constructs(text, rule, level, line, fixed):
         assert fixed in result.text
         again = migrate_text(result.text, "shell", RULES, TO)
         assert again.text == result.text
+
+
+def test_python_engine_keywords_and_printed_launches():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("import sglang as sgl\n"
+            "llm = sgl.Engine(model_path='/m', enable_deepep_waterfill=True, tp_size=8)\n"
+            "print('python -m sglang.launch_server --enable-deepep-waterfill')\n"
+            "logger.info('run: sglang serve --quantization qoq')\n")
+    result = migrate_text(text, "python", RULES, TO)
+    assert result.text == text
+    assert [(f.rule_id, f.level, f.line, f.token) for f in result.findings] == [
+        ("unread", MANUAL, 2, "--enable-deepep-waterfill")]
