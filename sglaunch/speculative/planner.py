@@ -128,7 +128,9 @@ class StepCostCalibration:
     differs between the two kinds. Each ratio learns only from steps of its own kind."""
 
     DECAY = 0.9
-    LIMITS = (0.25, 4.0)  # NOTE: one stalled step (a GC pause, a capture) moves a ratio at most this far
+    OUTLIER = 3.0  # NOTE: a step over 3x its modelled time (a lazy drafter-graph capture, a GC pause)
+    #                is no steady-state cost: it teaches nothing (a capture once locked a c=1 run aside)
+    RELAX = 0.02  # per step of the other kind, a scale moves this far back toward the table's 1.0
 
     def __init__(self):
         self.scale = {"draft": 1.0, "plain": 1.0}
@@ -138,13 +140,20 @@ class StepCostCalibration:
         self.pending = (kind, seconds)
 
     def observe(self, seconds: float) -> None:
-        """The planned step took `seconds` (host wall time, which waits for its read-backs)."""
+        """The planned step took `seconds` (host wall time, which waits for its read-backs). The
+        kind not taken relaxes toward the table, so a correction it no longer sees cannot keep
+        the planner from trying that kind again."""
         if self.pending is None or self.pending[1] <= 0:
             return
         kind, modelled = self.pending
-        ratio = min(max(seconds / modelled, self.LIMITS[0]), self.LIMITS[1])
-        self.scale[kind] = self.DECAY * self.scale[kind] + (1 - self.DECAY) * ratio
         self.pending = None
+        other = "plain" if kind == "draft" else "draft"
+        self.scale[other] += self.RELAX * (1.0 - self.scale[other])
+        ratio = seconds / modelled
+        if ratio > self.OUTLIER:
+            return
+        ratio = max(ratio, 1.0 / self.OUTLIER)
+        self.scale[kind] = self.DECAY * self.scale[kind] + (1 - self.DECAY) * ratio
 
 
 def align_to_tier(budget: int, fixed_tokens: int, max_budget: int, tiers: Sequence[int]) -> int:

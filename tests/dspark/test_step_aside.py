@@ -207,10 +207,30 @@ def test_measured_step_times_correct_the_table():
         if planner.plan_drafts(["a"]) is not None:
             break
     assert planner.plan_drafts(["a"]) is not None
-    # a single stalled step moves a scale a bounded amount
-    before = dict(planner.calibration.scale)
+    # a stalled step (a lazy drafter-graph capture: 15-230 ms on the H200 against a 6 ms model)
+    # teaches nothing about its kind
+    kind = planner.calibration.pending[0]
+    before = planner.calibration.scale[kind]
     planner.observe_step_seconds(1e6)
-    assert max(planner.calibration.scale[k] - before[k] for k in before) <= 0.1 * 4.0
+    assert planner.calibration.scale[kind] == before
+
+
+def test_a_stale_correction_fades_so_drafting_is_tried_again():
+    """Drafting seen to cost 2.5x its model steps aside; plain steps at their modelled cost then
+    pull the draft scale back toward the table until the planner drafts again (and re-measures)."""
+    planner = DSparkPlanner(GAMMA, "compact", table({1: 0.003}, {1: 0.01}), lag_steps=1)
+    planner.observe(["a"], [[0.5, 0.3, 0.2, 0.1]])
+    for _ in range(60):
+        assert planner.plan_drafts(["a"]) is not None or planner.calibration.pending[0] == "plain"
+        if planner.calibration.pending[0] == "plain":
+            break
+        planner.observe_step_seconds(2.5 * planner.calibration.pending[1])
+    asides = 0
+    while planner.plan_drafts(["a"]) is None:
+        planner.observe_step_seconds(planner.calibration.pending[1])
+        asides += 1
+        assert asides < 200, planner.calibration.scale
+    assert asides > 5  # not at once: the correction fades over steps
 
 
 def test_the_pruned_budget_search_is_exact():
