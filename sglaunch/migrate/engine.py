@@ -96,6 +96,8 @@ SUSPECT_MESSAGES = {
     "shell": "a shell string holds an SGLang launch the tool cannot line up with its quoting; fix it by hand",
     "nested": "launch commands nested this deep are not read; check it by hand",
     "unreadable": "{}",
+    "launcher": "${} runs a program the tool cannot see, with what look like SGLang launch flags; check and "
+                "fix them by hand",
     "built": "the shell builds a launch argument here at run time; flags in it are not checked or fixed",
 }
 
@@ -133,7 +135,7 @@ def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) 
         flag = suspicious(source, rules, release)
         if kind == "unresolved":
             out.append(Finding("unread", INFO, line, message, token=source))
-        elif kind in ("variable", "built"):
+        elif kind in ("variable", "built", "launcher"):
             if flag:
                 out.append(Finding("unread", MANUAL, line, f"{message} ({flag})", token=flag))
         elif flag or mentions(source) or (kind == "region" and launch_file):

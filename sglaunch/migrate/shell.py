@@ -558,7 +558,11 @@ class _Script:
             else:
                 self._inner(token.value, lambda off, at=positions, end=token.end: at[off] if off < len(at) else end,
                             mapper, state.copy())
-            state.words.pop(name, None)
+            words = _words_container(self, node, token)  # `$SERVE --tp 8`: the launcher comes from here
+            if words is None:
+                state.words.pop(name, None)
+            else:
+                state.words[name] = _WordVar([(words, k) for k in range(len(words.tokens))], token.value, used=True)
             return
         container = _words_container(self, node, token)
         if container is None:
@@ -646,11 +650,14 @@ class _Script:
     def _launch_from_variable(self, node, state: _State, words, tokens, prefixes):
         """`"${CMD[@]}" --port 1` / `$CMD` where the array or variable holds the launcher."""
         head = self.src(words[0])
-        match = ARRAY_USE.match(head) or VAR_USE.match(head)
+        match = ARRAY_USE.match(head) or VAR_USE.match(head.strip('"'))
         if match is None:
             return None
         var = state.arrays.get(match.group(1)) if ARRAY_USE.match(head) else state.words.get(match.group(1))
         if var is None or not var.tokens:
+            rest = " ".join(self.src(w) for w in words[1:])
+            if "--" in rest:  # `$SERVE --enable-x`: a launcher the tool cannot see, with flags
+                self.suspects.append((tokens[0].line, rest, "launcher " + match.group(1)))
             return None
         lead = list(var.tokens)
         found = _find_launcher([c.tokens[i].value for c, i in lead])

@@ -205,8 +205,27 @@ def read_env_file(path: str, origin: str | None) -> dict[str, str] | None:
 
 
 def read_envfile(text: str) -> Document:
-    """An env file is shell assignment syntax: a value holding a launch (`CMD="python -m
-    sglang.launch_server ..."`) is read and fixed as a script; a value holding launch flags
-    (`SGLANG_ARGS=--x`) is reported, since whoever reads the file expands it."""
-    parsed = shell.parse_script(text, fmt="env")
-    return Document(sites=list(parsed.sites), errors=_problems(parsed))
+    """An env file: `NAME=VALUE` lines, the value running to the end of the line. A value
+    holding a launch (`SGLANG_CMD=python3 -m sglang.launch_server ...`, run by compose as
+    `command: ${SGLANG_CMD}`) is read and fixed as a command line; a value holding launch
+    flags (`SGLANG_ARGS=--x`) is reported, since whoever reads the file expands it."""
+    out: list[str] = []
+    errors: list = []
+    for number, line in enumerate(text.split("\n"), 1):
+        match = re.match(r"^(\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=)(.*)$", line)
+        if match is None or line.lstrip().startswith("#"):
+            out.append(_blank(line))
+            continue
+        value = match.group(2)
+        if shell.mentions(value):
+            quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+            body = value[1:-1] if quoted else value
+            out.append(" " * (len(match.group(1)) + (1 if quoted else 0)) + body + (" " if quoted else ""))
+        else:
+            if "--" in value:
+                errors.append((number, f"{match.group(1).strip()[:-1]} holds what looks like SGLang launch flags; "
+                               "whoever reads this file expands it where the tool does not follow it: check and fix "
+                               "it by hand", value, "variable"))
+            out.append(_blank(line))
+    parsed = shell.parse_script("\n".join(out), _guard("\"'$`\\"), fmt="env")
+    return Document(sites=list(parsed.sites), errors=errors + _problems(parsed))

@@ -239,6 +239,9 @@ SHELL_CASES = [
      "R516-01", FIX, 1, '--enable-waterfill --moe-a2a-backend deepep"'),
     ('CMD="python3 -m sglang.launch_server --optimistic-prefill-retries 2"\nsrun bash -c "$CMD"\n',
      "R516-02", UNSAFE, 1, None),
+    ('SERVE="python3 -m sglang.launch_server"\n$SERVE --model-path /m --enable-deepep-waterfill\n',
+     "R516-01", FIX, 2, "$SERVE --model-path /m --enable-waterfill --moe-a2a-backend deepep\n"),
+    ("$LAUNCHER --model-path /m --enable-prefill-context-parallel\n", "unread", MANUAL, 1, None),
 ]
 
 
@@ -267,3 +270,25 @@ def test_python_engine_keywords_and_printed_launches():
     assert result.text == text
     assert [(f.rule_id, f.level, f.line, f.token) for f in result.findings] == [
         ("unread", MANUAL, 2, "--enable-deepep-waterfill")]
+
+
+def test_env_file_values_run_as_commands_or_expanded():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("# compose .env\n"
+            "SGLANG_CMD=python3 -m sglang.launch_server --model-path /m --enable-deepep-waterfill\n"
+            'QUOTED="sglang serve --quantization qoq"\n'
+            "SGLANG_ARGS=--tp 8 --enable-prefill-context-parallel\n"
+            "PIP_OPTS=--no-cache-dir\n")
+    result = migrate_text(text, "env", RULES, TO)
+    assert [(f.rule_id, f.level, f.line) for f in result.findings] == [
+        ("unread", MANUAL, 4), ("R516-01", FIX, 2), ("R516-04", MANUAL, 3)]
+    assert result.text == text.replace("--enable-deepep-waterfill", "--enable-waterfill --moe-a2a-backend deepep")
+
+
+def test_makefile_launcher_in_a_make_variable_is_reported():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = "SGLANG := python3 -m sglang.launch_server\nserve:\n\t$(SGLANG) --enable-deepep-waterfill\n"
+    result = migrate_text(text, "makefile", RULES, TO)
+    assert ("unread", MANUAL, 3) in [(f.rule_id, f.level, f.line) for f in result.findings]
