@@ -69,7 +69,7 @@ class LLMEngine:
     def profile_sps_if_missing(self) -> None:
         """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
 
-        A short verify-shaped profile (median of 3 per size) gives the planner a cost model, so
+        A short verify-shaped profile (median of 5 per size) gives the planner a cost model, so
         compact trims windows instead of verifying every draft. SGLAUNCH_DSPARK_PROFILE_SPS=0
         turns it off (then compact verifies everything, as SGLang does without a table).
         """
@@ -84,7 +84,9 @@ class LLMEngine:
         biggest = min(256, self.limits.max_running_requests * window)
         context = max(0, min(128, self.limits.context_length - window))
         sizes = tuple(t for t in DEFAULT_TOKENS if t <= biggest)
-        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=3, warmup=1)
+        # NOTE: median of 5: with 3, two slow runs (a noisy host) set a size, and monotone forcing
+        # then lifts every larger size to it (seen on the H200: a 10 ms plateau over 16-256 tokens)
+        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2)
         while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
             plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
         plan = dataclasses.replace(plan, request_counts=self._profile_request_counts(plan))
