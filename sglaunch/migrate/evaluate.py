@@ -21,6 +21,9 @@ from sglaunch.migrate.tokens import Site
 # `unsafe`: an edit exists but needs --unsafe-fixes; `manual`: a person must act;
 # `info`: a notice, never fails --check; `error`: a file or command could not be read.
 FIX, UNSAFE, MANUAL, INFO, ERROR = "fix", "unsafe", "manual", "info", "error"
+# In `Site.env_dynamic`: the launch also gets variables the tool cannot read (k8s envFrom, an
+# unreadable env file, docker --env-file), so an explicit setting may exist where it cannot see.
+UNKNOWN_ENV = "*"
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,10 @@ def require_env(rule: Rule, ctx: _Context) -> list[Finding]:
             f"{name} is computed by the shell; make sure it is '{rule.value}'. {rule.message}"))]
     if name in site.env:
         return _check_env_value(rule, anchor, site.env[name], ctx)
+    if UNKNOWN_ENV in site.env_dynamic:  # envFrom, an env file the tool cannot read: it may set it
+        return [ctx.finding(rule, anchor, level=INFO, message=(
+            f"the environment of this launch also comes from a source the tool cannot read (envFrom, an env "
+            f"file); make sure {name}={rule.value} is set there, or set it here. {rule.message}"))]
     if site.set_env is None:
         return [ctx.finding(rule, anchor, level=MANUAL, message=(
             f"set {name}={rule.value} in the environment that runs this launch"

@@ -644,6 +644,9 @@ class _Script:
             for prefix in prefixes:
                 self._prefix_env(prefix, env, env_dynamic)
         _wrapper_env([t.value for t in tokens[:prog]], docker_run, env)
+        if docker_run is not None and any(v == "--env-file" or v.startswith("--env-file=")
+                                          for v in (t.value for t in tokens[docker_run:prog])):
+            env_dynamic.add("*")  # evaluate.UNKNOWN_ENV: the env file may set anything
         return self._build(node, state, tokens[end:], words[end:], launcher, env, env_dynamic,
                            docker_run, tokens)
 

@@ -128,7 +128,7 @@ def read_systemd(text: str, origin: str | None = None) -> Document:
                 path = line[match.end():].strip().lstrip("-")
                 read = read_env_file(path, origin)
                 if read is None:
-                    files[path] = ""
+                    files[path] = ""  # it overrides Environment=: an added compact line never beats it
                     problems.append((len(out) + 1, f"EnvironmentFile={path} cannot be read here; the variables "
                                      "it sets (they override Environment=) are not checked"))
                 else:

@@ -18,6 +18,8 @@ from sglaunch.flags.spec import Kind
 from sglaunch.migrate import shell
 from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, align, line_of, scalar_mapper
 
+UNKNOWN_ENV = "*"  # evaluate.UNKNOWN_ENV
+
 STR_TAG = "tag:yaml.org,2002:str"
 BOOL_TAG = "tag:yaml.org,2002:bool"
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash"})
@@ -586,14 +588,17 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
     env, env_dynamic = _container_env(mapping)
     file_env = _env_files(mapping, origin, doc)
     env = {**file_env, **env}
+    if file_env.pop(UNKNOWN_ENV, None) is not None or get(mapping, "envFrom")[1] is not None:
+        env.pop(UNKNOWN_ENV, None)
+        env_dynamic = set(env_dynamic) | {UNKNOWN_ENV}
     setter = _env_setter(text, mapping, fmt)
     hint = "add it to `env:`" if fmt == "k8s" else "add it to `environment:`"
     script = _shell_script(values)
     if script is not None:
         return _script_sites(text, parts, script, env, env_dynamic, setter, fmt)
     found = shell._find_launcher(values)
-    if found is None and get(mapping, "command")[1] is None and get(mapping, "entrypoint")[1] is None \
-            and flag_list(values):
+    if found is None and (fmt == "compose" or get(mapping, "command")[1] is None) \
+            and get(mapping, "entrypoint")[1] is None and flag_list(values):
         found = (0, 0, "image entrypoint")  # `args:` only: the image's entrypoint is the launcher
     if found is None:
         return []
@@ -720,7 +725,14 @@ def flag_list(values: Sequence[str]) -> bool:
     Helm `extraArgs:`): it starts with a flag and names at least one SGLang flag."""
     if not values or not values[0].startswith("--"):
         return False
-    return any(v.startswith("--") and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values)
+    return any(v.startswith("--") and v.split("=", 1)[0] not in GENERIC_FLAGS
+               and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values)
+
+
+# flags many programs share: a list of only these is not taken for an SGLang argument list
+GENERIC_FLAGS = frozenset({"--port", "--host", "--config", "--log-level", "--model", "--model-path", "--verbose",
+                           "--help", "--version", "--api-key", "--device", "--seed", "--timeout", "--debug",
+                           "--name", "--revision", "--trust-remote-code", "--dtype", "--tokenizer"})
 
 
 def _env_files(mapping, origin: str | None, doc: "Document | None") -> dict[str, str]:
@@ -745,6 +757,7 @@ def _env_files(mapping, origin: str | None, doc: "Document | None") -> dict[str,
             if doc is not None:
                 doc.errors.append((item.start_mark.line + 1, f"env_file {path} cannot be read here; the variables "
                                    "it sets are not checked"))
+            env[UNKNOWN_ENV] = ""
             continue
         env.update(read)
     return env

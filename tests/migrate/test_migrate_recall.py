@@ -292,3 +292,31 @@ def test_makefile_launcher_in_a_make_variable_is_reported():
     text = "SGLANG := python3 -m sglang.launch_server\nserve:\n\t$(SGLANG) --enable-deepep-waterfill\n"
     result = migrate_text(text, "makefile", RULES, TO)
     assert ("unread", MANUAL, 3) in [(f.rule_id, f.level, f.line) for f in result.findings]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n"
+            "    command: [python3, -m, sglang.launch_server, --speculative-algorithm, DSPARK]\n"
+            "    envFrom:\n    - configMapRef: {name: sglang-env}\n"),
+    ("compose", "services:\n  s:\n    image: lmsysorg/sglang\n    env_file: [missing.env]\n"
+                "    command: python3 -m sglang.launch_server --speculative-algorithm DSPARK\n"),
+    ("shell", "docker run --env-file prod.env img python3 -m sglang.launch_server --speculative-algorithm DSPARK\n"),
+])
+def test_env_the_tool_cannot_read_is_not_overridden(fmt, text):
+    """envFrom / an unreadable env_file / docker --env-file may hold an explicit static: the
+    added compact would override it, so the tool reports instead."""
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, fmt, RULES, TO)
+    assert result.text == text
+    assert [(f.rule_id, f.level) for f in result.findings if f.rule_id == "R516-07"] == [("R516-07", INFO)]
+
+
+def test_compose_command_of_flags_for_the_sglang_image():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = "services:\n  s:\n    image: lmsysorg/sglang\n    command: [--model-path, /m, --enable-prefill-context-parallel]\n"
+    result = migrate_text(text, "compose", RULES, TO)
+    assert "--enable-prefill-cp]" in result.text
+    other = "services:\n  web:\n    image: nginx\n    command: [--port, '80', --log-level, debug]\n"
+    assert migrate_text(other, "compose", RULES, TO).findings == []
