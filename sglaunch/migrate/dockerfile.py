@@ -120,8 +120,18 @@ def _attach_heredocs(text: str, instructions: list[_Instruction]) -> list[_Instr
     return kept
 
 
+_PROBLEMS: list = []  # read problems of the shell forms of the file being read (one at a time)
+
+
+def _embedded(parsed, to_line) -> list:
+    from sglaunch.migrate.engine import embedded_problems
+
+    return embedded_problems(parsed, to_line)
+
+
 def read_dockerfile(text: str) -> Document:
     doc = Document()
+    _PROBLEMS.clear()
     for stage in _stages(_attach_heredocs(text, _instructions(text))):
         doc.sites.extend(_stage_sites(text, stage))
         doc.errors.extend(_heredoc_sites(text, stage, doc.sites))
@@ -131,6 +141,8 @@ def read_dockerfile(text: str) -> Document:
                 doc.errors.append((instruction.line, f"{instruction.keyword} holds what looks like SGLang launch "
                                    "flags, which the tool does not follow into a launch; check and fix it by hand",
                                    instruction.value, "variable"))
+    doc.errors.extend(_PROBLEMS)
+    _PROBLEMS.clear()
     return doc
 
 
@@ -168,14 +180,12 @@ def _heredoc_sites(text: str, stage: list[_Instruction], sites: list[Site]) -> l
                 return TextEdit(edit.start + start, edit.end + start, edit.text)
 
             parsed = shell.parse_script(body, mapper, fmt="dockerfile")
+            problems.extend(_embedded(parsed, lambda line, base=doc.line - 1: base + line))
             env, dynamic = _stage_env(stage, instruction.start)
             for site in parsed.sites:
                 adopted = _adopt(site, text, start, env, dynamic, None, doc.line - 1)
                 adopted.env_hint = "set NAME=VALUE in front of the command in the heredoc"
                 sites.append(adopted)
-            for line in parsed.error_lines:
-                problems.append((doc.line - 1 + line, "shell syntax in a heredoc that the tool could not parse",
-                                 body, "region"))
     return problems
 
 
@@ -285,6 +295,7 @@ def _run_sites(text: str, stage: list[_Instruction]) -> list[Site]:
         if body.lstrip().startswith("<<"):
             continue  # RUN heredocs are not read
         parsed = shell.parse_script(body, _offset_mapper(instruction.body + skip), fmt="dockerfile")
+        _PROBLEMS.extend(_embedded(parsed, lambda line, base=line_of(text, instruction.body + skip) - 1: base + line))
         # in a RUN line the variable goes in front of the command (`NAME=VALUE python ...`)
         sites.extend(_adopt(site, text, instruction.body + skip, env, dynamic, None) for site in parsed.sites)
     return sites
@@ -352,6 +363,7 @@ def _offset_mapper(offset: int):
 def _shell_form(text, instruction, env, dynamic, setter) -> list[Site]:
     body = instruction.masked
     parsed = shell.parse_script(body, _offset_mapper(instruction.body), fmt="dockerfile")
+    _PROBLEMS.extend(_embedded(parsed, lambda line, base=line_of(text, instruction.body) - 1: base + line))
     return [_adopt(site, text, instruction.body, env, dynamic, setter) for site in parsed.sites]
 
 
@@ -392,6 +404,7 @@ def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Si
         if positions is None:
             return []
         parsed = shell.parse_script(value, scalar_mapper(positions, end, '"\\\n'), fmt="dockerfile")
+        _PROBLEMS.extend(_embedded(parsed, lambda line, base=line_of(text, start) - 1: base + line))
         return [_adopt(site, text, start, env, dynamic, setter, line_of(text, start) - 1) for site in parsed.sites]
     found = shell._find_launcher(values)
     if found is None:

@@ -49,8 +49,10 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
             return list(parsed.sites), shell_problems(parsed)
         if fmt == "config":
             doc = yamlfmt.read_config(text)
-        elif fmt in ("k8s", "compose", "yaml", "workflow"):
+        elif fmt in ("k8s", "compose", "yaml"):
             doc = yamlfmt.read_manifest(text, fmt, origin)
+        elif fmt == "workflow":
+            doc = yamlfmt.read_manifest(yamlfmt.mask_actions(text), fmt, origin)
         elif fmt == "helm":
             doc = yamlfmt.read_helm(text, origin)
         elif fmt == "dockerfile":
@@ -85,6 +87,12 @@ def shell_problems(parsed) -> list[tuple]:
         problems.append((line, SUSPECT_MESSAGES.get(kind.split(" ")[0], "{}").format(kind.partition(" ")[2]),
                          source, kind.split(" ")[0]))
     return problems
+
+
+def embedded_problems(parsed, to_line) -> list[tuple]:
+    """`shell_problems` of a script embedded in another file, at the file's lines
+    (`to_line`: line in the script -> line in the file)."""
+    return [(to_line(p[0]),) + tuple(p[1:]) for p in shell_problems(parsed)]
 
 
 SUSPECT_MESSAGES = {
@@ -243,7 +251,16 @@ def _helm_guard(text: str, edits: Sequence[TextEdit]) -> bool:
     return True
 
 
-_GUARDS = {"helm": _helm_guard}
+def _actions_guard(text: str, edits: Sequence[TextEdit]) -> bool:
+    """No edit may touch a workflow's `${{ ... }}` expression."""
+    from sglaunch.migrate.yamlfmt import ACTIONS_EXPR
+
+    spans = [(m.start(), m.end()) for m in ACTIONS_EXPR.finditer(text)]
+    return not any(a < e.end + 1 and e.start - 1 < b for e in edits for a, b in spans) and \
+        not any("${{" in e.text for e in edits)
+
+
+_GUARDS = {"helm": _helm_guard, "workflow": _actions_guard}
 
 
 def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: bool,

@@ -447,7 +447,7 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
                 doc.sites.extend(_container_sites(text, mapping, fmt, consumed, origin, doc))
         for node, env in _nodes_with_env(root, {}):
             if id(node) not in consumed:
-                for site in _loose_sites(text, node, fmt):
+                for site in _loose_sites(text, node, fmt, doc):
                     site.env = {**env, **site.env}
                     doc.sites.append(site)
                 if is_seq(node) and (shell._find_launcher([str(i.value) for i in node.value if is_scalar(i)])
@@ -517,13 +517,28 @@ def mask_helm(text: str) -> str:
     only directives becomes blank, a directive inside a value one MASK per character (the
     newlines inside a directive are kept), so ruamel.yaml reads the template's YAML."""
     out = []
+    previous = ""
     for line in text.split("\n"):
         if DIRECTIVE.sub("", line).strip() == "" and "{{" in line:
-            out.append(" " * len(line))
+            # a `{{- if }}` line inside a continued shell command keeps the continuation going
+            # (`{{-` trims the newline before it, so the rendered command stays one command)
+            keep = previous.rstrip().endswith("\\") and len(line) > 0
+            out.append(" " * (len(line) - 1) + "\\" if keep else " " * len(line))
         else:
             out.append(line)
+            previous = line
     masked = "\n".join(out)
     return DIRECTIVE.sub(lambda m: "".join(c if c == "\n" else MASK for c in m.group(0)), masked)
+
+
+ACTIONS_EXPR = re.compile(r"\$\{\{.*?\}\}", re.S)
+
+
+def mask_actions(text: str) -> str:
+    """A workflow with every `${{ ... }}` expression written as a shell expansion of the same
+    length (`${__________}`): values the rules cannot know, and valid shell."""
+    return ACTIONS_EXPR.sub(lambda m: "${" + "".join("\n" if c == "\n" else "_" for c in m.group(0)[2:-1]) + "}",
+                            text)
 
 
 def read_helm(text: str, origin: str | None = None) -> Document:
@@ -595,7 +610,7 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
     hint = "add it to `env:`" if fmt == "k8s" else "add it to `environment:`"
     script = _shell_script(values)
     if script is not None:
-        return _script_sites(text, parts, script, env, env_dynamic, setter, fmt)
+        return _script_sites(text, parts, script, env, env_dynamic, setter, fmt, doc)
     found = shell._find_launcher(values)
     if found is None and (fmt == "compose" or get(mapping, "command")[1] is None) \
             and get(mapping, "entrypoint")[1] is None and flag_list(values):
@@ -660,7 +675,7 @@ def _shell_script(values: Sequence[str]) -> int | None:
     return None
 
 
-def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter, fmt) -> list[Site]:
+def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter, fmt, doc=None) -> list[Site]:
     flat = [(p, k) for p in parts for k in range(len(p.values))]
     part, k = flat[index]
     node = part.nodes[k]
@@ -684,6 +699,10 @@ def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter
     if mapper is None:
         return []
     parsed = shell.parse_script(script, mapper, fmt=fmt)
+    if doc is not None:
+        from sglaunch.migrate.engine import embedded_problems
+
+        doc.errors.extend(embedded_problems(parsed, line_at))
     sites = []
     for site in parsed.sites:
         merged = {**env, **site.env}
@@ -763,7 +782,7 @@ def _env_files(mapping, origin: str | None, doc: "Document | None") -> dict[str,
     return env
 
 
-def _loose_sites(text: str, node, fmt: str) -> list[Site]:
+def _loose_sites(text: str, node, fmt: str, doc: "Document | None" = None) -> list[Site]:
     """Launch commands outside container specs: argv lists and embedded shell scripts."""
     if is_seq(node) and node.value and all(is_scalar(i) for i in node.value):
         part = _part(text, node)
@@ -785,6 +804,10 @@ def _loose_sites(text: str, node, fmt: str) -> list[Site]:
             return []
         parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
         first = node.start_mark.line
+        if doc is not None:
+            from sglaunch.migrate.engine import embedded_problems
+
+            doc.errors.extend(embedded_problems(parsed, lambda line: _script_line(node, first, line)))
         return [_relined(site, node, first) for site in parsed.sites]
     return []
 

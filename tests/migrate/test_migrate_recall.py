@@ -73,6 +73,13 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                                         ['{{- include "sglang.labels" . | nindent 4 }}',
                                          "- {{ .Values.quantization }}\n", "{{- range .Values.extraArgs }}"],
                                         ["- --enable-waterfill\n            - --moe-a2a-backend\n"]),
+    "chart/templates/statefulset.yaml": ("helm", {("R516-01", 14), ("R516-04", 16)},
+                                         ["{{- if .Values.waterfill }}\n", "--quantization {{ .Values.quant }} \\\n"],
+                                         ["--enable-waterfill --moe-a2a-backend deepep \\\n                {{- end }}"]),
+    ".github/workflows/matrix.yml": ("workflow", {("R516-08", 11), ("R516-04", 12)},
+                                     ["--model-path ${{ secrets.MODEL }} --tp ${{ matrix.tp }} \\\n",
+                                      "--quantization ${{ matrix.q }}\n"],
+                                     ["--enable-prefill-cp &"]),
     "chart/values.yaml": ("yaml", {("R516-03", 10), ("R516-08", 12)}, ["  port: 30000"],
                           ["  - auto\n  - --enable-prefill-cp\n"]),
 }
@@ -320,3 +327,13 @@ def test_compose_command_of_flags_for_the_sglang_image():
     assert "--enable-prefill-cp]" in result.text
     other = "services:\n  web:\n    image: nginx\n    command: [--port, '80', --log-level, debug]\n"
     assert migrate_text(other, "compose", RULES, TO).findings == []
+
+
+def test_unparseable_shell_inside_yaml_is_manual():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("jobs:\n  a:\n    steps:\n      - run: |\n          if [ -n \"$X\" ]; then\n"
+            "            python -m sglang.launch_server --enable-deepep-waterfill \"unterminated\n          fi\n")
+    result = migrate_text(text, "workflow", RULES, TO)
+    assert result.text == text
+    assert [f.level for f in result.findings if f.rule_id == "unread"] == [MANUAL]
