@@ -104,8 +104,8 @@ SUSPECT_MESSAGES = {
     "shell": "a shell string holds an SGLang launch the tool cannot line up with its quoting; fix it by hand",
     "nested": "launch commands nested this deep are not read; check it by hand",
     "unreadable": "{}",
-    "launcher": "${} runs a program the tool cannot see, with what look like SGLang launch flags; check and "
-                "fix them by hand",
+    "launcher": "{} is given what look like SGLang launch flags, which the tool does not follow into a "
+                "launch; check and fix them by hand",
     "built": "the shell builds a launch argument here at run time; flags in it are not checked or fixed",
 }
 

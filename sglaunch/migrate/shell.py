@@ -46,6 +46,7 @@ DYNAMIC_NODES = frozenset({
 PASSTHROUGH = re.compile(r'^"?\$(\{)?[@*](?(1)\})"?$')
 VAR_USE = re.compile(r'^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$')
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+LAUNCHER_NAME = re.compile(r"(?i)(sglang|launch|serve|server)")  # ./launch_server.sh, start_sglang
 DATA_PROGRAMS = frozenset({
     "echo", "printf", "logger", "cat", "grep", "egrep", "fgrep", "rg", "sed", "awk", "gawk", "tee", "jq",
     "yq", "git", "notify-send", "wall", "curl", "wget", "read", ":", "true", "false", "test", "[", "[[",
@@ -482,6 +483,10 @@ class _Script:
         if prog == "alias":
             self._aliases(words, state)
             return
+        if LAUNCHER_NAME.search(prog) and not prog.startswith("python") and len(words) > 1:
+            rest = " ".join(self.src(w) for w in words[1:])
+            if "--" in rest:  # `./start_sglang.sh --enable-x`: flags handed to a launcher script
+                self.suspects.append((self.line(node), rest, "launcher " + prog))
         remote = prog in REMOTE or any(os.path.basename(v) in REMOTE for v in values[1:3]) or \
             (prog in DOCKER and len(values) > 1 and values[1] in ("exec", "run", "create"))
         for word in words[1:]:
@@ -660,7 +665,7 @@ class _Script:
         if var is None or not var.tokens:
             rest = " ".join(self.src(w) for w in words[1:])
             if "--" in rest:  # `$SERVE --enable-x`: a launcher the tool cannot see, with flags
-                self.suspects.append((tokens[0].line, rest, "launcher " + match.group(1)))
+                self.suspects.append((tokens[0].line, rest, "launcher $" + match.group(1)))
             return None
         lead = list(var.tokens)
         found = _find_launcher([c.tokens[i].value for c, i in lead])

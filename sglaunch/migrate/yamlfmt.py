@@ -486,7 +486,7 @@ def _nodes_with_env(node, env: dict[str, str]) -> Iterator:
     `variables:` (GitLab CI) maps of scalars, inner ones overriding outer ones."""
     if is_map(node):
         local = dict(env)
-        for key in ("env", "variables"):
+        for key in ("env", "variables", "envs"):  # GitHub Actions, GitLab CI, SkyPilot
             _, value = get(node, key)
             if value is not None and is_map(value):
                 for k, v in value.value:

@@ -249,6 +249,7 @@ SHELL_CASES = [
     ('SERVE="python3 -m sglang.launch_server"\n$SERVE --model-path /m --enable-deepep-waterfill\n',
      "R516-01", FIX, 2, "$SERVE --model-path /m --enable-waterfill --moe-a2a-backend deepep\n"),
     ("$LAUNCHER --model-path /m --enable-prefill-context-parallel\n", "unread", MANUAL, 1, None),
+    ("./launch_server.sh --model-path /m --enable-deepep-waterfill\n", "unread", MANUAL, 1, None),
 ]
 
 
