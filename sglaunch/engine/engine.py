@@ -334,6 +334,8 @@ class LLMEngine:
             return {}
         stats = self.spec.stats.to_dict()
         stats["mode"] = self.spec.mode
+        if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
+            stats["step_cost_scale"] = dict(self.spec.planner.calibration.scale)  # measured / modelled
         return {"speculative": stats, "avg_spec_accept_length": stats["mean_accept_length"]}
 
     def static_info(self) -> dict:

@@ -254,5 +254,7 @@ class DSparkDecoder:
     def _maybe_log(self) -> None:
         now, steps = time.monotonic(), self.stats.steps + self.stats.step_aside_steps
         if now - self._last_log >= LOG_INTERVAL_S and steps > self._logged_steps:
-            logger.info(self.stats.log_line())
+            scale = self.planner.calibration.scale if self.planner.calibration is not None else None
+            logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
+                                                 f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else ""))
             self._last_log, self._logged_steps = now, steps

@@ -184,6 +184,8 @@ def test_the_start_up_profile_prices_plain_decode_steps(dspark_files):
         stats = engine.spec.stats.to_dict()  # the profile's synthetic steps are not counted
         assert stats["steps"] == 0 and stats["step_aside_steps"] == 0 and engine.spec.planner.prior == [1.0] * GAMMA
         assert engine.allocator.num_used == 0
+        # /server_info shows the planner's correction of the table (nothing measured yet)
+        assert engine.live_stats()["speculative"]["step_cost_scale"] == {"draft": 1.0, "plain": 1.0}
     finally:
         cluster.stop(engine)
 
