@@ -68,10 +68,20 @@ def is_map(node) -> bool:
     return kind_of(node) == "MappingNode"
 
 
-def get(mapping, key: str):
+def get(mapping, key: str, merged: bool = True):
+    """(key node, value node) of `key`, also from YAML merge keys (`<<: *common`), whose
+    mappings the composer keeps as the anchored nodes themselves."""
     for k, v in mapping.value:
         if is_scalar(k) and k.value == key:
             return k, v
+    if merged:
+        for k, v in mapping.value:
+            if is_scalar(k) and k.value == "<<":
+                for source in (v.value if is_seq(v) else [v]):
+                    if is_map(source):
+                        found = get(source, key)
+                        if found[1] is not None:
+                            return found
     return None, None
 
 
@@ -867,10 +877,12 @@ def _env_setter(text: str, mapping, fmt: str):
     key_name = "env" if fmt == "k8s" else "environment"
 
     def set_env(name: str, value: str) -> list[TextEdit] | None:
-        _, node = get(mapping, key_name)
+        _, node = get(mapping, key_name, merged=False)
         if fmt != "k8s" and node is None:
-            _, node = get(mapping, "env")
+            _, node = get(mapping, "env", merged=False)
         if node is None:
+            if get(mapping, key_name)[1] is not None or get(mapping, "env")[1] is not None:
+                return None  # merged from an anchor: a new key would replace it, an edit there reach others
             return _add_env_key(text, mapping, key_name, name, value, fmt)
         return _append_env(text, node, name, value, fmt)
 

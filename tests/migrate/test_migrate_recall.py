@@ -80,6 +80,12 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                                      ["--model-path ${{ secrets.MODEL }} --tp ${{ matrix.tp }} \\\n",
                                       "--quantization ${{ matrix.q }}\n"],
                                      ["--enable-prefill-cp &"]),
+    "deploy/compose-anchors.yml": ("compose", {("R516-01", 10), ("R516-07", 10), ("R516-03", 14), ("R516-07", 14)},
+                                   ["    <<: *common\n    command: >\n", "SGLANG_RAGGED_VERIFY_MODE: cap-accept"],
+                                   ['    entrypoint: ["python3", "-m", "sglang.launch_server"]\n    environment:\n'
+                                    "      SGLANG_RAGGED_VERIFY_MODE: compact\n"]),
+    "deploy/job.yaml": ("k8s", {("R516-01", 15), ("R516-07", 14), ("R516-04", 22)},
+                        ["export SGLANG_RAGGED_VERIFY_MODE=static"], ["            --enable-waterfill --moe-a2a-backend deepep\n"]),
     "chart/values.yaml": ("yaml", {("R516-03", 10), ("R516-08", 12)}, ["  port: 30000"],
                           ["  - auto\n  - --enable-prefill-cp\n"]),
 }
@@ -172,15 +178,18 @@ def test_false_config_key_keeps_false_and_adds_no_backend(tmp_path):
 
 
 @pytest.mark.parametrize("name, where", [
+    ("deploy/compose-anchors.yml", "merged <<: *common environment"), ("deploy/job.yaml", "export in sh -c"),
     ("deploy/docker-compose.yaml", "env_file"), (".github/workflows/serve.yml", "workflow env"),
     ("deploy/sglang.service", "Environment="), ("Dockerfile.heredoc", "ENV"),
 ])
 def test_explicit_static_verify_mode_wins(name, where):
     report = run(DIR / name)
-    mode = [f for f in report.findings if f.rule_id == "R516-07"]
-    assert mode and all(f.level == INFO and "static is set explicitly" in f.message for f in mode), where
-    assert "SGLANG_RAGGED_VERIFY_MODE=compact" not in report.migrated
-    assert "SGLANG_RAGGED_VERIFY_MODE: compact" not in report.migrated
+    mode = [f for f in report.findings if f.rule_id == "R516-07"
+            and not (name == "deploy/compose-anchors.yml" and f.line == 14)]
+    assert mode and all(f.level == INFO and "is set explicitly" in f.message for f in mode), where
+    if name != "deploy/compose-anchors.yml":  # there the other service gets compact, in its own environment
+        assert "SGLANG_RAGGED_VERIFY_MODE=compact" not in report.migrated
+        assert "SGLANG_RAGGED_VERIFY_MODE: compact" not in report.migrated
 
 
 def test_directory_walk_reads_every_kind_and_hidden_ci_folders(tmp_path):
