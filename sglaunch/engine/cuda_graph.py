@@ -166,6 +166,18 @@ def pad_step(step: StepInput, key: GraphKey, padding_page: int, page_size: int) 
     return out
 
 
+def static_rows(step: StepInput, page_size: int) -> list[int]:
+    """A (padded) step's static graph inputs, flat: input ids, positions, then each row's KV pool
+    slot (its page from the request's table, its offset in the page). What RaggedMetadata
+    computes with about ten small torch operators, in one pass over plain lists: a replay's
+    host work is most of a small step's time."""
+    slots, start = [], 0
+    for table, q in zip(step.page_tables, step.query_lens):
+        slots.extend(table[p // page_size] * page_size + p % page_size for p in step.positions[start: start + q])
+        start += q
+    return step.input_ids + step.positions + slots
+
+
 def graphs_disabled_reason(device_type: str, disable_cuda_graph: bool, backend_cls) -> str | None:
     """Why this rank runs eagerly only (None: capture graphs). CPUs never use graphs."""
     if device_type != "cuda":
@@ -231,12 +243,10 @@ class CudaGraphRunner:
 
     def _load(self, padded: StepInput, wrapper) -> None:
         """Host lists -> the static input rows; plan the graph's wrapper for this layout."""
-        from sglaunch.engine.attention.base import RaggedMetadata
         from sglaunch.engine.attention.flashinfer_backend import PlanArrays
 
         torch, n = self.torch, padded.num_tokens
-        meta = RaggedMetadata.from_step(padded, self.page_size, torch.device("cpu"))
-        rows = torch.stack([torch.tensor(padded.input_ids, dtype=torch.int64), meta.positions, meta.out_slots])
+        rows = torch.tensor(static_rows(padded, self.page_size), dtype=torch.int64).view(3, n)
         self.inputs[:, :n].copy_(rows)
         self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
 

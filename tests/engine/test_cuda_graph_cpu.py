@@ -16,6 +16,7 @@ from sglaunch.engine.cuda_graph import (
     graphs_disabled_reason,
     pad_step,
     parse_extra_tiers,
+    static_rows,
     verify_token_tiers,
 )
 from sglaunch.engine.kv_pool import KVPool
@@ -119,6 +120,22 @@ def test_pad_step(page_size, query_lens, key):
     arrays = PlanArrays.from_step(padded, page_size)
     pages = arrays.page_indptr[1:] - arrays.page_indptr[:-1]
     assert ((pages - 1) * page_size + arrays.last_page_len).tolist() == padded.kv_lens
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_static_rows_equal_the_ragged_metadata(page_size):
+    """The graph's static inputs (ids, positions, KV slots) built from lists equal RaggedMetadata's,
+    for decode and verify layouts, padded or not."""
+    cases = [([1, 1, 1], [4, 9, 30], GraphKey(True, 4, 4)), ([3, 1, 5], [7, 2, 40], GraphKey(False, 9, 20)),
+             ([1], [1], GraphKey(True, 1, 1)), ([2, 8, 1, 4], [2, 33, 17, 5], GraphKey(False, 17, 40))]
+    for seed, (query_lens, kv_lens, key) in enumerate(cases):
+        for step in (make_step(query_lens, kv_lens, page_size, seed),
+                     pad_step(make_step(query_lens, kv_lens, page_size, seed), key, PAD, page_size)):
+            meta = RaggedMetadata.from_step(step, page_size, torch.device("cpu"))
+            n = step.num_tokens
+            rows = static_rows(step, page_size)
+            assert rows[:n] == step.input_ids and rows[n: 2 * n] == meta.positions.tolist()
+            assert rows[2 * n:] == meta.out_slots.tolist()
 
 
 def test_pad_step_refuses_what_does_not_fit():

@@ -1,0 +1,88 @@
+"""Host time of building a CUDA-graph replay's static input rows (ids, positions, KV slots):
+RaggedMetadata's torch operators (what `CudaGraphRunner._load` did up to session 6) against
+`cuda_graph.static_rows` over plain lists (what it does now). Host work only, so it runs on any
+machine; the ratio is what matters (the H200 machine's host is another CPU).
+
+    python benchmarks/graph_load_host.py [--repeats 2000]
+
+Per layout: the padded step of a decode batch or a verify batch (random pages, contexts of
+200-600 tokens), median microseconds of each way over --repeats runs (after 50 warm-up runs),
+both producing the [3, tokens] int64 CPU tensor `_load` copies to the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from sglaunch.engine.attention.base import RaggedMetadata  # noqa: E402
+from sglaunch.engine.cuda_graph import GraphKey, pad_step, static_rows  # noqa: E402
+from sglaunch.engine.step import StepInput  # noqa: E402
+
+PAD, PAGE = 0, 1
+
+
+def layout(query_lens: list[int], seed: int) -> StepInput:
+    """A ragged step over distinct pages (page size 1), contexts of 200-600 tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    step, next_page = StepInput([], [], [], [], [], []), 1
+    for q in query_lens:
+        kv = int(torch.randint(200, 600, (1,), generator=gen))
+        step.input_ids += torch.randint(0, 49152, (q,), generator=gen).tolist()
+        step.positions += list(range(kv - q, kv))
+        step.query_lens.append(q)
+        step.kv_lens.append(kv)
+        step.page_tables.append(list(range(next_page, next_page + kv)))
+        next_page += kv
+        step.sample_indices += list(range(len(step.input_ids) - q, len(step.input_ids)))
+    return step
+
+
+def old_rows(step: StepInput) -> torch.Tensor:
+    meta = RaggedMetadata.from_step(step, PAGE, torch.device("cpu"))
+    return torch.stack([torch.tensor(step.input_ids, dtype=torch.int64), meta.positions, meta.out_slots])
+
+
+def new_rows(step: StepInput) -> torch.Tensor:
+    return torch.tensor(static_rows(step, PAGE), dtype=torch.int64).view(3, step.num_tokens)
+
+
+def median_us(fn, step: StepInput, repeats: int) -> float:
+    for _ in range(50):
+        fn(step)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(step)
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cases = [("decode bs 1", [1], GraphKey(True, 1, 1)), ("decode bs 8", [1] * 8, GraphKey(True, 8, 8)),
+             ("decode bs 64", [1] * 64, GraphKey(True, 64, 64)),
+             ("verify 1 x 8 rows", [8], GraphKey(False, 2, 8)),
+             ("verify 8 req, 36 rows", [5, 3, 8, 4, 6, 2, 4, 4], GraphKey(False, 9, 40)),
+             ("verify 64 req, 4.4 rows", [4, 5, 3, 6] * 16, GraphKey(False, 65, 320))]
+    print(f"{'layout':24s} {'torch us':>9s} {'lists us':>9s} {'ratio':>6s}")
+    for i, (name, query_lens, key) in enumerate(cases):
+        step = pad_step(layout(query_lens, seed=i), key, PAD, PAGE)
+        assert torch.equal(old_rows(step), new_rows(step)), name
+        old, new = median_us(old_rows, step, args.repeats), median_us(new_rows, step, args.repeats)
+        print(f"{name:24s} {old:9.1f} {new:9.1f} {old / new:5.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
