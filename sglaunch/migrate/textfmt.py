@@ -141,6 +141,9 @@ def read_systemd(text: str, origin: str | None = None) -> Document:
     problems.extend(_problems(parsed))
     sites = []
     for site in parsed.sites:
+        if "docker run" in site.env_hint:  # the unit's environment does not reach the container
+            sites.append(site)
+            continue
         site.env = {**env, **site.env}
         at = max((o for o in exec_starts if o <= _site_offset(site, masked)), default=None)
         site.set_env = _systemd_setter(text, at) if at is not None else None

@@ -347,3 +347,14 @@ def test_unparseable_shell_inside_yaml_is_manual():
     result = migrate_text(text, "workflow", RULES, TO)
     assert result.text == text
     assert [f.level for f in result.findings if f.rule_id == "unread"] == [MANUAL]
+
+
+def test_systemd_environment_does_not_reach_a_docker_container():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("[Service]\nEnvironment=SGLANG_RAGGED_VERIFY_MODE=static\n"
+            "ExecStart=/usr/bin/docker run --rm lmsysorg/sglang python3 -m sglang.launch_server "
+            "--speculative-algorithm DSPARK\n")
+    result = migrate_text(text, "systemd", RULES, TO)
+    assert "docker run -e SGLANG_RAGGED_VERIFY_MODE=compact --rm" in result.text
+    assert result.text.count("Environment=") == 1
