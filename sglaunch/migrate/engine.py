@@ -71,7 +71,7 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
     except (yamlfmt.YamlError, dockerfile.DockerfileError) as exc:
         raise UnreadableError(str(exc)) from None
     except SyntaxError as exc:
-        raise UnreadableError(f"invalid Python: {exc.msg} (line {exc.lineno})") from None
+        raise UnreadableError(f"invalid Python: {exc.msg} (line {exc.lineno or 1})") from None
     return doc.sites, doc.errors
 
 

@@ -107,7 +107,16 @@ def _call_name(call: ast.Call) -> str:
 
 
 def read_python(text: str) -> Document:
-    tree = ast.parse(text)
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        if shell.mentions(text) or "sglang" in text.lower():
+            if isinstance(exc, SyntaxError):
+                raise
+            raise SyntaxError(type(exc).__name__, ("<file>", 1, 0, "")) from None
+        # not Python 3 the tool can read, and nothing of SGLang in it: a notice, not an error
+        return Document(errors=[(getattr(exc, "lineno", None) or 1, "not Python the tool can parse "
+                                 f"({getattr(exc, 'msg', None) or type(exc).__name__}); it mentions no SGLang launch")])
     offsets = _Offsets(text)
     doc = Document()
     covered: set[int] = set()

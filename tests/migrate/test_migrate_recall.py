@@ -358,3 +358,12 @@ def test_systemd_environment_does_not_reach_a_docker_container():
     result = migrate_text(text, "systemd", RULES, TO)
     assert "docker run -e SGLANG_RAGGED_VERIFY_MODE=compact --rm" in result.text
     assert result.text.count("Environment=") == 1
+
+
+def test_python_that_does_not_parse():
+    from sglaunch.migrate.engine import migrate_text
+
+    quiet = migrate_text('print "hello"\n', "python", RULES, TO)
+    assert quiet.error is None and [f.level for f in quiet.findings] == [INFO]
+    loud = migrate_text('print "python -m sglang.launch_server --enable-deepep-waterfill"\n', "python", RULES, TO)
+    assert loud.error and "invalid Python" in loud.error  # exit 2: never a silent pass
