@@ -149,7 +149,7 @@ def read_python(text: str) -> Document:
             elif id(node) not in quiet:
                 _unread(doc, node, ast.get_source_segment(text, node) or "")
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
+        if isinstance(node, ast.Call) and _sglang_call(node):
             for keyword in node.keywords:  # sglang.Engine(enable_deepep_waterfill=True), ServerArgs(...)
                 if keyword.arg and "_" in keyword.arg:
                     flag = "--" + keyword.arg.replace("_", "-")
@@ -169,6 +169,18 @@ def read_python(text: str) -> Document:
                                    "outside any argument list the tool can read; check it by hand",
                                    node.value, "unreadable"))
     return doc
+
+
+SGLANG_CALLS = frozenset({"Engine", "ServerArgs", "Runtime", "launch_server", "EngineArgs", "RuntimeEndpoint"})
+
+
+def _sglang_call(call: ast.Call) -> bool:
+    """`sgl.Engine(...)`, `sglang.Runtime(...)`, `ServerArgs(...)`: calls that take SGLang flags as keywords."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        return func.attr in SGLANG_CALLS or (isinstance(base, ast.Name) and base.id in ("sgl", "sglang"))
+    return isinstance(func, ast.Name) and func.id in SGLANG_CALLS
 
 
 def _unread(doc: Document, node, source: str) -> None:
