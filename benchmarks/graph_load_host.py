@@ -1,6 +1,8 @@
 """Host time of building a CUDA-graph replay's static input rows (ids, positions, KV slots):
 RaggedMetadata's torch operators (what `CudaGraphRunner._load` did up to session 6) against
-`cuda_graph.static_rows` over plain lists (what it does now). Host work only, so it runs on any
+`cuda_graph.static_rows` over plain lists (what it does now); and of FlashInfer's page-index
+array (`PlanArrays.page_indices`): torch.tensor over a flattened list against
+`flashinfer_backend.flat_int32` (array.array). Host work only, so it runs on any
 machine; the ratio is what matters (the H200 machine's host is another CPU).
 
     python benchmarks/graph_load_host.py [--repeats 2000]
@@ -54,6 +56,17 @@ def new_rows(step: StepInput) -> torch.Tensor:
     return torch.tensor(static_rows(step, PAGE), dtype=torch.int64).view(3, step.num_tokens)
 
 
+def old_page_indices(step: StepInput) -> torch.Tensor:
+    """PlanArrays' page_indices up to session 6."""
+    return torch.tensor([p for table in step.page_tables for p in table], dtype=torch.int32)
+
+
+def new_page_indices(step: StepInput) -> torch.Tensor:
+    from sglaunch.engine.attention.flashinfer_backend import flat_int32
+
+    return flat_int32(step.page_tables)
+
+
 def median_us(fn, step: StepInput, repeats: int) -> float:
     for _ in range(50):
         fn(step)
@@ -75,12 +88,15 @@ def main() -> int:
              ("verify 1 x 8 rows", [8], GraphKey(False, 2, 8)),
              ("verify 8 req, 36 rows", [5, 3, 8, 4, 6, 2, 4, 4], GraphKey(False, 9, 40)),
              ("verify 64 req, 4.4 rows", [4, 5, 3, 6] * 16, GraphKey(False, 65, 320))]
-    print(f"{'layout':24s} {'torch us':>9s} {'lists us':>9s} {'ratio':>6s}")
+    print(f"{'layout':24s} {'rows: torch us':>14s} {'lists us':>9s} {'ratio':>6s}   "
+          f"{'page indices: list us':>21s} {'array us':>9s} {'ratio':>6s}")
     for i, (name, query_lens, key) in enumerate(cases):
         step = pad_step(layout(query_lens, seed=i), key, PAD, PAGE)
         assert torch.equal(old_rows(step), new_rows(step)), name
+        assert torch.equal(old_page_indices(step), new_page_indices(step)), name
         old, new = median_us(old_rows, step, args.repeats), median_us(new_rows, step, args.repeats)
-        print(f"{name:24s} {old:9.1f} {new:9.1f} {old / new:5.1f}x")
+        old_p, new_p = median_us(old_page_indices, step, args.repeats), median_us(new_page_indices, step, args.repeats)
+        print(f"{name:24s} {old:14.1f} {new:9.1f} {old / new:5.1f}x   {old_p:21.1f} {new_p:9.1f} {old_p / new_p:5.1f}x")
     return 0
 
 

@@ -154,8 +154,9 @@ def pad_step(step: StepInput, key: GraphKey, padding_page: int, page_size: int) 
     extra_requests, extra_tokens = key.batch_size - step.batch_size, key.num_tokens - step.num_tokens
     if extra_requests < (0 if key.decode else 1) or extra_tokens < 0 or (key.decode and extra_tokens != extra_requests):
         raise ValueError(f"a step of {step.batch_size} requests / {step.num_tokens} tokens does not fit {key}")
+    # NOTE: the real requests' page tables are shared, not copied (nothing writes to them)
     out = StepInput(list(step.input_ids), list(step.positions), list(step.query_lens), list(step.kv_lens),
-                    [list(t) for t in step.page_tables], list(step.sample_indices))
+                    list(step.page_tables), list(step.sample_indices))
     rows = [1] * extra_requests if key.decode else [extra_tokens] + [0] * (extra_requests - 1)
     for n in rows:
         out.input_ids.extend([0] * n)

@@ -18,6 +18,7 @@ flashinfer is imported) moves its cache from ~/.cache/flashinfer to $FLASHINFER_
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 
 import torch
@@ -48,10 +49,20 @@ class PlanArrays:
         return cls(
             qo_indptr=_indptr(step.query_lens),
             page_indptr=_indptr([len(table) for table in step.page_tables]),
-            page_indices=torch.tensor([p for table in step.page_tables for p in table], dtype=torch.int32),
+            page_indices=flat_int32(step.page_tables),
             last_page_len=torch.tensor([(kv - 1) % page_size + 1 for kv in step.kv_lens], dtype=torch.int32),
             is_decode=all(n == 1 for n in step.query_lens),
         )
+
+
+def flat_int32(tables: list[list[int]]) -> torch.Tensor:
+    """The tables back to back as one int32 CPU tensor. NOTE: through array.array, which takes
+    the ints at C speed: torch.tensor over a flattened list took 2.4 ms for 64 tables of about
+    300 pages on the dev CPU, this 1.4 ms (benchmarks/graph_load_host.py)."""
+    flat = array.array("i")
+    for table in tables:
+        flat.extend(table)
+    return torch.frombuffer(flat, dtype=torch.int32) if flat else torch.zeros(0, dtype=torch.int32)
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
