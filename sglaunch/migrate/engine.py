@@ -459,6 +459,8 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     path = PurePath(name)
     lower = path.name.lower()
     parts = [p.lower() for p in path.parts]
+    if lower.endswith((".py", ".pyw")):
+        return "python"  # dockerfile.py is Python
     if lower in ("dockerfile", "containerfile") or lower.startswith(("dockerfile.", "containerfile.")) \
             or lower.endswith((".dockerfile", ".containerfile")):
         return "dockerfile"
@@ -484,6 +486,9 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         return "env"
     if lower.endswith((".py", ".pyw")):
         return "python"
+    if not loose and lower.endswith((".json", ".jsonl", ".md", ".rst", ".txt", ".csv", ".lock", ".toml", ".ini",
+                                     ".cfg", ".html", ".js", ".ts", ".css", ".svg", ".ipynb")):
+        return None  # data and documents: a walk does not sniff them (a file named explicitly is read)
     sniffed = sniff(text, loose)
     if sniffed is None and text.startswith("#!") and "python" in text.split("\n", 1)[0]:
         return "python"

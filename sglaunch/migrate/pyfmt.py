@@ -147,7 +147,8 @@ def read_python(text: str) -> Document:
             if id(node) in run:
                 _fstring(text, offsets, node, doc)
             elif id(node) not in quiet:
-                _unread(doc, node, ast.get_source_segment(text, node) or "")
+                start, end = offsets.span(node)
+                _unread(doc, node, text[start:end])
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _sglang_call(node):
             for keyword in node.keywords:  # sglang.Engine(enable_deepep_waterfill=True), ServerArgs(...)
@@ -165,9 +166,8 @@ def read_python(text: str) -> Document:
                 else:
                     _unread(doc, node, node.value)
             elif FLAG_LITERAL.fullmatch(node.value):
-                doc.errors.append((node.lineno, f"the string {node.value!r} looks like an SGLang launch flag "
-                                   "outside any argument list the tool can read; check it by hand",
-                                   node.value, "unreadable"))
+                doc.errors.append((node.lineno, f"the string {node.value!r} is an SGLang launch flag outside any "
+                                   "argument list the tool can read; check it by hand", node.value, "variable"))
     return doc
 
 
@@ -199,6 +199,10 @@ def _call_env(call: ast.Call) -> dict[str, str]:
 
 
 def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
+    strings = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    if not strings or not (any(v.startswith("--") for v in strings) or shell.LAUNCH_MODULE in strings
+                           or "sglang" in strings):
+        return None
     values, dynamic, spans, literal = [], [], [], []
     passthrough = False
     for element in node.elts:
@@ -211,7 +215,7 @@ def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
             passthrough = True
             continue
         else:
-            values.append(ast.get_source_segment(text, element) or "$expr")
+            values.append(text[span[0]:span[1]] or "$expr")
             dynamic.append(True)
             literal.append(False)
         spans.append(span)

@@ -754,8 +754,17 @@ def flag_list(values: Sequence[str]) -> bool:
     Helm `extraArgs:`): it starts with a flag and names at least one SGLang flag."""
     if not values or not values[0].startswith("--"):
         return False
-    return any(v.startswith("--") and v.split("=", 1)[0] not in GENERIC_FLAGS
-               and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values)
+    if not any(v.startswith("--") and v.split("=", 1)[0] not in GENERIC_FLAGS
+               and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values):
+        return False
+    from sglaunch.errors import SglaunchError
+    from sglaunch.flags.argv import split_argv
+
+    try:  # a list of flag names (a schema, a doc table) is not an argument list
+        split_argv(values, SCHEMA, lenient=True)
+    except SglaunchError:
+        return False
+    return True
 
 
 # flags many programs share: a list of only these is not taken for an SGLang argument list

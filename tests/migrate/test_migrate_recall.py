@@ -367,3 +367,15 @@ def test_python_that_does_not_parse():
     assert quiet.error is None and [f.level for f in quiet.findings] == [INFO]
     loud = migrate_text('print "python -m sglang.launch_server --enable-deepep-waterfill"\n', "python", RULES, TO)
     assert loud.error and "invalid Python" in loud.error  # exit 2: never a silent pass
+
+
+@pytest.mark.parametrize("name, fmt", [
+    ("dockerfile.py", "python"), ("Dockerfile.cuda13", "dockerfile"), ("GNUmakefile", "makefile"),
+    ("ops/sglang.service", "systemd"), (".env.prod", "env"), ("x/.github/workflows/ci.yaml", "workflow"),
+    (".gitlab-ci.yml", "workflow"), ("chart/templates/deploy.yaml", "helm"), ("data/flags.json", None),
+])
+def test_detect_format_by_name(name, fmt):
+    from sglaunch.migrate.engine import detect_format
+
+    text = "kind: {{ .Values.kind }}\n" if "templates" in name else "x: 1\n"
+    assert detect_format(name, text, loose=False) == fmt
