@@ -43,6 +43,13 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
     (compose `env_file:`, systemd `EnvironmentFile=`)."""
     from sglaunch.migrate import dockerfile, shell, yamlfmt
 
+    if fmt.endswith(JINJA):  # an Ansible/Jinja template of another format: directives masked
+        inner = fmt[:-len(JINJA)]
+        sites, problems = read_sites(mask_jinja(text, inner), inner, origin)
+        for site in sites:
+            site.dynamic = tuple(d or JINJA_MARK in a or "${_" in a for a, d in zip(site.args, site.dynamic))
+            site.fmt = fmt
+        return sites, problems
     try:
         if fmt == "shell":
             parsed = shell.parse_script(text)
@@ -177,7 +184,8 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
         report(finding, identity)
     current, count, line_map = text, len(sites), identity
     for _round in range(MAX_ROUNDS):
-        planned = _plan(current, sites, rules, unsafe_fixes, _GUARDS.get(fmt))
+        planned = _plan(current, sites, rules, unsafe_fixes,
+                        _jinja_guard if fmt.endswith(JINJA) else _GUARDS.get(fmt))
         for finding in planned.findings:
             report(finding, line_map)
         if not planned.edits:
@@ -249,6 +257,45 @@ def _helm_guard(text: str, edits: Sequence[TextEdit]) -> bool:
         if "{{" in around or "}}" in around or MASK in edit.text or "{{" in edit.text:
             return False
     return True
+
+
+JINJA = "+jinja"
+JINJA_MARK = "\ue000"  # yamlfmt.MASK
+JINJA_DIRECTIVE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)
+JINJA_SUFFIXES = (".j2", ".jinja", ".jinja2")
+
+
+def mask_jinja(text: str, inner: str) -> str:
+    """A Jinja template with its directives masked, same length: lines holding only `{% %}` /
+    `{# #}` / `{{ }}` become blank (a shell continuation kept going), and a `{{ expr }}` inside
+    a line a value the rules cannot know (`${____}` in shell-like formats, the YAML mask in
+    YAML)."""
+    out, previous = [], ""
+    for line in text.split("\n"):
+        if "{" in line and JINJA_DIRECTIVE.sub("", line).strip() == "" and JINJA_DIRECTIVE.search(line):
+            keep = previous.rstrip().endswith("\\") and len(line) > 0
+            out.append(" " * (len(line) - 1) + "\\" if keep else " " * len(line))
+        else:
+            out.append(line)
+            previous = line
+    masked = "\n".join(out)
+    yaml_like = inner in ("k8s", "compose", "yaml", "workflow", "config", "helm")
+
+    def one(match) -> str:
+        body = match.group(0)
+        if yaml_like:
+            return "".join("\n" if c == "\n" else JINJA_MARK for c in body)
+        if body.startswith("{{") and len(body) >= 4 and "\n" not in body:
+            return "${" + "_" * (len(body) - 3) + "}"
+        return "".join("\n" if c == "\n" else " " for c in body)
+
+    return JINJA_DIRECTIVE.sub(one, masked)
+
+
+def _jinja_guard(text: str, edits: Sequence[TextEdit]) -> bool:
+    spans = [(m.start(), m.end()) for m in JINJA_DIRECTIVE.finditer(text)]
+    return not any(a < e.end + 1 and e.start - 1 < b for e in edits for a, b in spans) and \
+        not any(ch in e.text for e in edits for ch in ("{{", "{%", JINJA_MARK))
 
 
 def _actions_guard(text: str, edits: Sequence[TextEdit]) -> bool:
@@ -457,6 +504,11 @@ SYSTEMD = (".service", ".socket", ".target", ".timer")
 def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     """Format from the file name, then the content; None when it is not a launch file."""
     path = PurePath(name)
+    if path.name.lower().endswith(JINJA_SUFFIXES):  # roles/x/templates/sglang.service.j2
+        inner = detect_format(str(path.with_suffix("")), mask_jinja(text, "shell"), loose)
+        if inner in ("k8s", "compose", "yaml", "workflow", "config", "helm"):
+            inner = detect_format(str(path.with_suffix("")), mask_jinja(text, "yaml"), loose)
+        return None if inner is None else inner + JINJA
     lower = path.name.lower()
     parts = [p.lower() for p in path.parts]
     if lower.endswith((".py", ".pyw")):
