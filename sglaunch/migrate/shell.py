@@ -509,6 +509,12 @@ class _Script:
             inner_state = state.copy(expanded=expanded)
             if remote:
                 inner_state.exports, inner_state.export_dynamic = {}, set()
+                docker = next((k for k, v in enumerate(values[:-1]) if os.path.basename(v) in DOCKER
+                               and values[k + 1] in ("run", "create", "exec")), None)
+                if docker is not None:  # `docker run -e X=1 img bash -c "..."`: the container's env
+                    _wrapper_env(values[:words.index(word)], docker + 1, inner_state.exports)
+                    if any(v == "--env-file" or v.startswith("--env-file=") for v in values[docker:]):
+                        inner_state.export_dynamic.add("*")
             self._inner(token.value, offset_of, mapper, inner_state)
 
     # -- assignments -------------------------------------------------------------

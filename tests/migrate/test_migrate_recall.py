@@ -387,3 +387,13 @@ def test_detect_format_by_name(name, fmt):
 
     text = "kind: {{ .Values.kind }}\n" if "templates" in name else "x: 1\n"
     assert detect_format(name, text, loose=False) == fmt
+
+
+def test_docker_env_reaches_a_shell_string_in_the_container():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ('docker run -e SGLANG_RAGGED_VERIFY_MODE=static img bash -c '
+            '"python3 -m sglang.launch_server --speculative-algorithm DSPARK"\n')
+    result = migrate_text(text, "shell", RULES, TO)
+    assert result.text == text
+    assert [(f.rule_id, f.level) for f in result.findings] == [("R516-07", INFO)]
