@@ -496,8 +496,10 @@ def _nodes_with_env(node, env: dict[str, str]) -> Iterator:
     `variables:` (GitLab CI) maps of scalars, inner ones overriding outer ones."""
     if is_map(node):
         local = dict(env)
-        for key in ("env", "variables", "envs"):  # GitHub Actions, GitLab CI, SkyPilot
-            _, value = get(node, key)
+        _, job_container = get(node, "container")  # GitHub Actions: the job's container env
+        sources = [node] + ([job_container] if job_container is not None and is_map(job_container) else [])
+        for key, holder in [(k, h) for h in sources for k in ("env", "variables", "envs")]:
+            _, value = get(holder, key)  # GitHub Actions, GitLab CI, SkyPilot
             if value is not None and is_map(value):
                 for k, v in value.value:
                     if is_scalar(k) and is_scalar(v):

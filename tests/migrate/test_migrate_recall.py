@@ -397,3 +397,14 @@ def test_docker_env_reaches_a_shell_string_in_the_container():
     result = migrate_text(text, "shell", RULES, TO)
     assert result.text == text
     assert [(f.rule_id, f.level) for f in result.findings] == [("R516-07", INFO)]
+
+
+def test_workflow_job_container_env_counts():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("jobs:\n  smoke:\n    container:\n      image: lmsysorg/sglang:v0.5.15\n      env:\n"
+            "        SGLANG_RAGGED_VERIFY_MODE: cap-accept\n    steps:\n"
+            "      - run: python3 -m sglang.launch_server --speculative-algorithm DSPARK\n")
+    result = migrate_text(text, "workflow", RULES, TO)
+    assert result.text == text
+    assert [(f.rule_id, f.level) for f in result.findings] == [("R516-07", INFO)]
