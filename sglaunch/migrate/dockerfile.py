@@ -136,7 +136,7 @@ def read_dockerfile(text: str) -> Document:
         doc.sites.extend(_stage_sites(text, stage))
         doc.errors.extend(_heredoc_sites(text, stage, doc.sites))
         for instruction in stage:  # `ENV SGLANG_ARGS="--x"`, `ARG EXTRA=--x`: not read as a launch
-            if instruction.keyword in ("ENV", "ARG", "LABEL") and "--" in instruction.value \
+            if instruction.keyword in ("ENV", "ARG") and "--" in instruction.value \
                     and not shell.mentions(instruction.value):
                 doc.errors.append((instruction.line, f"{instruction.keyword} holds what looks like SGLang launch "
                                    "flags, which the tool does not follow into a launch; check and fix it by hand",

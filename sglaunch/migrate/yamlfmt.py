@@ -624,7 +624,9 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
     if script is not None:
         return _script_sites(text, parts, script, env, env_dynamic, setter, fmt, doc)
     found = shell._find_launcher(values)
-    if found is None and (fmt == "compose" or get(mapping, "command")[1] is None) \
+    _, image = get(mapping, "image")
+    sglang_image = image is not None and is_scalar(image) and "sglang" in str(image.value).lower()
+    if found is None and sglang_image and (fmt == "compose" or get(mapping, "command")[1] is None) \
             and get(mapping, "entrypoint")[1] is None and flag_list(values):
         found = (0, 0, "image entrypoint")  # `args:` only: the image's entrypoint is the launcher
     if found is None:

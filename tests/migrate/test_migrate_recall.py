@@ -408,3 +408,16 @@ def test_workflow_job_container_env_counts():
     result = migrate_text(text, "workflow", RULES, TO)
     assert result.text == text
     assert [(f.rule_id, f.level) for f in result.findings] == [("R516-07", INFO)]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: exporter\n    image: example/exporter:1.2\n"
+            "    args: [\"--enable-deepep-waterfill\", \"--listen\", \":9400\"]\n"),
+    ("compose", "services:\n  exporter:\n    image: example/exporter\n    command: [--enable-deepep-waterfill]\n"),
+    ("dockerfile", "FROM lmsysorg/sglang:v0.5.15\nLABEL title=\"sglang --enable-deepep-waterfill\"\n"),
+])
+def test_other_images_and_labels_are_decoys(fmt, text):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, fmt, RULES, TO)
+    assert result.text == text and result.findings == []
