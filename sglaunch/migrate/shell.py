@@ -91,10 +91,12 @@ def extract_launch_commands(text: str) -> list[LaunchCommand]:
     return list(parse_script(text).commands)
 
 
-def parse_script(text: str, mapper: "Mapper | None" = None, fmt: str = "shell") -> ParsedScript:
+def parse_script(text: str, mapper: "Mapper | None" = None, fmt: str = "shell",
+                 state: "_State | None" = None) -> ParsedScript:
     """Launch commands plus editable sites. `mapper` moves edits from script offsets into an
-    enclosing file (a shell script embedded in YAML or a Dockerfile)."""
-    return _Script(text, mapper or _identity, fmt).parse()
+    enclosing file (a shell script embedded in YAML or a Dockerfile). `state`: variables known
+    before the script starts (a Makefile's variables)."""
+    return _Script(text, mapper or _identity, fmt, state=state).parse()
 
 
 Mapper = Callable[[TextEdit], "TextEdit | None"]

@@ -18,7 +18,7 @@ from sglaunch.migrate.tokens import Site, TextEdit
 from sglaunch.migrate.yamlfmt import Document
 
 MAKE_VAR = re.compile(r"\$([({])([A-Za-z_][A-Za-z0-9_.-]*)([)}])")
-MAKE_ASSIGN = re.compile(r"^(?:export\s+|override\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*(?:\?=|:=|::=|\+=|!=|=)\s*(.*)$")
+MAKE_ASSIGN = re.compile(r"^(?:export\s+|override\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*(\?=|:=|::=|\+=|!=|=)\s*(.*)$")
 
 
 def _blank(line: str) -> str:
@@ -44,13 +44,18 @@ def _problems(parsed) -> list:
 def read_makefile(text: str) -> Document:
     """Recipe lines (tab-indented, with their backslash continuations) are shell; `@`, `-`
     and `+` prefixes are dropped, `$(VAR)` / `${VAR}` become shell expansions and `$$` a
-    literal `$`. Variable assignments that hold launch flags (`SGLANG_ARGS = --x`) are
-    reported when a recipe uses them, since make, not the shell, expands them."""
+    literal `$`. Make variables (`SGLANG_ARGS = --x`, `SERVE := python3 -m ...`, `+=`) are
+    known to the recipes as word lists, as make expands them: their words are edited where
+    they are written. One that holds a rule's flag and that no readable launch uses is
+    reported."""
     lines = text.split("\n")
     out: list[str] = []
     in_recipe = continued = False
-    assignments: list[tuple[int, str, str]] = []
+    assignments: list[tuple[int, str, str, str, int]] = []  # line, name, operator, value, offset
+    offset = 0
     for number, line in enumerate(lines, 1):
+        start = offset
+        offset += len(line) + 1
         if continued and in_recipe:
             out.append(_mask_make(line))
         elif line.startswith("\t") and in_recipe:
@@ -65,18 +70,46 @@ def read_makefile(text: str) -> Document:
             in_recipe = bool(re.match(r"^[^\s#=][^=]*:(?!=)", line)) and not MAKE_ASSIGN.match(line)
             match = MAKE_ASSIGN.match(line)
             if match and not line.startswith("\t"):
-                assignments.append((number, match.group(1), match.group(2)))
+                assignments.append((number, match.group(1), match.group(2), match.group(3), start + match.start(3)))
             out.append(_blank(line))
         continued = line.endswith("\\") and (in_recipe or continued)
     masked = "\n".join(out)
-    parsed = shell.parse_script(masked, _guard("$"), fmt="makefile")
+    state = shell._State()
+    for number, name, op, value, at in assignments:
+        _make_words(text, state, number, name, op, value, at)
+    parsed = shell.parse_script(masked, _guard("$#"), fmt="makefile", state=state)
     doc = Document(sites=list(parsed.sites), errors=_problems(parsed))
-    for number, name, value in assignments:
-        if "-" in value or shell.mentions(value):
+    for number, name, op, value, at in assignments:
+        var = state.words.get(name)
+        if ("-" in value or shell.mentions(value)) and (var is None or not var.used):
             doc.errors.append((number, f"${{{name}}} holds what looks like SGLang launch flags; make expands it "
-                               "into the recipe, where the tool does not follow it: check and fix it by hand",
-                               value, "variable"))
+                               "where the tool does not follow it: check and fix it by hand", value, "variable"))
     return doc
+
+
+def _make_words(text: str, state, number: int, name: str, op: str, value: str, at: int) -> None:
+    """A make variable as the word list a recipe sees after make expands `$(NAME)`."""
+    if op == "!=" or "\\" in value or "#" in value:
+        state.words.pop(name, None)
+        return
+    masked = _mask_make(value)
+    tokens, refs = [], []
+    for match in re.finditer(r"[^ \t]+", masked):
+        word = match.group(0)
+        tokens.append(shell.ShellToken(word, "$" in word, at + match.start(), at + match.end(), number))
+    container = shell._WordsContainer(text, tokens, _guard("$#\n"))
+    previous = state.words.get(name)
+    for index, token in enumerate(tokens):
+        ref = shell.VAR_USE.match(token.value)
+        if ref and ref.group(1) in state.words:
+            refs.extend(state.words[ref.group(1)].tokens)
+        else:
+            refs.append((container, index))
+    if op == "+=" and previous is not None:
+        refs = previous.tokens + refs
+    elif op == "?=" and previous is not None:
+        return
+    state.words[name] = shell._WordVar(refs, value)
 
 
 def _mask_make(line: str) -> str:

@@ -50,9 +50,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "sglang_config_false.yaml": ("config", {("R516-01", 3), ("R516-08", 4), ("R516-20", 5)},
                                  ["enable-metrics: false", "tp-size: 8"],
                                  ["enable-waterfill: false   # off for now\n", '"enable-prefill-cp": false\n']),
-    "Makefile": ("makefile", {("R516-03", 11), ("unread", 4)},
-                 ["$(PYTHON) -m sglang.bench_serving --num-prompts 100", '@echo "serving $(MODEL)"'],
-                 ["\t  --tp 8 --fp4-gemm-backend auto\n"]),
+    "Makefile": ("makefile", {("R516-03", 11), ("R516-01", 4)},
+                 ["$(PYTHON) -m sglang.bench_serving --num-prompts 100", '@echo "serving $(MODEL)"',
+                  "-$(PYTHON) -m sglang.launch_server --model-path $(MODEL) $(SGLANG_EXTRA)"],
+                 ["\t  --tp 8 --fp4-gemm-backend auto\n", "SGLANG_EXTRA = --enable-waterfill --moe-a2a-backend deepep\n"]),
     "deploy/sglang.service": ("systemd", {("R516-01", 11), ("R516-07", 10)},
                               ["Environment=SGLANG_RAGGED_VERIFY_MODE=static\n"],
                               ["    --enable-waterfill --moe-a2a-backend deepep\nRestart"]),
@@ -311,12 +312,17 @@ def test_env_file_values_run_as_commands_or_expanded():
     assert result.text == text.replace("--enable-deepep-waterfill", "--enable-waterfill --moe-a2a-backend deepep")
 
 
-def test_makefile_launcher_in_a_make_variable_is_reported():
+def test_makefile_variables_are_word_lists():
     from sglaunch.migrate.engine import migrate_text
 
     text = "SGLANG := python3 -m sglang.launch_server\nserve:\n\t$(SGLANG) --enable-deepep-waterfill\n"
     result = migrate_text(text, "makefile", RULES, TO)
-    assert ("unread", MANUAL, 3) in [(f.rule_id, f.level, f.line) for f in result.findings]
+    assert result.text.endswith("\t$(SGLANG) --enable-waterfill --moe-a2a-backend deepep\n")
+    unused = "EXTRA = --enable-deepep-waterfill\nserve:\n\t./run.sh\n"
+    assert [(f.rule_id, f.level, f.line) for f in migrate_text(unused, "makefile", RULES, TO).findings] == [
+        ("unread", MANUAL, 1)]
+    appended = "ARGS := --tp 8\nARGS += --enable-prefill-context-parallel\ns:\n\tpython -m sglang.launch_server $(ARGS)\n"
+    assert "ARGS += --enable-prefill-cp\n" in migrate_text(appended, "makefile", RULES, TO).text
 
 
 @pytest.mark.parametrize("fmt, text", [
