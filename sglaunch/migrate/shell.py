@@ -719,7 +719,11 @@ class _Script:
                 refs.extend(state.words[var.group(1)].tokens)
             elif (var := VAR_USE.match(raw.strip('"')) or ARRAY_USE.match(raw)) and token.dynamic \
                     and not _takes_value(arg_tokens[index - 1].value if index else ""):
-                self.suspects.append((token.line, raw, "unresolved " + var.group(1)))
+                known = state.shell_vars.get(var.group(1))
+                if known is not None:  # set in this file, but its words cannot be lined up with its text
+                    self.suspects.append((token.line, known[0], "variable " + var.group(1)))
+                else:
+                    self.suspects.append((token.line, raw, "unresolved " + var.group(1)))
                 refs.append((line_container, index))
             else:
                 refs.append((line_container, index))

@@ -427,3 +427,15 @@ def test_other_images_and_labels_are_decoys(fmt, text):
 
     result = migrate_text(text, fmt, RULES, TO)
     assert result.text == text and result.findings == []
+
+
+@pytest.mark.parametrize("text", [
+    'ARGS="--a \\"b c\\" --enable-deepep-waterfill"\npython -m sglang.launch_server $ARGS\n',
+    "ARGS='--x'\"$Y\"' --enable-deepep-waterfill'\npython -m sglang.launch_server $ARGS\n",
+])
+def test_argument_variable_the_tool_cannot_split_is_manual(text):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, "shell", RULES, TO)
+    assert result.text == text
+    assert ("unread", MANUAL, 2) in [(f.rule_id, f.level, f.line) for f in result.findings]
