@@ -16,7 +16,7 @@ from typing import Sequence
 
 from sglaunch.migrate import shell
 from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, align, line_of, scalar_mapper
-from sglaunch.migrate.yamlfmt import SHELL_C, SHELLS, Document
+from sglaunch.migrate.yamlfmt import CANNOT, SHELL_C, SHELLS, Document
 
 JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 
@@ -208,6 +208,8 @@ def _instructions(text: str) -> list[_Instruction]:
         raw = text[start:stop]
         end = start + len(raw.rstrip("\r\n")) if raw.endswith("\n") else stop
         if not raw.lstrip().upper().startswith(item["instruction"].upper()):
+            if shell.mentions(item["value"]):
+                _PROBLEMS.append((item["startline"] + 1, CANNOT, item["value"], "unreadable"))
             continue  # dockerfile-parse placed it somewhere we cannot follow; do not edit it
         match = re.match(r"\s*\S+[ \t]*", raw)
         body = start + (match.end() if match else 0)
@@ -390,6 +392,8 @@ def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Si
         spans = [(m.start() + instruction.body, m.end() + instruction.body)
                  for m in JSON_STRING.finditer(instruction.masked)]
         if len(spans) != len(items) or any(json.loads(text[s:e]) != v for (s, e), v in zip(spans, items)):
+            if shell.mentions(instruction.value) or any(i.startswith("--") for i in items):
+                _PROBLEMS.append((instruction.line, CANNOT, instruction.value, "unreadable"))
             return []
         container = JsonArrayContainer(text, spans)
         for k, ((start, end), value) in enumerate(zip(spans, items)):
@@ -402,6 +406,7 @@ def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Si
         value, start, end, _ = literals[script]
         positions = align(text[start:end], start, value)
         if positions is None:
+            _PROBLEMS.append((line_of(text, start), CANNOT, value, "unreadable"))
             return []
         parsed = shell.parse_script(value, scalar_mapper(positions, end, '"\\\n'), fmt="dockerfile")
         _PROBLEMS.extend(_embedded(parsed, lambda line, base=line_of(text, start) - 1: base + line))

@@ -711,6 +711,8 @@ def _script_sites(text, parts: list[_Part], index: int, env, env_dynamic, setter
             edit = ref.container.mapper(TextEdit(token.start, token.start, ""))
             return line_of(text, edit.start) if edit else part.lines[k]
     if mapper is None:
+        if doc is not None:
+            doc.errors.append((part.lines[k], CANNOT, str(script), "unreadable"))
         return []
     parsed = shell.parse_script(script, mapper, fmt=fmt)
     if doc is not None:
@@ -805,6 +807,10 @@ def _env_files(mapping, origin: str | None, doc: "Document | None") -> dict[str,
     return env
 
 
+CANNOT = ("a launch the tool cannot line up with its quoting or escapes here (it is neither checked nor "
+          "fixed); check it by hand")
+
+
 def _loose_sites(text: str, node, fmt: str, doc: "Document | None" = None) -> list[Site]:
     """Launch commands outside container specs: argv lists and embedded shell scripts."""
     if is_seq(node) and node.value and all(is_scalar(i) for i in node.value):
@@ -824,6 +830,8 @@ def _loose_sites(text: str, node, fmt: str, doc: "Document | None" = None) -> li
     if is_scalar(node) and node.tag == STR_TAG and _mentions_launch(str(node.value)):
         mapper = _mapper_for(text, node)
         if mapper is None:
+            if doc is not None:
+                doc.errors.append((node.start_mark.line + 1, CANNOT, str(node.value), "unreadable"))
             return []
         parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
         first = node.start_mark.line
