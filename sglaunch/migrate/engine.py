@@ -201,7 +201,29 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
         raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
     for finding in _revalidate(sites, to_release, findings, line_map):
         report(finding, line_map)
-    return Result(current, findings, sites=count)
+    return Result(current, _unsilenced(text, findings), sites=count)
+
+
+IGNORE = re.compile(r"sglaunch:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
+
+
+def _unsilenced(text: str, findings: list[Finding]) -> list[Finding]:
+    """Drop the report-only findings (manual, info) of a line that says `sglaunch: ignore` or
+    `sglaunch: ignore[unread,R516-04]` in a comment, after a person has checked it. Fixes
+    and errors are never silenced."""
+    if "sglaunch:" not in text:
+        return findings
+    lines = text.split("\n")
+    kept = []
+    for finding in findings:
+        line = lines[finding.line - 1] if 0 < finding.line <= len(lines) else ""
+        match = IGNORE.search(line)
+        if match and finding.level in (MANUAL, INFO):
+            ids = {i.strip() for i in (match.group(1) or "").split(",") if i.strip()}
+            if not ids or finding.rule_id in ids:
+                continue
+        kept.append(finding)
+    return kept
 
 
 def _original_line(line_map: list[int], line: int) -> int:

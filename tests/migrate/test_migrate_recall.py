@@ -439,3 +439,13 @@ def test_argument_variable_the_tool_cannot_split_is_manual(text):
     result = migrate_text(text, "shell", RULES, TO)
     assert result.text == text
     assert ("unread", MANUAL, 2) in [(f.rule_id, f.level, f.line) for f in result.findings]
+
+
+def test_a_checked_line_can_be_silenced():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ('SERVER_ARGS="--enable-deepep-waterfill"  # sglaunch: ignore[unread] (helper maps it)\n'
+            "OTHER='--quantization qoq'  # sglaunch: ignore[R516-04]\n"
+            "python -m sglang.launch_server --quantization qoq  # sglaunch: ignore\n")
+    result = migrate_text(text, "shell", RULES, TO)
+    assert [(f.rule_id, f.line) for f in result.findings] == [("unread", 2)]
