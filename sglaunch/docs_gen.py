@@ -92,7 +92,8 @@ def render_flags(schema: FlagSchema = SCHEMA) -> str:
         history = "; ".join(p for p in (
             f"added {var.added}" if var.added else "", f"removed {var.removed}" if var.removed else "",
             f"no-op since {var.noop_since}" if var.noop_since else "",
-            f"-> `{var.replaced_by_flag}`" if var.replaced_by_flag else "") if p)
+            f"-> `{var.replaced_by_flag}`" if var.replaced_by_flag else "",
+            "sglaunch only" if var.sglaunch_only else "") if p)
         values = ", ".join(f"`{c}`" for c in var.choices) if var.choices else ""
         lines.append(f"| `{var.name}` | {values} | {history} | {_cell(var.help)} |\n")
     return "".join(lines)

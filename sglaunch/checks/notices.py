@@ -132,3 +132,16 @@ def check_env_names(ctx: LaunchContext) -> list[Diagnostic]:
             found.append(diag("ENV002", f"{name} is set but no SGLang release {KNOWN_RELEASES[0]}-"
                               f"{KNOWN_RELEASES[-1]} reads it", flags=(name,), origin="env", fix=hint))
     return found
+
+
+def check_env_values(ctx: LaunchContext) -> list[Diagnostic]:
+    """A declared variable with a fixed set of values set to something else (RAGGED003 covers
+    SGLANG_RAGGED_VERIFY_MODE, which SGLang refuses to start with)."""
+    found = []
+    for var in ctx.settings.schema.env_vars:
+        value = ctx.environ.get(var.name)
+        if value is None or not var.choices or value in var.choices or var.name == "SGLANG_RAGGED_VERIFY_MODE":
+            continue
+        found.append(diag("ENV004", f"{var.name}={value} is not one of {', '.join(var.choices)}",
+                          flags=(var.name,), origin="env", fix=f"set {var.name} to one of {', '.join(var.choices)}"))
+    return found

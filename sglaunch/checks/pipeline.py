@@ -30,6 +30,7 @@ CHECKS = (
     topology.check_nodes, topology.check_heads, topology.check_gpu_count,
     notices.check_unified_radix_tree, notices.check_dp_attention_determinism,
     notices.check_replayssm, notices.check_dsa_layer_split, notices.check_env_vars, notices.check_env_names,
+    notices.check_env_values,
 )
 
 

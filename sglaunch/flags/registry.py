@@ -324,6 +324,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLANG_USE_SGL_XPU", "XPU kernels from sgl-kernel.", removed="0.5.19"),
     EnvVar("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "Make /health run a generation."),
     EnvVar("CUDA_VISIBLE_DEVICES", "GPUs this process may use."),
+    # read once at start-up by sglaunch's own engine (no effect on SGLang)
+    EnvVar("SGLAUNCH_DRAFT_CUDA_GRAPH", "CUDA graphs of the DSpark drafter and of the draft-context write "
+           "inside the target graphs; on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_STEP_ASIDE", "DSpark decodes plainly at steps where drafting would not pay "
+           "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
+           "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_KERNELS", "DSpark's device kernels: Triton, the torch references, or auto "
+           "(Triton on GPUs).", choices=("auto", "torch", "triton"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_RECORD_PATH", "Record drafted blocks to this JSONL file for `sglaunch fit-sts`.",
+           sglaunch_only=True),
+    EnvVar("SGLAUNCH_CACHE_DIR", "Where sglaunch keeps the converted default model and its caches.",
+           sglaunch_only=True),
 )
 
 GENERATED_FLAGS: tuple[Flag, ...] = load_generated(KNOWN_RELEASES)

@@ -145,6 +145,7 @@ class EnvVar:
     noop_since: str | None = None  # still read but does nothing
     replaced_by_flag: str | None = None
     note: str = ""
+    sglaunch_only: bool = False  # read by sglaunch's engine, not by SGLang
 
 
 @dataclass

@@ -66,6 +66,7 @@ CASES = [
          quiet_env={"SGLANG_RAGGED_VERIFY_MODE": "compact"}, id="typo"),
     Case("ENV002", ("--release", "0.5.23"), ("--release", "0.5.21"), env={"SGLANG_DSPARK_FAST_SAMPLING": "1"},
          id="removed"),
+    Case("ENV004", (), (), env={"SGLAUNCH_DSPARK_STEP_ASIDE": "off"}, quiet_env={"SGLAUNCH_DSPARK_STEP_ASIDE": "0"}),
     Case("ENV003", ("--release", "0.5.16"), ("--release", "0.5.16"), env={"SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK": "0"},
          quiet_env={"SGLANG_ENABLE_LOGPROB_CHUNK": "0"}),
     Case("ENV001", ("--release", "0.5.19"), ("--release", "0.5.18"),
