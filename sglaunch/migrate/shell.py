@@ -645,7 +645,7 @@ class _Script:
         words = [name.children[0] if name.children else name]
         words += [c for c in node.children if c.type in ARG_NODES and c.start_byte > name.start_byte]
         tokens = [self._token(w) for w in words]
-        found = _find_launcher([t.value for t in tokens])
+        found = _find_launcher([t.value for t in tokens]) or _image_entrypoint([t.value for t in tokens])
         if found is None:
             return self._launch_from_variable(node, state, words, tokens, prefixes)
         prog, end, launcher = found
@@ -913,6 +913,22 @@ def _find_launcher(values: Sequence[str]) -> tuple[int, int, str] | None:
             return prog, k + 1, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
         if base == "sglang" and k + 1 < len(values) and values[k + 1] == "serve":
             return k, k + 2, "sglang serve"
+    return None
+
+
+def _image_entrypoint(values: Sequence[str]) -> tuple[int, int, str] | None:
+    """`docker run ... lmsysorg/sglang:TAG --model-path m --x`: an sglang image whose entrypoint
+    launches, given SGLang flags directly (the image is the word before them)."""
+    run = _docker_run_index(values)
+    if run is None:
+        return None
+    for k in range(run + 1, len(values) - 1):
+        if "sglang" in values[k].lower() and not values[k].startswith("-") and values[k + 1].startswith("--"):
+            from sglaunch.migrate.yamlfmt import flag_list
+
+            if flag_list(values[k + 1:]):
+                return k, k + 1, "image entrypoint"
+            return None
     return None
 
 

@@ -449,3 +449,15 @@ def test_a_checked_line_can_be_silenced():
             "python -m sglang.launch_server --quantization qoq  # sglaunch: ignore\n")
     result = migrate_text(text, "shell", RULES, TO)
     assert [(f.rule_id, f.line) for f in result.findings] == [("unread", 2)]
+
+
+def test_docker_run_of_an_sglang_image_given_flags():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("docker run --rm --gpus all -e SGLANG_RAGGED_VERIFY_MODE=static lmsysorg/sglang:v0.5.15 "
+            "--model-path /m --enable-deepep-waterfill --speculative-algorithm DSPARK\n"
+            "docker run -v /a:/b sglang-bench:latest --verbose --foo\n")
+    result = migrate_text(text, "shell", RULES, TO)
+    assert "lmsysorg/sglang:v0.5.15 --model-path /m --enable-waterfill --moe-a2a-backend deepep " in result.text
+    assert result.text.endswith("docker run -v /a:/b sglang-bench:latest --verbose --foo\n")
+    assert ("R516-07", INFO) in [(f.rule_id, f.level) for f in result.findings]
