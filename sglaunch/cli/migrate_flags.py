@@ -133,7 +133,7 @@ def _options(from_release: str, to_release: str, check: bool, write: bool, fmt: 
     if check and write:
         raise SglaunchError("--check and --write exclude each other",
                             hint="use --check in CI, --write to apply the fixes")
-    if fmt is not None and fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS and not (fmt.endswith("+jinja") and fmt[:-6] in FORMATS):
         raise SglaunchError(f"unknown format '{fmt}'", hint=f"choose one of: {', '.join(FORMATS)}")
     start, end = check_release(from_release), check_release(to_release)
     if release_key(start) >= release_key(end):
