@@ -283,6 +283,7 @@ class _State:
     shell_vars: dict[str, tuple[str, bool]] = field(default_factory=dict)
     arrays: dict[str, _Array] = field(default_factory=dict)
     words: dict[str, _WordVar] = field(default_factory=dict)
+    functions: dict[str, str] = field(default_factory=dict)  # shell function -> launcher it passes "$@" to
     has_export: bool = False
 
     def copy(self, expanded: bool = False) -> "_State":
@@ -355,6 +356,9 @@ class _Script:
                 if built is not None:
                     self.commands.append(built[0])
                     self.sites.append(built[1])
+                    function = _enclosing_function(node)
+                    if built[0].passthrough and function is not None:
+                        state.functions[self.src(function)] = built[0].launcher
                 else:
                     self._nested_strings(node, state)
         for name, var in state.words.items():
@@ -646,6 +650,9 @@ class _Script:
         words += [c for c in node.children if c.type in ARG_NODES and c.start_byte > name.start_byte]
         tokens = [self._token(w) for w in words]
         found = _find_launcher([t.value for t in tokens]) or _image_entrypoint([t.value for t in tokens])
+        if found is None and tokens[0].value in state.functions and len(tokens) > 1:
+            # `start_server --tp 8` where start_server() { python -m sglang.launch_server "$@"; }
+            found = (0, 1, f"{tokens[0].value} (shell function: {state.functions[tokens[0].value]})")
         if found is None:
             return self._launch_from_variable(node, state, words, tokens, prefixes)
         prog, end, launcher = found
@@ -769,6 +776,16 @@ class _Script:
             return None if mapped is None else [mapped]
 
         return set_env
+
+
+def _enclosing_function(node):
+    """The name node of the shell function whose body holds `node`, if any."""
+    parent = node.parent
+    while parent is not None:
+        if parent.type == "function_definition":
+            return parent.child_by_field_name("name")
+        parent = parent.parent
+    return None
 
 
 def _takes_value(previous: str) -> bool:

@@ -268,6 +268,10 @@ SHELL_CASES = [
      "R516-01", FIX, 2, "$SERVE --model-path /m --enable-waterfill --moe-a2a-backend deepep\n"),
     ("$LAUNCHER --model-path /m --enable-prefill-context-parallel\n", "unread", MANUAL, 1, None),
     ("./launch_server.sh --model-path /m --enable-deepep-waterfill\n", "unread", MANUAL, 1, None),
+    ('start_server() {\n  local port=$1; shift\n  python3 -m sglang.launch_server --port "$port" "$@"\n}\n'
+     "start_server 30000 --model-path /m --enable-deepep-waterfill\n", "R516-01", FIX, 5,
+     "start_server 30000 --model-path /m --enable-waterfill --moe-a2a-backend deepep\n"),
+    ('launch() { exec sglang serve "$@"; }\nlaunch --quantization qoq\n', "R516-04", MANUAL, 2, None),
 ]
 
 
