@@ -465,3 +465,12 @@ def test_docker_run_of_an_sglang_image_given_flags():
     assert "lmsysorg/sglang:v0.5.15 --model-path /m --enable-waterfill --moe-a2a-backend deepep " in result.text
     assert result.text.endswith("docker run -v /a:/b sglang-bench:latest --verbose --foo\n")
     assert ("R516-07", INFO) in [(f.rule_id, f.level) for f in result.findings]
+
+
+def test_flags_handed_to_a_script_in_an_sglang_container_are_manual():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.15\n"
+            "    command: [/scripts/start.sh]\n    args: [--model-path, /m, --enable-deepep-waterfill]\n")
+    result = migrate_text(text, "k8s", RULES, TO)
+    assert [(f.rule_id, f.level) for f in result.findings] == [("unread", MANUAL)]
