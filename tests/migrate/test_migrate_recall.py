@@ -474,3 +474,11 @@ def test_flags_handed_to_a_script_in_an_sglang_container_are_manual():
             "    command: [/scripts/start.sh]\n    args: [--model-path, /m, --enable-deepep-waterfill]\n")
     result = migrate_text(text, "k8s", RULES, TO)
     assert [(f.rule_id, f.level) for f in result.findings] == [("unread", MANUAL)]
+
+
+def test_dockerfile_flags_handed_to_an_entrypoint_script_are_manual():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = 'FROM lmsysorg/sglang:v0.5.15\nENTRYPOINT ["/start.sh"]\nCMD ["--model-path", "/m", "--enable-deepep-waterfill"]\n'
+    result = migrate_text(text, "dockerfile", RULES, TO)
+    assert [(f.rule_id, f.level, f.line) for f in result.findings] == [("unread", MANUAL, 2)]
