@@ -413,7 +413,8 @@ def _exec_form(text, parts: list[_Instruction], env, dynamic, setter) -> list[Si
         return [_adopt(site, text, start, env, dynamic, setter, line_of(text, start) - 1) for site in parsed.sites]
     found = shell._find_launcher(values)
     if found is None:
-        if any(v.startswith("--") for v in values) and parts:
+        if any(v.startswith("--") for v in values) and parts \
+                and not os.path.basename(values[0]).startswith(("python", "pypy")):
             _PROBLEMS.append((parts[0].line, f"the flags given to {values[0]!r} look like SGLang launch flags, "
                               "which the tool does not follow into a launch; check and fix them by hand",
                               " ".join(values), "variable"))

@@ -630,7 +630,8 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
             and get(mapping, "entrypoint")[1] is None and flag_list(values):
         found = (0, 0, "image entrypoint")  # `args:` only: the image's entrypoint is the launcher
     if found is None:
-        if sglang_image and doc is not None and any(v.startswith("--") for v in values):
+        if sglang_image and doc is not None and any(v.startswith("--") for v in values) \
+                and not os.path.basename(values[0]).startswith(("python", "pypy")):  # another module: its own flags
             # `command: ["/scripts/start.sh"]` + flags: handed to a script the tool does not follow
             doc.errors.append((mapping.start_mark.line + 1, f"the flags given to {values[0]!r} look like SGLang "
                                "launch flags, which the tool does not follow into a launch; check and fix them "

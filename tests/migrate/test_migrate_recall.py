@@ -425,6 +425,8 @@ def test_workflow_job_container_env_counts():
             "    args: [\"--enable-deepep-waterfill\", \"--listen\", \":9400\"]\n"),
     ("compose", "services:\n  exporter:\n    image: example/exporter\n    command: [--enable-deepep-waterfill]\n"),
     ("dockerfile", "FROM lmsysorg/sglang:v0.5.15\nLABEL title=\"sglang --enable-deepep-waterfill\"\n"),
+    ("compose", "services:\n  router:\n    image: lmsysorg/sglang-router:latest\n"
+                "    command: [\"python3\", \"-m\", \"sglang_router.launch_router\", \"--enable-deepep-waterfill\"]\n"),
 ])
 def test_other_images_and_labels_are_decoys(fmt, text):
     from sglaunch.migrate.engine import migrate_text
