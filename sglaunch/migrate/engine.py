@@ -60,6 +60,8 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
             doc = yamlfmt.read_manifest(text, fmt, origin)
         elif fmt == "workflow":
             doc = yamlfmt.read_manifest(yamlfmt.mask_actions(text), fmt, origin)
+            for site in doc.sites:  # show `${{ matrix.q }}`, not its mask, in the findings
+                site.args = tuple(_unmasked(text, site, k) if "${_" in a else a for k, a in enumerate(site.args))
         elif fmt == "helm":
             doc = yamlfmt.read_helm(text, origin)
         elif fmt == "dockerfile":
@@ -268,6 +270,20 @@ class _Plan:
     edits: list[TextEdit] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     expected: list[tuple[tuple[str, ...], dict[str, str]]] = field(default_factory=list)
+
+
+def _unmasked(text: str, site: Site, index: int) -> str:
+    ref = site.refs[index] if index < len(site.refs) else None
+    token = getattr(ref.container, "tokens", None) if ref else None
+    if not token:
+        return site.args[index]
+    tok = token[ref.index]
+    start = ref.container.mapper(TextEdit(tok.start, tok.start, ""))
+    end = ref.container.mapper(TextEdit(tok.end, tok.end, ""))
+    if start is None or end is None or end.start <= start.start:
+        return site.args[index]
+    original = text[start.start:end.start]
+    return original if "${{" in original else site.args[index]
 
 
 def _helm_guard(text: str, edits: Sequence[TextEdit]) -> bool:

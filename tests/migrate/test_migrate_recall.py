@@ -484,3 +484,9 @@ def test_dockerfile_flags_handed_to_an_entrypoint_script_are_manual():
     text = 'FROM lmsysorg/sglang:v0.5.15\nENTRYPOINT ["/start.sh"]\nCMD ["--model-path", "/m", "--enable-deepep-waterfill"]\n'
     result = migrate_text(text, "dockerfile", RULES, TO)
     assert [(f.rule_id, f.level, f.line) for f in result.findings] == [("unread", MANUAL, 2)]
+
+
+def test_workflow_expressions_are_shown_as_written():
+    report = run(DIR / ".github/workflows/matrix.yml")
+    quant = [f for f in report.findings if f.rule_id == "R516-04"]
+    assert quant and "${{ matrix.q }}" in quant[0].message
