@@ -81,6 +81,8 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
         raise UnreadableError(str(exc)) from None
     except SyntaxError as exc:
         raise UnreadableError(f"invalid Python: {exc.msg} (line {exc.lineno or 1})") from None
+    except RecursionError:
+        raise UnreadableError("it nests too deeply (or an alias refers to itself)") from None
     return doc.sites, doc.errors
 
 

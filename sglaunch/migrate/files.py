@@ -133,6 +133,14 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
         report.error = str(exc)
         report.findings.append(Finding("engine", ERROR, 0, str(exc)))
         return report
+    except RecursionError:
+        report.error = "the file nests too deeply to be read"
+        report.findings.append(Finding("read", ERROR, 0, report.error))
+        return report
+    except Exception as exc:  # a reader bug must not stop the other files, nor pass this one
+        report.error = f"internal error while reading this file ({type(exc).__name__}: {exc}); please report it"
+        report.findings.append(Finding("read", ERROR, 0, report.error))
+        return report
     migrated = result.text
     if escaped:
         migrated = migrated.translate(_FROM_PUA)

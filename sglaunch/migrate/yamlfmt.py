@@ -68,18 +68,18 @@ def is_map(node) -> bool:
     return kind_of(node) == "MappingNode"
 
 
-def get(mapping, key: str, merged: bool = True):
+def get(mapping, key: str, merged: bool = True, _seen: frozenset = frozenset()):
     """(key node, value node) of `key`, also from YAML merge keys (`<<: *common`), whose
     mappings the composer keeps as the anchored nodes themselves."""
     for k, v in mapping.value:
         if is_scalar(k) and k.value == key:
             return k, v
-    if merged:
+    if merged and id(mapping) not in _seen and len(_seen) < 16:
         for k, v in mapping.value:
             if is_scalar(k) and k.value == "<<":
                 for source in (v.value if is_seq(v) else [v]):
                     if is_map(source):
-                        found = get(source, key)
+                        found = get(source, key, True, _seen | {id(mapping)})
                         if found[1] is not None:
                             return found
     return None, None
@@ -917,6 +917,8 @@ def _env_setter(text: str, mapping, fmt: str):
 
 
 def _append_env(text: str, node, name: str, value: str, fmt: str) -> list[TextEdit] | None:
+    if not (is_map(node) or is_seq(node)):
+        return None  # `environment:` left empty or a scalar: report instead of guessing its shape
     rendered = render_scalar(value)
     if node.flow_style:
         close = node.end_mark.index - 1

@@ -490,3 +490,15 @@ def test_workflow_expressions_are_shown_as_written():
     report = run(DIR / ".github/workflows/matrix.yml")
     quant = [f for f in report.findings if f.rule_id == "R516-04"]
     assert quant and "${{ matrix.q }}" in quant[0].message
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("compose", "services:\n  s:\n    image: x\n    environment:\n    command: python3 -m sglang.launch_server "
+                "--speculative-algorithm DSPARK\n"),
+    ("compose", "a: &a\n  <<: *a\nservices:\n  s:\n    <<: *a\n    command: sglang serve --tp 1\n"),
+])
+def test_odd_yaml_does_not_crash(fmt, text):
+    from sglaunch.migrate.engine import migrate_text
+
+    result = migrate_text(text, fmt, RULES, TO)
+    assert result.text == text
