@@ -839,6 +839,17 @@ def _loose_sites(text: str, node, fmt: str, doc: "Document | None" = None) -> li
             if doc is not None:
                 doc.errors.append((node.start_mark.line + 1, CANNOT, str(node.value), "unreadable"))
             return []
+        if str(node.value).lstrip().startswith(("-m ", "-m\t")):
+            # `with: {entrypoint: python3, args: -m sglang.launch_server --x}`: arguments of a python
+            container = shell.split_words(str(node.value), mapper)
+            found = shell._find_launcher(["python"] + [t.value for t in container.tokens]) if container else None
+            if container is not None and found is not None:
+                end = found[1] - 1
+                tokens = container.tokens
+                return [Site(args=tuple(t.value for t in tokens[end:]), dynamic=tuple(t.dynamic for t in tokens[end:]),
+                             refs=tuple(TokenRef(container, k, node.start_mark.line + 1) for k in range(end, len(tokens))),
+                             line=node.start_mark.line + 1, launcher=found[2], fmt=fmt,
+                             env_hint="set it in the environment of the process that runs this command")]
         parsed = shell.parse_script(str(node.value), mapper, fmt=fmt)
         first = node.start_mark.line
         if doc is not None:

@@ -502,3 +502,12 @@ def test_odd_yaml_does_not_crash(fmt, text):
 
     result = migrate_text(text, fmt, RULES, TO)
     assert result.text == text
+
+
+def test_workflow_docker_action_args_of_a_python_entrypoint():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("jobs:\n  a:\n    steps:\n      - uses: docker://lmsysorg/sglang:v0.5.15\n        with:\n"
+            "          entrypoint: python3\n          args: -m sglang.launch_server --model-path /m --enable-prefill-context-parallel\n")
+    result = migrate_text(text, "workflow", RULES, TO)
+    assert result.text.endswith("args: -m sglang.launch_server --model-path /m --enable-prefill-cp\n")
