@@ -324,7 +324,7 @@ def _python_heredoc(text: str, doc: _Heredoc, stage, instruction, sites: list[Si
 
 
 def _mentions_launch(value: str) -> bool:
-    return shell.LAUNCH_MODULE in value or "serve" in value and "sglang" in value
+    return shell.mentions(value) or "serve" in value and "sglang" in value
 
 
 def _command_sites(text: str, stage: list[_Instruction]) -> list[Site]:

@@ -489,7 +489,10 @@ class _Script:
         if prog == "alias":
             self._aliases(words, state)
             return
-        if LAUNCHER_NAME.search(prog) and not prog.startswith("python") and len(words) > 1:
+        if LAUNCH_MODULE in values[1:] and "--" in " ".join(values):
+            # `-m sglang.launch_server --x` after something the tool does not know as a launcher
+            self.suspects.append((self.line(node), " ".join(values), "launcher " + prog))
+        elif LAUNCHER_NAME.search(prog) and not prog.startswith("python") and len(words) > 1:
             rest = " ".join(self.src(w) for w in words[1:])
             if "--" in rest:  # `./start_sglang.sh --enable-x`: flags handed to a launcher script
                 self.suspects.append((self.line(node), rest, "launcher " + prog))
@@ -809,7 +812,7 @@ def _command_words(node) -> list:
 
 def mentions(text: str) -> bool:
     """The text holds an SGLang launcher name."""
-    return LAUNCH_MODULE in text or bool(SERVE.search(text))
+    return LAUNCH_MODULE in text or "sglang/launch_server.py" in text or bool(SERVE.search(text))
 
 
 _mentions = mentions
@@ -930,6 +933,9 @@ def _find_launcher(values: Sequence[str]) -> tuple[int, int, str] | None:
             return prog, k + 1, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
         if base == "sglang" and k + 1 < len(values) and values[k + 1] == "serve":
             return k, k + 2, "sglang serve"
+        if value.endswith("sglang/launch_server.py") and k > 0 and \
+                os.path.basename(values[k - 1]).startswith(("python", "pypy")):
+            return k - 1, k + 1, f"{os.path.basename(values[k - 1])} .../sglang/launch_server.py"
     return None
 
 

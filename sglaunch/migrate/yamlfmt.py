@@ -868,7 +868,7 @@ def _relined(site: Site, node, first_line: int) -> Site:
 
 
 def _mentions_launch(value: str) -> bool:
-    return shell.LAUNCH_MODULE in value or "sglang serve" in value
+    return shell.mentions(value) or "sglang serve" in value
 
 
 # --------------------------------------------------------------------------- environment

@@ -511,3 +511,13 @@ def test_workflow_docker_action_args_of_a_python_entrypoint():
             "          entrypoint: python3\n          args: -m sglang.launch_server --model-path /m --enable-prefill-context-parallel\n")
     result = migrate_text(text, "workflow", RULES, TO)
     assert result.text.endswith("args: -m sglang.launch_server --model-path /m --enable-prefill-cp\n")
+
+
+def test_launch_server_script_path_and_unknown_module_runner():
+    from sglaunch.migrate.engine import migrate_text
+
+    text = ("python3 /sgl-workspace/sglang/python/sglang/launch_server.py --model-path /m --enable-deepep-waterfill\n"
+            "myrunner -m sglang.launch_server --enable-prefill-context-parallel\n")
+    result = migrate_text(text, "shell", RULES, TO)
+    assert "launch_server.py --model-path /m --enable-waterfill --moe-a2a-backend deepep\n" in result.text
+    assert ("unread", MANUAL, 2) in [(f.rule_id, f.level, f.line) for f in result.findings]
