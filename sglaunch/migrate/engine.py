@@ -18,7 +18,7 @@ from sglaunch.migrate.tokens import Site, TextEdit, apply_edits, drop_overlaps
 
 MAX_ROUNDS = 8
 FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
-           "systemd", "env", "python")
+           "systemd", "supervisor", "env", "python")
 
 
 class UnreadableError(Exception):
@@ -66,11 +66,13 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
             doc = yamlfmt.read_helm(text, origin)
         elif fmt == "dockerfile":
             doc = dockerfile.read_dockerfile(text)
-        elif fmt in ("makefile", "systemd", "env"):
+        elif fmt in ("makefile", "systemd", "env", "supervisor"):
             from sglaunch.migrate import textfmt
 
-            doc = {"makefile": textfmt.read_makefile, "env": textfmt.read_envfile}[fmt](text) \
-                if fmt != "systemd" else textfmt.read_systemd(text, origin)
+            if fmt in ("systemd", "supervisor"):
+                doc = (textfmt.read_systemd if fmt == "systemd" else textfmt.read_supervisor)(text, origin)
+            else:
+                doc = {"makefile": textfmt.read_makefile, "env": textfmt.read_envfile}[fmt](text)
         elif fmt == "python":
             from sglaunch.migrate import pyfmt
 
@@ -574,6 +576,9 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         return "makefile"
     if lower.endswith(SYSTEMD) or lower.endswith(".service.in"):
         return "systemd"
+    if (lower.endswith((".conf", ".ini")) or lower == "supervisord.conf") and \
+            re.search(r"(?m)^\[program:[^\]]+\]", text):
+        return "supervisor"
     if lower == ".env" or lower.startswith(".env.") or lower.endswith(".env") or lower in ("env", "envfile"):
         return "env"
     if lower.endswith((".py", ".pyw")):

@@ -124,6 +124,30 @@ def _mask_make(line: str) -> str:
 EXEC_KEYS = ("ExecStart", "ExecStartPre", "ExecStartPost", "ExecReload")
 
 
+def read_supervisor(text: str, origin: str | None = None) -> Document:
+    """supervisord `[program:x]` sections: `command=` is a command line (supervisor splits it
+    like a shell, without running one); `environment=A="1",B="2"` gives the environment. One
+    `environment=` line per program: the compact fix is reported, not added."""
+    lines = text.split("\n")
+    out: list[str] = []
+    env: dict[str, str] = {}
+    for line in lines:
+        match = re.match(r"^(\s*)(command|environment)\s*=\s*", line)
+        if match and match.group(2) == "command":
+            out.append(" " * match.end() + line[match.end():])
+            continue
+        if match:
+            for name, value in re.findall(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*("[^"]*"|\'[^\']*\'|[^,]*)', line[match.end():]):
+                env[name] = value.strip().strip("\"'")
+        out.append(_blank(line))
+    parsed = shell.parse_script("\n".join(out), _guard("$%"), fmt="supervisor")
+    for site in parsed.sites:
+        site.env = {**env, **site.env}
+        site.set_env = None
+        site.env_hint = "add NAME=\"VALUE\" to the program's environment= line"
+    return Document(sites=list(parsed.sites), errors=_problems(parsed))
+
+
 def read_systemd(text: str, origin: str | None = None) -> Document:
     """`ExecStart=` lines (with `-@:+!` prefixes and backslash continuations) are read as
     shell words; `Environment=` and readable `EnvironmentFile=` files give the environment.

@@ -95,6 +95,8 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                                            ["--enable-prefill-cp\n"]),
     "roles/sglang/templates/deploy.yaml.j2": ("k8s+jinja", {("R516-01", 9)}, ['"{{ model }}"'],
                                               ['"--enable-waterfill", "--moe-a2a-backend", "deepep"]']),
+    "deploy/supervisord.conf": ("supervisor", {("R516-01", 5), ("R516-07", 5)}, ['environment=HF_HOME="/cache"'],
+                                ["--speculative-algorithm DSPARK --enable-waterfill --moe-a2a-backend deepep\n"]),
     "chart/values.yaml": ("yaml", {("R516-03", 10), ("R516-08", 12)}, ["  port: 30000"],
                           ["  - auto\n  - --enable-prefill-cp\n"]),
 }
