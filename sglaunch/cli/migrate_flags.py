@@ -11,18 +11,21 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from sglaunch import SGLANG_RELEASE
 from sglaunch.cli.common import JsonOption, funnel, stdout_console
 from sglaunch.errors import EXIT_FINDINGS, EXIT_USAGE, SglaunchError
-from sglaunch.migrate.engine import FORMATS
-from sglaunch.migrate.evaluate import ERROR, FIX, INFO, MANUAL, UNSAFE
-from sglaunch.migrate.files import STDIN, FileReport, iter_files, process_file, write_atomic
-from sglaunch.migrate.rules import load_rules
+from sglaunch.migrate.kinds import ERROR, FIX, FORMATS, INFO, MANUAL, STDIN, UNSAFE
 from sglaunch.releases import check_release, release_key
+
+if TYPE_CHECKING:
+    from sglaunch.migrate.files import FileReport
+
+# NOTE: the engine (and with it the flag schema) is imported inside the command, not here: every
+# `sglaunch` invocation, `--help` included, imports this module to register the command
 
 DEFAULT_FROM = "0.5.15"
 LEVEL_STYLE = {FIX: "green", UNSAFE: "yellow", MANUAL: "red", INFO: "cyan", ERROR: "bold red"}
@@ -46,6 +49,9 @@ def migrate_flags(
                                                "annotations) or sarif (2.1.0).")] = "text",
 ) -> None:
     """Rewrite launch scripts and configs for a newer SGLang release."""
+    from sglaunch.migrate.files import iter_files, process_file
+    from sglaunch.migrate.rules import load_rules
+
     options = _options(from_release, to_release, check, write, fmt)
     if output_format not in OUTPUT_FORMATS:
         raise SglaunchError(f"unknown output format '{output_format}'", hint=f"choose one of: {', '.join(OUTPUT_FORMATS)}")
@@ -143,6 +149,8 @@ def _options(from_release: str, to_release: str, check: bool, write: bool, fmt: 
 
 
 def _write(reports: list[FileReport]) -> None:
+    from sglaunch.migrate.files import write_atomic
+
     for report in reports:
         if not report.changed or report.error:
             continue

@@ -13,12 +13,11 @@ from typing import Callable, Sequence
 
 from sglaunch.migrate.evaluate import (ERROR, FIX, INFO, MANUAL, UNSAFE, Finding, Op, Rename,
                                        Replace, SetEnv, Suffix, evaluate, validate)
+from sglaunch.migrate.kinds import FORMATS  # re-exported
 from sglaunch.migrate.rules import Rule
 from sglaunch.migrate.tokens import Site, TextEdit, apply_edits, drop_overlaps
 
 MAX_ROUNDS = 8
-FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
-           "systemd", "supervisor", "env", "python")
 
 
 class UnreadableError(Exception):

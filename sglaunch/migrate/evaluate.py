@@ -14,13 +14,10 @@ from sglaunch.flags.argv import Occurrence, split_argv, unknown_flag_error
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.flags.spec import Flag, Kind, Status
 from sglaunch.flags.timeline import config_refused
+from sglaunch.migrate.kinds import ERROR, FIX, INFO, MANUAL, UNSAFE  # the finding levels (re-exported)
 from sglaunch.migrate.rules import Rule, When
 from sglaunch.migrate.tokens import Site
 
-# Finding levels. `fix`: an edit is applied (safe, or unsafe with --unsafe-fixes);
-# `unsafe`: an edit exists but needs --unsafe-fixes; `manual`: a person must act;
-# `info`: a notice, never fails --check; `error`: a file or command could not be read.
-FIX, UNSAFE, MANUAL, INFO, ERROR = "fix", "unsafe", "manual", "info", "error"
 # In `Site.env_dynamic`: the launch also gets variables the tool cannot read (k8s envFrom, an
 # unreadable env file, docker --env-file), so an explicit setting may exist where it cannot see.
 UNKNOWN_ENV = "*"

@@ -12,6 +12,7 @@ from typing import Iterable, Iterator, Sequence
 
 from sglaunch.migrate.engine import ConvergenceError, Result, detect_format, migrate_text
 from sglaunch.migrate.evaluate import ERROR, Finding
+from sglaunch.migrate.kinds import STDIN  # re-exported
 from sglaunch.migrate.rules import Rule
 
 MAX_BYTES = 4 * 1024 * 1024
@@ -23,7 +24,6 @@ HIDDEN_WALKED = frozenset({".github", ".gitlab", ".circleci", ".buildkite", ".ci
                            ".docker", ".deploy", ".k8s", ".helm", ".slurm", ".jenkins", ".drone", ".woodpecker",
                            ".tekton", ".azure-pipelines", ".config"})
 BOM = "\ufeff"
-STDIN = "-"
 
 
 @dataclass
