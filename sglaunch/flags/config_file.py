@@ -11,15 +11,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from sglaunch.checks.diagnostics import Diagnostic, diag
 from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence, Origin, unknown_flag_error
 from sglaunch.flags.spec import Flag, FlagSchema, Kind
 from sglaunch.flags.timeline import config_refused
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# NOTE: yaml is imported where a --config file is read, not on every check-config start
 
 
 @dataclass
@@ -32,7 +30,9 @@ class ConfigFile:
 def load_config_file(path_text: str, schema: FlagSchema, release: str) -> ConfigFile:
     path = Path(path_text)
     text = _read(path)
-    loader = _Loader(text)
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     root = _compose(loader, path)
     occurrences: list[Occurrence] = []
     diagnostics: list[Diagnostic] = []
@@ -79,6 +79,8 @@ def _read(path: Path) -> str:
 
 
 def _compose(loader, path: Path):
+    import yaml
+
     """Parse once into nodes (for line numbers and duplicate keys); values are built from them."""
     try:
         root = loader.get_single_node()
@@ -97,6 +99,8 @@ def _compose(loader, path: Path):
 
 
 def _construct(loader, node, origin: Origin):
+    import yaml
+
     try:
         return loader.construct_object(node, deep=True)
     except yaml.YAMLError as exc:
@@ -105,6 +109,8 @@ def _construct(loader, node, origin: Origin):
 
 
 def _key(node, path: Path, line: int) -> str:
+    import yaml
+
     if not isinstance(node, yaml.ScalarNode):
         raise SglaunchError(f"{path}:{line}: a key must be a flag name", hint="e.g. 'tp-size: 2'")
     return str(node.value)
