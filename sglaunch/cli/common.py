@@ -41,9 +41,32 @@ def print_error(message: str, hint: str | None = None) -> None:
         console.print(f"[bold]Hint:[/] {escape(hint)}")
 
 
+# optional dependencies -> the extra that installs them (pyproject.toml)
+OPTIONAL_MODULES = {
+    "httpx": "bench", "matplotlib": "bench",
+    "torch": "engine", "safetensors": "engine", "tokenizers": "engine", "transformers": "engine",
+    "jinja2": "engine", "fastapi": "engine", "uvicorn": "engine", "pydantic": "engine",
+    "prometheus_client": "engine", "gguf": "engine",
+    "flashinfer": "gpu", "triton": "test",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> SglaunchError | None:
+    """A command that needs an optional dependency that is not installed: which extra to install."""
+    top = (exc.name or "").split(".")[0]
+    extra = OPTIONAL_MODULES.get(top)
+    if extra is None:
+        return None
+    hint = f"pip install 'sglaunch[{extra}]'"
+    if top == "torch" or extra == "engine":
+        hint = f"on a CPU-only machine first `pip install torch==2.13.0` (its CPU build), then {hint}"
+    return SglaunchError(f"this command needs the Python package '{top}', which is not installed", hint=hint)
+
+
 def funnel(func: F) -> F:
-    """Turn SglaunchError into the Error/Hint output and its exit code; nothing else is caught,
-    so genuine bugs keep their traceback."""
+    """Turn SglaunchError into the Error/Hint output and its exit code, and a missing optional
+    dependency into the extra to install; nothing else is caught, so genuine bugs keep their
+    traceback."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -52,6 +75,12 @@ def funnel(func: F) -> F:
         except SglaunchError as exc:
             print_error(exc.message, exc.hint)
             raise typer.Exit(exc.exit_code) from None
+        except ModuleNotFoundError as exc:
+            error = missing_extra(exc)
+            if error is None:
+                raise
+            print_error(error.message, error.hint)
+            raise typer.Exit(error.exit_code) from None
 
     return wrapper
 

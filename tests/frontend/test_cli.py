@@ -175,3 +175,23 @@ def test_memory_estimate_counts_the_drafter(make_checkpoint, fake_gpus):
     memory = report["memory"]
     assert memory["weight_bytes"] == 20 * 1024 * 1024
     assert memory["kv_bytes_per_token"] == 2 * (4 + 1) * 4 * 32 * 2  # 4 target + 1 draft layer
+
+
+def test_a_missing_optional_dependency_names_the_extra(monkeypatch):
+    """`sglaunch bench` after installing only `.[engine]`: Error + Hint, not a traceback."""
+    for name in [m for m in sys.modules if m.startswith("sglaunch.bench")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` now raises ModuleNotFoundError
+    result = invoke("bench", "--url", "http://127.0.0.1:9", "--num-prompts", "1")
+    assert result.exit_code == 2
+    err = " ".join(result.stderr.split())
+    assert "needs the Python package 'httpx'" in err and "pip install 'sglaunch[bench]'" in err
+    assert "Traceback" not in result.output
+
+
+def test_only_optional_dependencies_are_turned_into_hints():
+    from sglaunch.cli.common import missing_extra
+
+    assert "torch==2.13.0" in missing_extra(ModuleNotFoundError("x", name="torch")).hint
+    assert "sglaunch[gpu]" in missing_extra(ModuleNotFoundError("x", name="flashinfer.jit")).hint
+    assert missing_extra(ModuleNotFoundError("x", name="yaml")) is None  # a core dependency: a real bug
