@@ -44,6 +44,7 @@ class LaunchContext:
     draft: CheckpointInfo | None = None
     resolutions: list[Resolution] = field(default_factory=list)
     default_model_pending: bool = False  # the built-in model is not cached yet: serve fetches it
+    pending_model_dtype: str | None = None  # ... and the dtype it will have once converted
 
     def get(self, dest: str) -> Any:
         if dest in self.settings.unexpanded and dest not in self.settings.values:

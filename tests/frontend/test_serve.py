@@ -169,3 +169,14 @@ def test_flags_whose_meaning_the_engine_cannot_honour_stop_serve_with_the_reason
     assert "[ENG002]" in err and reason in err
     check = invoke("check-config", "--no-machine", "--model-path", model, *args)
     assert check.exit_code == 0  # for SGLang itself the launch is fine: a warning only
+
+
+def test_the_first_serve_of_the_default_model_resolves_what_every_later_one_does(monkeypatch, tmp_path):
+    """Before the built-in model is fetched its dtype was unknown (fp32 on CPUs); once cached it is
+    bf16. The first run now resolves bf16 too, from what the conversion writes."""
+    from sglaunch.hub import default_model
+
+    monkeypatch.setattr(default_model, "cached_default_model", lambda: None)
+    first = run_pipeline([], {}, mode="serve", probe=False)
+    assert first.default_model_pending
+    assert build_engine_config(first).dtype == default_model.DEFAULT_MODEL.dtype == "bfloat16"
