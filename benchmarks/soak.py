@@ -209,7 +209,7 @@ def wait_until_idle(url: str, within_s: float = 60) -> dict:
     while True:
         state = engine_state(url)
         idle = (state["num_running_requests"] == 0 and state["num_waiting_requests"] == 0
-                and state["kv_used_tokens"] == state["kv_cached_tokens"])
+                and state["kv_used_tokens"] == 0)  # held by no request: only evictable cached prefixes
         if idle or time.monotonic() > deadline:
             return {"idle": idle, **{k: state[k] for k in ("num_running_requests", "num_waiting_requests",
                                                            "kv_used_tokens", "kv_cached_tokens")}}

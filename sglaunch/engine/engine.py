@@ -317,12 +317,17 @@ class LLMEngine:
         page_size = self.config.page_size
         total_tokens = self.allocator.num_pages * page_size
         radix = self.scheduler.radix
+        # as SGLang counts it: cached prefix pages no request holds can be evicted at any time,
+        # so they are not "in use" (an idle server with a warm cache reads 0, not 0.999)
+        evictable = (radix.evictable_pages * page_size) if radix else 0
+        active = self.scheduler.kv_used_tokens() - evictable
         return {
             "num_running_requests": len(self.scheduler.running),
             "num_waiting_requests": len(self.scheduler.waiting),
-            "kv_used_tokens": self.scheduler.kv_used_tokens(),
+            "kv_used_tokens": active,
             "kv_cached_tokens": (radix.cached_pages * page_size) if radix else 0,
-            "kv_usage": self.scheduler.kv_used_tokens() / total_tokens,
+            "kv_evictable_tokens": evictable,
+            "kv_usage": active / total_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             **{f"total_{k}": v for k, v in self.counters.items()},
             **self._spec_stats(),

@@ -16,13 +16,16 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 
 # gauge name -> keys the engine's server_info() may use for it (first present wins)
 ENGINE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "token_usage": ("KV cache usage: used tokens / pool size (0..1).",
+    "token_usage": ("KV cache usage: tokens held by requests / pool size (0..1); cached prefix "
+                    "pages no request holds are not counted (num_evictable_tokens).",
                     ("token_usage", "kv_usage", "kv_cache_usage")),
     "num_queue_reqs": ("Requests waiting in the scheduler queue.",
                        ("num_queue_reqs", "num_waiting_requests", "queue_length")),
     "num_running_reqs": ("Requests in the running batch.",
                          ("num_running_reqs", "num_running_requests")),
-    "num_used_tokens": ("KV cache slots in use.", ("num_used_tokens", "kv_used_tokens")),
+    "num_used_tokens": ("KV cache slots held by requests.", ("num_used_tokens", "kv_used_tokens")),
+    "num_evictable_tokens": ("KV cache slots holding cached prefixes no request uses (evictable).",
+                             ("num_evictable_tokens", "kv_evictable_tokens")),
 }
 
 

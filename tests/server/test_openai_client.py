@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import openai
@@ -221,6 +222,23 @@ def test_metrics_are_exposed_in_prometheus_format(server, client):
     assert samples['sglang:inter_token_latency_seconds_count{model_name="tiny-llama"}'] >= 2
     for gauge in ("token_usage", "num_queue_reqs", "num_running_reqs"):
         assert f'sglang:{gauge}{{model_name="tiny-llama"}}' in samples
+
+
+def test_an_idle_server_with_a_warm_cache_reads_no_kv_in_use(server, client):
+    """Cached prefix pages no request holds are evictable: not "used" (SGLang's token_usage)."""
+    greedy_completion(client, max_tokens=3)
+    def live():
+        return httpx.get(f"{server.base_url}/server_info").json()["internal_states"][0]
+
+    info, deadline = live(), time.monotonic() + 10
+    while info["num_running_requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        info = live()
+    assert info["kv_cached_tokens"] > 0 and info["kv_evictable_tokens"] == info["kv_cached_tokens"]
+    assert info["kv_used_tokens"] == 0 and info["kv_usage"] == 0
+    samples = _parse_samples(httpx.get(f"{server.base_url}/metrics").text)
+    assert samples['sglang:token_usage{model_name="tiny-llama"}'] == 0
+    assert samples['sglang:num_evictable_tokens{model_name="tiny-llama"}'] > 0
 
 
 def _parse_samples(text: str) -> dict[str, float]:

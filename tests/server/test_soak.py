@@ -23,5 +23,5 @@ def test_a_short_soak_leaves_the_server_as_it_found_it(tmp_path, tiny_llama):
     assert result["errors"] == 0 and result["hangs"] == 0, result["error_samples"]
     assert result["completed"] + result["disconnected"] + result["refused_as_expected"] == 240
     assert result["disconnected"] > 0 and result["refused_as_expected"] > 0
-    assert result["idle"] and result["kv_used_tokens"] == result["kv_cached_tokens"]
+    assert result["idle"] and result["kv_used_tokens"] == 0  # every cached page evictable again
     assert result["greedy_unchanged"] and result["exit_code_after_sigterm"] == 0
