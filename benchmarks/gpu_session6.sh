@@ -13,7 +13,8 @@
 #   C  (carry .smol2)      bash benchmarks/gpu_session6.sh half2 540 second half, `models pull`, then wait
 #   D                      bash benchmarks/gpu_session6.sh wait 560  wait for the rest, bring results back
 #
-# .gpu6/ (git-ignored, 3.6 MB) holds heldout_code.jsonl (the first 48 chat-code prompts of
+# benchmarks/gpu6/ (committed; `snapshot` copies it into the git-ignored .gpu6/, 3.6 MB) holds
+# heldout_all.jsonl (250 held-out prompts) and heldout_code.jsonl (the first 48 chat-code prompts of
 # `python -m sglaunch.training.corpus CORPUS --heldout heldout.jsonl --count 6000 --heldout-count 250
 # --seed 0`, CORPUS from ../shared/tools/build_corpus.sh) and smolcfg/ (SmolLM2's config and
 # tokenizer from `sglaunch models pull`, for the random-weight profile before the weights arrive).
@@ -132,7 +133,7 @@ case "${1:-}" in
     echo "pipeline started"
     ;;
   snapshot)  # here, before call A
-    mkdir -p .gpu6 && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' > .gpu6/tree.tar.gz \
+    mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' ':(exclude)benchmarks/gpu6' > .gpu6/tree.tar.gz \
       && git rev-parse HEAD > .gpu6/tree.commit && du -sh .gpu6
     ;;
   half1)  # half1 a (carry .s1a/p_aa), then half1 b (carry .s1a/p_ab): the first half in two quarters
