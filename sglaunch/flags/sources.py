@@ -161,10 +161,8 @@ def _abbreviation(occ: Occurrence, settings: Settings) -> list[Diagnostic]:
         return []
     schema, release, prefix, flag = settings.schema, settings.release, occ.spelling, occ.flag
     where = str(occ.origin)
-    gone = [f for f in schema.flags if f.removed and at_or_after(release, f.removed) and not f.alias_of
-            and any(s.startswith(prefix) for s in f.spellings)]
-    if len(gone) == 1 and gone[0].name != flag.name:
-        old = gone[0]
+    old = schema.remapped_abbreviation(prefix, flag, release)
+    if old is not None:
         return [diag("FLAG016", f"{prefix} used to be an abbreviation of {old.name} (removed in {old.removed}); "
                      f"SGLang {release} silently takes it as {flag.name}, a different flag",
                      flags=(old.name, flag.name), release=old.removed, origin=where,

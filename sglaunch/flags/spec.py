@@ -208,6 +208,14 @@ class FlagSchema:
                 found.setdefault(target.name, target)
         return list(found.values())
 
+    def remapped_abbreviation(self, prefix: str, flag: Flag, release: str = CURRENT_RELEASE) -> Flag | None:
+        """The removed flag `prefix` used to abbreviate, when it was the only one and `flag` (what
+        argparse expands it to at `release`) is another: the same text now silently sets another
+        flag (`--optimistic-prefill`: -retries up to 0.5.15, -attempts from 0.5.16)."""
+        gone = [f for f in self.flags if f.removed and not f.alias_of and at_or_after(release, f.removed)
+                and any(s.startswith(prefix) for s in f.spellings)]
+        return gone[0] if len(gone) == 1 and gone[0].name != flag.name else None
+
     def prefix_expansions(self, spelling: str, release: str | None = CURRENT_RELEASE) -> list[str]:
         """Flags that argparse's prefix abbreviation would have matched (SGLang allows it).
 

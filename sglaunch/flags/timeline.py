@@ -40,7 +40,9 @@ def release_data(release: str) -> dict:
 
 
 def has_release_data(release: str) -> bool:
-    return os.path.isfile(os.path.join(DATA_DIR, f"{release}.json"))
+    from sglaunch.flags.release_diff import available_releases
+
+    return release in available_releases()
 
 
 # --------------------------------------------------------------------------- entry -> facts

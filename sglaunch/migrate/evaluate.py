@@ -385,10 +385,9 @@ def _problem_at(occurrence: Occurrence, release: str) -> str:
     flag, spelling = occurrence.flag, occurrence.spelling
     status = flag.status_at(release)
     if occurrence.abbreviated:
-        gone = [f for f in SCHEMA.flags if f.removed and not f.alias_of and f.status_at(release) is Status.REMOVED
-                and any(s.startswith(spelling) for s in f.spellings)]
-        if len(gone) == 1 and gone[0].name != flag.name:
-            return (f"{spelling} abbreviated {gone[0].name}, which SGLang {gone[0].removed} removed; SGLang "
+        old = SCHEMA.remapped_abbreviation(spelling, flag, release)
+        if old is not None:
+            return (f"{spelling} abbreviated {old.name}, which SGLang {old.removed} removed; SGLang "
                     f"{release} silently reads it as {flag.name}: write the flag you mean in full")
     if status is Status.REMOVED:
         return f"{spelling} is not accepted by SGLang {release} (removed in {flag.removed})"
