@@ -180,7 +180,6 @@ def _value_history(group: _Group, releases: Sequence[str]) -> tuple[tuple[str, .
     for value in union:
         present = [r for r in group.present if value in (group.facts[r].choices or ())]
         added, removed = _lifetime(present, group.present)
-        added = added if added is None or present[0] != group.present[0] else None
         if added or removed:
             changes.append(ValueChange(value, added=added, removed=removed))
     return tuple(union), open_, tuple(changes)
