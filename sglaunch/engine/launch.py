@@ -1,5 +1,6 @@
-"""Entry points: start_engine (the server's AsyncEngine), run_worker_node (nodes > 0),
-generate_batch (offline, for tests and benchmarks).
+"""Entry points: start_engine (the server's AsyncEngine, over an engine process),
+run_worker_node (nodes > 0), create_engine and generate_batch (in-process, for the engine
+process itself, tests, benchmarks and training).
 
 Rank 0 (node 0) hosts the rendezvous store, spawns its node's other ranks, loads its shard
 and drives every rank step by step; a watchdog ends everything if any rank dies.
@@ -159,10 +160,11 @@ def generate_batch(
 
 
 async def start_engine(config: EngineConfig):
-    """Boot the engine (workers, weights, KV pool) without blocking the event loop; returns an
-    AsyncEngine. Raises ValueError for a checkpoint or configuration it cannot run."""
-    from sglaunch.engine.threaded_engine import ThreadedEngine
+    """Boot the engine (workers, weights, KV pool) in an engine process of its own; returns an
+    AsyncEngine (torch is never imported here). Raises ValueError for a checkpoint or
+    configuration it cannot run."""
+    from sglaunch.engine.engine_client import EngineClient
 
-    engine = ThreadedEngine(config)
+    engine = EngineClient(config)
     await engine.start()
     return engine

@@ -1,10 +1,11 @@
 """`run_server`: boot the engine behind the HTTP server and run until SIGINT/SIGTERM.
 
 Order on node 0: bind the port (fail fast before loading weights), serve HTTP at once
-(/health answers 503), start the engine, attach it (routes go live), log the URL, then wait for
-a signal or an engine failure. On a signal: stop admitting (503 on /health and new requests,
-the port stays open), let running requests finish for up to --graceful-shutdown-timeout, abort
-the rest (each ends with finish_reason "abort"), stop HTTP, then shut the engine down.
+(/health answers 503), start the engine process, attach it (routes go live), log the URL, then
+wait for a signal or the engine process dying (every open request gets its error, exit 1).
+On a signal: stop admitting (503 on /health and new requests, the port stays open), let
+running requests finish for up to --graceful-shutdown-timeout, abort the rest (each ends with
+finish_reason "abort"), stop HTTP, then shut the engine process down.
 Nodes with `node_rank > 0` only host engine ranks.
 """
 
@@ -69,12 +70,13 @@ async def _serve(config: EngineConfig) -> int:
             await _stop_http(server, http_task)
             return 0
         state.ctx = ctx = _server_context(engine, tokenizer, config, state.metrics)
-        _end_streams_before_a_fatal_exit(state, server)
         logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
-        exit_code = await _wait_until_stopped(stop, http_task)
+        exit_code = await _wait_until_stopped(stop, http_task, engine)
         state.shutting_down = True
         if exit_code == 0:
             await _drain(ctx, config.graceful_shutdown_timeout, stop)
+        else:  # NOTE: every open request has its error by now; let the responses go out
+            await _let_requests_end(state, server)
         await _stop_http(server, http_task)
         return max(exit_code, await _shutdown_engine(engine))
 
@@ -98,31 +100,6 @@ async def _drain(ctx: ServerContext, timeout: float, stop: "_StopSignal") -> Non
     if not await ctx.wait_idle(ABORT_SETTLE_SECONDS):
         logger.warning("%d aborted request(s) did not end within %d s.", len(ctx.inflight),
                        ABORT_SETTLE_SECONDS)
-
-
-def _end_streams_before_a_fatal_exit(state: ServerState, server: uvicorn.Server) -> None:
-    """When a dead rank (or a broken engine) ends the process, every open request first gets its
-    error (an error event then [DONE] for streams, a 500 otherwise) and /health turns 503."""
-    from sglaunch.engine.watchdog import before_fatal_exit  # launch-time: imports torch
-
-    loop = asyncio.get_running_loop()
-
-    def settle(message: str) -> None:
-        if _on_loop_thread(loop):
-            return  # NOTE: waiting here would block the very loop that must send the events
-        state.shutting_down = True
-        future = asyncio.run_coroutine_threadsafe(_let_requests_end(state, server), loop)
-        with contextlib.suppress(Exception):
-            future.result(FATAL_SETTLE_SECONDS + 1)
-
-    before_fatal_exit(settle)
-
-
-def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 async def _let_requests_end(state: ServerState, server: uvicorn.Server) -> None:
@@ -213,7 +190,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyncio.Task):
     """The started engine, or None when a signal (or the HTTP server ending) came first."""
-    from sglaunch.engine.launch import start_engine  # launch-time: imports torch
+    from sglaunch.engine.launch import start_engine  # torch-free: the engine has its own process
 
     engine_task = asyncio.create_task(start_engine(config))
     stop_task = asyncio.create_task(stop.event.wait())
@@ -224,6 +201,9 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
             return engine_task.result()
         except ValueError as exc:  # start_engine's refusal of a checkpoint or configuration
             raise SglaunchError(f"The engine cannot start: {exc}") from exc
+        except RuntimeError as exc:  # the engine process failed or died while starting
+            raise SglaunchError(f"The engine failed to start: {exc}", exit_code=1,
+                                hint="The engine process logged the cause above.") from exc
     await _settle_and_shut_down(engine_task)
     if http_task.done() and not stop.event.is_set():
         http_task.result()  # re-raise why uvicorn stopped
@@ -234,8 +214,9 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
 async def _settle_and_shut_down(engine_task: asyncio.Task) -> None:
     """A stop arrived while the engine was loading: let the start settle, then shut it down.
 
-    NOTE: cancelling the start would orphan the loading thread, and the interpreter would then
-    exit underneath torch (a C++ abort, exit 134). If loading hangs, leave without finalizing.
+    NOTE: the engine process reads no command while it loads; letting it finish and stop its
+    ranks itself is the clean way out. If loading hangs, leave (the engine process ends itself
+    once this process is gone).
     """
     logger.info("Stopping: waiting for the engine to finish loading, then shutting it down.")
     try:
@@ -250,16 +231,21 @@ async def _settle_and_shut_down(engine_task: asyncio.Task) -> None:
     await _shutdown_engine(engine)
 
 
-async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task) -> int:
-    """Block until a signal (exit 0) or the HTTP server ending on its own (exit 1).
+async def _wait_until_stopped(stop: _StopSignal, http_task: asyncio.Task, engine) -> int:
+    """Block until a signal (exit 0), the HTTP server ending on its own or the engine process
+    dying (exit 1).
 
-    NOTE: a dead tensor-parallel rank ends the whole process from the engine's watchdog
-    (os._exit(1) naming the rank, after `_end_streams_before_a_fatal_exit` has let every open
-    request get its error), so there is no engine failure to wait for here.
+    NOTE: a dead engine process (killed, crashed, or ended by a dead tensor-parallel rank) has
+    already handed every open request its error when `wait_failed` returns.
     """
     signal_task = asyncio.create_task(stop.event.wait())
-    await asyncio.wait({signal_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    engine_task = asyncio.create_task(engine.wait_failed())
+    await asyncio.wait({signal_task, http_task, engine_task}, return_when=asyncio.FIRST_COMPLETED)
     signal_task.cancel()
+    engine_task.cancel()
+    if engine_task.done() and not engine_task.cancelled():
+        logger.error("The engine stopped: %s; shutting the server down.", engine_task.result())
+        return 1
     if not stop.event.is_set():
         logger.error("The HTTP server stopped unexpectedly.")
         return 1

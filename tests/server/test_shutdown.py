@@ -111,9 +111,20 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def spawned_children(pid: int) -> list[int]:
+    """Children of `pid` started by multiprocessing's spawn (not its resource tracker)."""
+    return [child for child in children_of(pid)
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")]
+
+
+def engine_pids(server: RunningServer) -> list[int]:
+    """The engine process (rank 0's scheduler loop): the server's spawned child."""
+    return spawned_children(server.process.pid)
+
+
 def rank_pids(server: RunningServer) -> list[int]:
-    return [pid for pid in children_of(server.process.pid)
-            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+    """The other tensor-parallel ranks: spawned by the engine process."""
+    return [pid for engine in engine_pids(server) for pid in spawned_children(engine)]
 
 
 def test_sigterm_drains_running_streams_and_refuses_new_work(long_llama, tmp_path):

@@ -1,0 +1,64 @@
+"""The channel between the HTTP server process and the engine process. Torch-free.
+
+Two ZeroMQ PUSH/PULL pipes over Unix sockets in a private folder, both bound by the server:
+`commands` (server -> engine: add, abort, shutdown) and `events` (engine -> server: ready or
+failed at start-up, then one message per engine step carrying every TokenOutput of that step,
+the refusals, and the live statistics when they are due). Messages are pickled tuples
+(protocol 5); a TokenOutput travels as a plain tuple of its fields, cheaper to pickle than the
+dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import pickle
+from dataclasses import dataclass
+
+from sglaunch.engine.interface import TokenOutput
+
+# commands, server -> engine
+ADD, ABORT, SHUTDOWN = "add", "abort", "shutdown"
+# events, engine -> server
+READY, FAILED, STEP, STOPPED = "ready", "failed", "step", "stopped"
+# a refusal in a STEP event: the request ends with ValueError (a 400) or RuntimeError (a 500)
+REFUSED, ERROR = "refused", "error"
+
+_OUTPUT_FIELDS = tuple(f.name for f in dataclasses.fields(TokenOutput))
+_output_tuple = operator.attrgetter(*_OUTPUT_FIELDS)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the two pipes live, and where a dying engine leaves its last words."""
+
+    folder: str
+
+    @property
+    def commands(self) -> str:
+        return f"ipc://{os.path.join(self.folder, 'commands')}"
+
+    @property
+    def events(self) -> str:
+        return f"ipc://{os.path.join(self.folder, 'events')}"
+
+    @property
+    def last_words(self) -> str:
+        return os.path.join(self.folder, "last-words")
+
+
+def encode(message: tuple) -> bytes:
+    return pickle.dumps(message, protocol=5)
+
+
+def decode(buffer) -> tuple:
+    return pickle.loads(buffer)
+
+
+def pack_outputs(outputs: list[TokenOutput]) -> list[tuple]:
+    return [_output_tuple(out) for out in outputs]
+
+
+def unpack_output(fields: tuple) -> TokenOutput:
+    return TokenOutput(*fields)
