@@ -1,5 +1,10 @@
 """Tensor-parallel building blocks of the decoder: linears, vocab-parallel embedding and LM
-head, RMSNorm, rotary embedding.
+head, RMSNorm, rotary embedding, SiLU-and-multiply.
+
+RMSNorm (with the residual add fused in), rotary embedding and SiLU-and-multiply run as one
+Triton kernel each (`kernels/layer_ops.py`) on GPUs when no gradient is wanted, and as plain
+torch otherwise (CPUs, training): `SGLAUNCH_LAYER_KERNELS=auto|torch|triton`, read when a
+module is built.
 
 Every module with weights implements `load_weight(attr, section, tensor_slice)`: `tensor_slice`
 is a lazy safetensors slice and each rank reads only the rows or columns it owns.
@@ -8,6 +13,7 @@ is a lazy safetensors slice and each rank reads only the rows or columns it owns
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -15,6 +21,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglaunch.engine.distributed import TPGroup
+
+try:
+    from kernels import HAS_TRITON, layer_ops
+except ImportError as exc:  # pragma: no cover - packaging problem, not a runtime choice
+    raise ImportError("sglaunch's kernels live in the top-level `kernels/` package of the repository; "
+                      "run from a checkout (editable install) or install a build that ships it") from exc
+
+LAYER_KERNELS_ENV = "SGLAUNCH_LAYER_KERNELS"
+
+
+def use_layer_kernels(device) -> bool:
+    """Whether modules built on `device` run the fused Triton kernels (see the module docstring)."""
+    choice = os.environ.get(LAYER_KERNELS_ENV, "auto")
+    if choice not in ("auto", "torch", "triton"):
+        raise ValueError(f"{LAYER_KERNELS_ENV}={choice!r}: expected auto, torch or triton")
+    if choice == "torch":
+        return False
+    return HAS_TRITON and (choice == "triton" or torch.device(device).type == "cuda")
 
 
 def _empty_param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -108,20 +132,35 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 class RMSNorm(nn.Module):
-    """Matches transformers: normalise in float32, cast back, then scale."""
+    """Matches transformers: normalise in float32, cast back, then scale. Over the last dim of
+    [n, dim] or of per-head [n, heads, dim] (Qwen3's q/k norm)."""
 
     def __init__(self, dim: int, eps: float, dtype, device):
         super().__init__()
         self.eps = eps
         self.weight = _empty_param(dim, dtype=dtype, device=device)
+        self.fused = use_layer_kernels(device)
 
     def load_weight(self, attr: str, section: int, tensor_slice: Any) -> None:
         copy_full(self.weight, tensor_slice)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if self.fused and not torch.is_grad_enabled():
+            return layer_ops.rms_norm_triton(x, self.weight, self.eps)
+        return layer_ops.rms_norm_reference(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual): the residual add fused into the norm."""
+        if self.fused and not torch.is_grad_enabled():
+            return layer_ops.add_rms_norm_triton(x, residual, self.weight, self.eps)
+        return layer_ops.add_rms_norm_reference(x, residual, self.weight, self.eps)
+
+
+def silu_and_mul(x: torch.Tensor, fused: bool) -> torch.Tensor:
+    """[n, 2 * inter] = [gate | up] -> silu(gate) * up."""
+    if fused and not torch.is_grad_enabled():
+        return layer_ops.silu_and_mul_triton(x)
+    return layer_ops.silu_and_mul_reference(x)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, rope_type: str, scaling: dict[str, float]) -> torch.Tensor:
@@ -157,14 +196,10 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
         self.register_buffer("cos", emb.cos().to(device), persistent=False)
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
+        self.fused = use_layer_kernels(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [num_tokens, heads, head_dim], k: [num_tokens, kv_heads, head_dim]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        if self.fused and not torch.is_grad_enabled() and positions.dim() == 1:
+            return layer_ops.rotary_triton(positions, q, k, self.cos, self.sin)
+        return layer_ops.rotary_reference(positions, q, k, self.cos, self.sin)

@@ -9,7 +9,6 @@ Parameter names follow the Hugging Face checkpoints except for the packed projec
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglaunch.engine.attention.base import AttentionBackend
@@ -22,6 +21,8 @@ from sglaunch.engine.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     rope_inverse_frequencies,
+    silu_and_mul,
+    use_layer_kernels,
 )
 from sglaunch.engine.model_spec import ModelSpec
 
@@ -71,10 +72,10 @@ class MLP(nn.Module):
         inter = spec.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(spec.hidden_size, [inter, inter], spec.mlp_bias, tp, dtype, device)
         self.down_proj = RowParallelLinear(inter, spec.hidden_size, spec.mlp_bias, tp, dtype, device)
+        self.fused = use_layer_kernels(device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, local_inter] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.fused))  # [num_tokens, 2 * local_inter] in
 
 
 class DecoderLayer(nn.Module):
@@ -85,9 +86,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
         self.mlp = MLP(spec, tp, dtype, device)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's input as hidden + residual, or the embedding with residual None) ->
+        (MLP output, residual): the layer's output residual stream is their sum, which the next
+        norm adds (fused) before normalising."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_forward(hidden, residual)
+        hidden = self.self_attn(positions, hidden, attn)
+        hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
@@ -103,15 +113,14 @@ class DecoderModel(nn.Module):
                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """-> (final-normed hidden [num_tokens, hidden], residual stream after each layer id in
         `capture`, -1 meaning the embedding output)."""
-        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        captured = {-1: x} if -1 in capture else {}
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        residual = None
+        captured = {-1: hidden} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
-            x = layer(positions, x, attn)
-            # NOTE: DecoderLayer returns the full residual stream (no residual add fused into the
-            # next norm), i.e. HF output_hidden_states[i + 1]; a fused layer would need hidden + residual
-            if i in capture:
-                captured[i] = x
-        return self.norm(x), [captured[i] for i in capture]
+            hidden, residual = layer(positions, hidden, residual, attn)
+            if i in capture:  # the residual stream after layer i, HF's output_hidden_states[i + 1]
+                captured[i] = hidden + residual
+        return self.norm.add_forward(hidden, residual)[0], [captured[i] for i in capture]
 
 
 class CausalLM(nn.Module):

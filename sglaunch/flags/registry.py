@@ -331,6 +331,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
+           "rotary embedding, SiLU-and-multiply): auto (on GPUs), torch, or triton.",
+           choices=("auto", "torch", "triton"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_KERNELS", "DSpark's device kernels: Triton, the torch references, or auto "
            "(Triton on GPUs).", choices=("auto", "torch", "triton"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_RECORD_PATH", "Record drafted blocks to this JSONL file for `sglaunch fit-sts`.",

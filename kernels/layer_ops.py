@@ -1,0 +1,179 @@
+"""Fused small operators of the decoder layer, each beside its plain-torch reference.
+
+In eager PyTorch each of these is a chain of elementwise kernels (RMSNorm alone is seven: cast,
+square, mean, add, rsqrt, multiply, cast-and-scale; rotary embedding about fourteen for q and k).
+Inside a CUDA graph every kernel is a node the GPU launches one after another, and at batch 1 a
+node costs more than its arithmetic: SmolLM2's 30 layers made about 1,100 nodes. One Triton
+kernel per operator brings a layer to about ten.
+
+Every kernel rounds where the reference rounds (bf16 products and sums exactly as eager torch
+computes them in the model's dtype), so outputs match the references to the last bit except
+for the order of a row's float32 sum in RMSNorm.
+
+- `rms_norm`: y = w * (x * rsqrt(mean(x^2) + eps)).to(dtype), over the last dim of a 2-D or
+  3-D (per-head) tensor whose last stride is 1.
+- `add_rms_norm`: r = x + residual (in the dtype), then rms_norm(r); returns (y, r).
+- `silu_and_mul`: x = [gate | up] -> silu(gate) * up.
+- `rotary`: rotate-half RoPE of q [n, h, d] and k [n, hk, d] with float32 cos/sin tables indexed
+  by position (cast to the dtype first, as the eager path does); writes new contiguous tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import HAS_TRITON
+
+# --------------------------------------------------------------------------- references
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x + residual
+    return rms_norm_reference(summed, weight, eps), summed
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def rotary_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_table: torch.Tensor,
+                     sin_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cos = cos_table[positions].unsqueeze(1).to(q.dtype)  # [n, 1, d]
+    sin = sin_table[positions].unsqueeze(1).to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# --------------------------------------------------------------------------- Triton kernels
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, H, stride_n, stride_h, D, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr):
+        # one program per row; a row is x[n, h, :] (H = 1 for a 2-D input)
+        pid = tl.program_id(0)
+        n = pid // H
+        h = pid % H
+        cols = tl.arange(0, BLOCK_D)
+        mask = cols < D
+        x = tl.load(x_ptr + n * stride_n + h * stride_h + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + pid * D + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as the eager add rounds
+            tl.store(res_out_ptr + pid * D + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        var = tl.sum(x32 * x32, axis=0) / D
+        y = (x32 * tl.math.rsqrt(var + eps)).to(x.dtype)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + pid * D + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
+
+    @triton.jit
+    def _silu_and_mul_kernel(x_ptr, out_ptr, I, BLOCK: tl.constexpr):
+        n = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < I
+        gate = tl.load(x_ptr + n * 2 * I + cols, mask=mask, other=0.0)
+        up = tl.load(x_ptr + n * 2 * I + I + cols, mask=mask, other=0.0)
+        g32 = gate.to(tl.float32)
+        act = (g32 / (1.0 + tl.exp(-g32))).to(gate.dtype)
+        tl.store(out_ptr + n * I + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+    @triton.jit
+    def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
+                       HQ, HK, stride_qn, stride_qh, stride_kn, stride_kh,
+                       HALF: tl.constexpr, BLOCK: tl.constexpr):
+        # one program per (token, head) over q's heads then k's
+        n = tl.program_id(0)
+        h = tl.program_id(1)
+        i = tl.arange(0, BLOCK)
+        mask = i < HALF
+        p = tl.load(pos_ptr + n).to(tl.int64)
+        if h < HQ:
+            src = q_ptr + n * stride_qn + h * stride_qh
+            dst = q_out_ptr + (n * HQ + h) * 2 * HALF
+        else:
+            src = k_ptr + n * stride_kn + (h - HQ) * stride_kh
+            dst = k_out_ptr + (n * HK + (h - HQ)) * 2 * HALF
+        x1 = tl.load(src + i, mask=mask, other=0.0)
+        x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
+        dt = x1.dtype
+        # the tables are [positions, 2 * HALF] with both halves equal (cat([f, f]))
+        c = tl.load(cos_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        # out = x * cos + rotate_half(x) * sin, each product and the sum rounded to the dtype
+        o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
+        o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
+        tl.store(dst + i, o1, mask=mask)
+        tl.store(dst + HALF + i, o2, mask=mask)
+
+    def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:
+        """(rows n, heads h, stride_n, stride_h) of a 2-D or 3-D tensor with last stride 1."""
+        if x.stride(-1) != 1:
+            raise ValueError("the last dimension must be contiguous")
+        if x.dim() == 2:
+            return x.shape[0], 1, x.stride(0), 0
+        if x.dim() == 3:
+            return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+        raise ValueError(f"expected a 2-D or 3-D tensor, got {x.dim()}-D")
+
+    def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        n, h, sn, sh = _rows(x)
+        d = x.shape[-1]
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if n * h:
+            _rms_norm_kernel[(n * h,)](x, x, weight, out, out, h, sn, sh, d, eps,
+                                       HAS_RESIDUAL=False, BLOCK_D=triton.next_power_of_2(d))
+        return out
+
+    def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        n, h, sn, sh = _rows(x)
+        d = x.shape[-1]
+        residual = residual.contiguous()
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if n * h:
+            _rms_norm_kernel[(n * h,)](x, residual, weight, out, summed, h, sn, sh, d, eps,
+                                       HAS_RESIDUAL=True, BLOCK_D=triton.next_power_of_2(d))
+        return out, summed
+
+    def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        n, width = x.shape
+        inter = width // 2
+        out = torch.empty(n, inter, dtype=x.dtype, device=x.device)
+        block = min(1024, triton.next_power_of_2(inter))
+        if n:
+            _silu_and_mul_kernel[(n, triton.cdiv(inter, block))](x, out, inter, BLOCK=block)
+        return out
+
+    def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_table: torch.Tensor,
+                      sin_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, hq, d = q.shape
+        hk = k.shape[1]
+        if q.stride(-1) != 1 or k.stride(-1) != 1:
+            raise ValueError("q and k need a contiguous last dimension")
+        q_out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
+        k_out = torch.empty(n, hk, d, dtype=k.dtype, device=k.device)
+        if n:
+            half = d // 2
+            _rotary_kernel[(n, hq + hk)](q, k, q_out, k_out, positions.contiguous(), cos_table, sin_table,
+                                         hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                                         HALF=half, BLOCK=triton.next_power_of_2(half))
+        return q_out, k_out
