@@ -7,6 +7,8 @@
 #   (here)                 bash benchmarks/gpu_session6.sh snapshot  the committed tree -> .gpu6/tree.tar.gz
 #   A  (carry .whl .gpu6)  bash benchmarks/gpu_session6.sh start [pipeline|pipeline2]  wheels -> /tmp/site,
 #                                                                    that tree -> /tmp/repo, the job starts
+#                          (session 7: the tree grew to 25 MB, so A carries .whl only and runs `install`,
+#                          and the first quarter's call carries .gpu6 too: `launch pipeline7 && half1 a`)
 #   B  (carry .s1a/p_aa, then .s1a/p_ab)  bash benchmarks/gpu_session6.sh half1 a, then half1 b:
 #                          SmolLM2's first half (too big beside the tree) in two quarters,
 #                          `mkdir .s1a && split -b 24M .smol1/part_aa .s1a/p_`
@@ -88,17 +90,38 @@ pipeline3() {  # the third run: greedy block sampling inside the drafter graphs;
   touch "$W/all.done"
 }
 
+pipeline7() {  # session 7, run 1: fused layer kernels + engine process + the step-aside fix
+  part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/engine/test_layer_kernels.py \
+    tests/gpu/test_cuda_graph_gpu.py tests/gpu/test_kernels_gpu.py
+  # plain decoding on random SmolLM2-shaped weights: host operators and graph replays per step
+  for c in 1 64; do
+    part "profile$c" 100 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --concurrency $c --steps 30 --json "$W/profile$c.json"
+  done
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  for k in torch auto; do
+    part "decode_$k" 150 env SGLAUNCH_LAYER_KERNELS=$k python3 benchmarks/gpu_decode.py --model "$SMOL" \
+      --out "$W/decode_$k" --batch-sizes 1,64 --repeats 2 --time-budget 140
+  done
+  part sweep1 230 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep1" --concurrency 1,8,32,64 \
+    --requests 16,48,128,256 --max-tokens 128 --time-budget 210 \
+    --modes "compact,compact+SGLAUNCH_DSPARK_STEP_ASIDE=0"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest profile sweep sweep1 sweep2 sweep3 bench; do
+    for f in pytest profile profile1 profile64 decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
         pytest) grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$W/$f.log" | grep -vE "PASSED" | tail -40
                 grep -cE " PASSED" "$W/$f.log" ;;
         sweep?) tail -n 9 "$W/$f.log" ;;
+        profile*) head -c 6000 "$W/$f.log" ;;
         *) tail -n 45 "$W/$f.log" ;;
       esac
     done
@@ -113,21 +136,27 @@ wait_for_all() {  # wait_for_all SECONDS
 }
 
 case "${1:-}" in
-  start)
+  start)  # install, then launch (when one call can carry .whl and .gpu6 beside the tree)
+    bash "$0" install && bash "$0" launch "${2:-pipeline}"
+    ;;
+  install)  # the wheels (carry .whl) -> /tmp/site
     mkdir -p "$W" /tmp/smol
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1
+    { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+      python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
+      nproc; } > "$W/machine.txt" 2>&1
+    cat "$W/machine.txt"
+    ;;
+  launch)  # the committed tree (carry .gpu6) -> /tmp/repo, and the pipeline starts in the background
+    mkdir -p "$W" /tmp/smol
     # NOTE: the committed tree (.gpu6/tree.tar.gz: `git archive HEAD` without the drafters, made by
     # `bash benchmarks/gpu_session6.sh snapshot` here), not the working tree, which carries other
     # engineers' unfinished edits; the drafters (15 MB, unchanged) come from the working tree
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-      python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
-      nproc; } > "$W/machine.txt" 2>&1
-    cat "$W/machine.txt"
-    export -f part pipeline pipeline2 pipeline3
+    export -f part pipeline pipeline2 pipeline3 pipeline7
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
