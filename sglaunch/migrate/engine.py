@@ -34,6 +34,7 @@ class Result:
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None
     sites: int = 0  # launch commands found
+    deps: int = 0  # pins and image references of the rules' packages and images found
 
 
 def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Site], list[tuple]]:
@@ -49,6 +50,8 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
             site.dynamic = tuple(d or JINJA_MARK in a or "${_" in a for a, d in zip(site.args, site.dynamic))
             site.fmt = fmt
         return sites, problems
+    if fmt in DEPENDENCY_FORMATS:
+        return [], []  # requirements files and pyproject.toml hold pins only (module deps)
     try:
         if fmt == "shell":
             parsed = shell.parse_script(text)
@@ -168,7 +171,25 @@ def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) 
 
 def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
                  unsafe_fixes: bool = False, origin: str | None = None) -> Result:
-    """Migrate one file's text. Never raises for bad input: problems become findings/errors."""
+    """Migrate one file's text: package pins and image tags first (`pin` rules, module deps;
+    their edits stay inside one line), then the launch commands. Never raises for bad input:
+    problems become findings/errors."""
+    from sglaunch.migrate.deps import migrate_deps
+
+    pins = migrate_deps(text, fmt, rules, to_release, unsafe_fixes)
+    if pins.error and fmt in DEPENDENCY_FORMATS:
+        return Result(text, pins.findings, error=pins.error, deps=pins.refs)
+    launches = [r for r in rules if r.kind != "pin"]
+    result = _migrate_launches(pins.text, fmt, launches, to_release, unsafe_fixes, origin)
+    result.findings = _unsilenced(text, result.findings + pins.findings)
+    result.deps = pins.refs
+    if pins.error and result.error is None:
+        result.error = pins.error
+    return result
+
+
+def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
+                      unsafe_fixes: bool = False, origin: str | None = None) -> Result:
     try:
         sites, problems = read_sites(text, fmt, origin)
     except UnreadableError as exc:
@@ -206,7 +227,7 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
         raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
     for finding in _revalidate(sites, to_release, findings, line_map):
         report(finding, line_map)
-    return Result(current, _unsilenced(text, findings), sites=count)
+    return Result(current, findings, sites=count)
 
 
 IGNORE = re.compile(r"sglaunch:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
@@ -538,6 +559,8 @@ def _revalidate(sites: list[Site], release: str, findings: list[Finding],
 
 
 SCRIPT_NAMES = (".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")
+DEPENDENCY_FORMATS = ("requirements", "pyproject")
+REQUIREMENTS_NAME = re.compile(r"(?i)(.*[-_.])?(requirements|constraints|reqs)([-_.].*)?\.(txt|in)")
 MAKEFILES = ("makefile", "gnumakefile")
 SYSTEMD = (".service", ".socket", ".target", ".timer")
 
@@ -554,6 +577,11 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     parts = [p.lower() for p in path.parts]
     if lower.endswith((".py", ".pyw")):
         return "python"  # dockerfile.py is Python
+    if lower == "pyproject.toml":
+        return "pyproject"
+    if REQUIREMENTS_NAME.fullmatch(lower) or (lower.endswith((".txt", ".in")) and
+                                              any(p in ("requirements", "constraints") for p in parts[:-1])):
+        return "requirements"
     if lower in ("dockerfile", "containerfile") or lower.startswith(("dockerfile.", "containerfile.")) \
             or lower.endswith((".dockerfile", ".containerfile")):
         return "dockerfile"

@@ -150,7 +150,8 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
 
     report.findings = result.findings
     report.error = result.error
-    if not explicit and not result.sites and not report.findings:
+    if not explicit and not result.sites and not result.deps and not report.findings \
+            and fmt not in ("requirements", "pyproject"):
         return None
     return report
 

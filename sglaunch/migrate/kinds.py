@@ -7,6 +7,6 @@ imports nothing: the command's `--help` and cold start must not load the flag sc
 FIX, UNSAFE, MANUAL, INFO, ERROR = "fix", "unsafe", "manual", "info", "error"
 
 FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
-           "systemd", "supervisor", "env", "python")
+           "systemd", "supervisor", "env", "python", "requirements", "pyproject")
 
 STDIN = "-"  # the path that means "read standard input"

@@ -18,7 +18,7 @@ from sglaunch.errors import SglaunchError
 from sglaunch.releases import KNOWN_RELEASES, release_key
 
 KINDS = ("rename-flag", "remove-flag", "remove-value", "replace-value", "require-env",
-         "rename-env", "notice")
+         "rename-env", "notice", "pin")
 SAFETIES = ("safe", "unsafe", "manual")
 TRANSFORMS = ("increment",)
 ID_PATTERN = re.compile(r"R\d{3}-\d{2}")
@@ -33,6 +33,9 @@ FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional)
     "require-env": ({"when", "env", "value", "allowed"}, set()),
     "rename-env": ({"old", "new"}, set()),
     "notice": ({"when"}, set()),
+    # what the release needs installed: `packages` at `version` (pip pins, requirements files,
+    # pyproject.toml) and, for `images`, SGLang image tags (module `deps`)
+    "pin": ({"packages", "version"}, {"images", "floor", "never", "cuda"}),
 }
 WHEN_KEYS = {"flag", "value", "flags", "env"}
 REPORT_ONLY = ("remove-value", "rename-env", "notice")
@@ -69,6 +72,12 @@ class Rule:
     env: str | None = None  # require-env: the variable
     value: str | None = None  # require-env: the value to add
     allowed: tuple[str, ...] = ()  # require-env: every valid value
+    packages: tuple[str, ...] = ()  # pin: distribution names (PEP 503 normalised), first one shown
+    images: tuple[str, ...] = ()  # pin: image repositories whose tag is the package's release
+    version: str | None = None  # pin: the version the release needs (and the fix writes)
+    floor: bool = False  # pin: later releases need at least `version` (their own pin is not known)
+    never: tuple[str, ...] = ()  # pin: versions never to install (released and reverted)
+    cuda: str | None = None  # pin: the CUDA major version of the release's images and wheels
     source: str = ""  # file it came from
 
     @property
@@ -217,6 +226,35 @@ def _check_basics(entry: dict, kind: str, path) -> None:
                 raise _bad(path, f"rule {rule_id}: `{key}` must be a flag spelling starting with --")
     if entry.get("transform") not in (None, *TRANSFORMS):
         raise _bad(path, f"rule {rule_id}: transform must be one of {', '.join(TRANSFORMS)}")
+    if kind == "pin":
+        _check_pin(entry, rule_id, path)
+
+
+PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+IMAGE_NAME = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)+")
+
+
+def _check_pin(entry: dict, rule_id: str, path) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    packages, images = entry["packages"], entry.get("images", [])
+    if not isinstance(packages, list) or not packages or not all(
+            isinstance(p, str) and PACKAGE_NAME.fullmatch(p) for p in packages):
+        raise _bad(path, f"rule {rule_id}: `packages` is a non-empty list of package names")
+    if not isinstance(images, list) or not all(isinstance(i, str) and IMAGE_NAME.fullmatch(i) for i in images):
+        raise _bad(path, f"rule {rule_id}: `images` is a list of image repositories (owner/name)")
+    never = entry.get("never", [])
+    try:
+        for version in [entry["version"], *(never if isinstance(never, list) else [None])]:
+            Version(str(version))
+    except (InvalidVersion, TypeError):
+        raise _bad(path, f"rule {rule_id}: `version` and `never` must be versions (`never` a list)") from None
+    if not isinstance(entry.get("floor", False), bool):
+        raise _bad(path, f"rule {rule_id}: `floor` is true or false")
+    if "cuda" in entry and not re.fullmatch(r"\d+", str(entry["cuda"])):
+        raise _bad(path, f"rule {rule_id}: `cuda` is a CUDA major version such as \"13\"")
+    if entry["safety"] == "safe":
+        raise _bad(path, f"rule {rule_id}: a pin changes what gets installed, so safety is unsafe or manual")
 
 
 def _flag_keys(kind: str) -> tuple[str, ...]:
@@ -239,8 +277,19 @@ def _build(entry: dict, kind: str, release: str, source: str) -> Rule:
         when=_when(entry.get("when"), rule_id, source) if "when" in entry else None,
         env=_opt_str(entry.get("env")), value=_opt_str(entry.get("value")),
         allowed=tuple(str(v) for v in entry.get("allowed") or ()),
+        packages=_names(entry.get("packages")), images=tuple(str(i) for i in entry.get("images") or ()),
+        version=_opt_str(entry.get("version")), floor=bool(entry.get("floor", False)),
+        never=tuple(str(v) for v in entry.get("never") or ()), cuda=_opt_str(entry.get("cuda")),
         source=source,
     )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not value:
+        return ()
+    from packaging.utils import canonicalize_name
+
+    return tuple(canonicalize_name(str(v)) for v in value)
 
 
 def _opt_str(value: Any) -> str | None:

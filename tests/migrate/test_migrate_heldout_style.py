@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from sglaunch.cli.app import app
 from sglaunch.cli.migrate_flags import exit_code
+from sglaunch.migrate.deps import deps_scan
 from sglaunch.migrate.engine import read_sites
+from sglaunch.migrate.tokens import line_of
 from sglaunch.migrate.files import _TO_PUA, process_file, write_atomic
 from sglaunch.migrate.rules import load_rules
 
@@ -54,12 +56,15 @@ def test_every_fixture_has_expectations():
 
 
 def launch_lines(text: str, fmt: str) -> set[int]:
-    """Lines that hold a launch command's tokens (the only lines a rewrite may touch)."""
-    sites, _ = read_sites(text.translate(_TO_PUA).replace("\r\n", "\n"), fmt)
+    """Lines that hold a launch command's tokens, a package pin or an image reference (the only
+    lines a rewrite may touch)."""
+    text = text.translate(_TO_PUA).replace("\r\n", "\n")
+    sites, _ = read_sites(text, fmt)
     lines = set()
     for site in sites:
         lines.add(site.line)
         lines.update(ref.line for ref in site.refs)
+    lines.update(line_of(text, ref.offset) for ref in deps_scan(text, fmt, ("lmsysorg/sglang",)))
     return lines
 
 

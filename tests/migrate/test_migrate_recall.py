@@ -220,9 +220,9 @@ def test_directory_walk_reads_every_kind_and_hidden_ci_folders(tmp_path):
 
 
 @pytest.mark.parametrize("fmt, text, line", [
-    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n"
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n"
             "    env:\n    - name: SGLANG_ARGS\n      value: \"--model-path /m --enable-deepep-waterfill\"\n", 9),
-    ("dockerfile", "FROM lmsysorg/sglang:v0.5.15\nENV SGLANG_ARGS=\"--enable-deepep-waterfill\"\nCMD [\"/start.sh\"]\n", 2),
+    ("dockerfile", "FROM lmsysorg/sglang:v0.5.16\nENV SGLANG_ARGS=\"--enable-deepep-waterfill\"\nCMD [\"/start.sh\"]\n", 2),
     ("shell", "export SGLANG_ARGS='--tp 8 --quantization qoq'\nexec /opt/start_server.sh\n", 1),
 ])
 def test_rule_flags_in_places_not_read_as_launches_fail_check(fmt, text, line):
@@ -332,7 +332,7 @@ def test_makefile_variables_are_word_lists():
 
 
 @pytest.mark.parametrize("fmt, text", [
-    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n"
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n"
             "    command: [python3, -m, sglang.launch_server, --speculative-algorithm, DSPARK]\n"
             "    envFrom:\n    - configMapRef: {name: sglang-env}\n"),
     ("compose", "services:\n  s:\n    image: lmsysorg/sglang\n    env_file: [missing.env]\n"
@@ -414,7 +414,7 @@ def test_docker_env_reaches_a_shell_string_in_the_container():
 def test_workflow_job_container_env_counts():
     from sglaunch.migrate.engine import migrate_text
 
-    text = ("jobs:\n  smoke:\n    container:\n      image: lmsysorg/sglang:v0.5.15\n      env:\n"
+    text = ("jobs:\n  smoke:\n    container:\n      image: lmsysorg/sglang:v0.5.16\n      env:\n"
             "        SGLANG_RAGGED_VERIFY_MODE: cap-accept\n    steps:\n"
             "      - run: python3 -m sglang.launch_server --speculative-algorithm DSPARK\n")
     result = migrate_text(text, "workflow", RULES, TO)
@@ -426,7 +426,7 @@ def test_workflow_job_container_env_counts():
     ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: exporter\n    image: example/exporter:1.2\n"
             "    args: [\"--enable-deepep-waterfill\", \"--listen\", \":9400\"]\n"),
     ("compose", "services:\n  exporter:\n    image: example/exporter\n    command: [--enable-deepep-waterfill]\n"),
-    ("dockerfile", "FROM lmsysorg/sglang:v0.5.15\nLABEL title=\"sglang --enable-deepep-waterfill\"\n"),
+    ("dockerfile", "FROM lmsysorg/sglang:v0.5.16\nLABEL title=\"sglang --enable-deepep-waterfill\"\n"),
     ("compose", "services:\n  router:\n    image: lmsysorg/sglang-router:latest\n"
                 "    command: [\"python3\", \"-m\", \"sglang_router.launch_router\", \"--enable-deepep-waterfill\"]\n"),
 ])
@@ -462,11 +462,11 @@ def test_a_checked_line_can_be_silenced():
 def test_docker_run_of_an_sglang_image_given_flags():
     from sglaunch.migrate.engine import migrate_text
 
-    text = ("docker run --rm --gpus all -e SGLANG_RAGGED_VERIFY_MODE=static lmsysorg/sglang:v0.5.15 "
+    text = ("docker run --rm --gpus all -e SGLANG_RAGGED_VERIFY_MODE=static lmsysorg/sglang:v0.5.16 "
             "--model-path /m --enable-deepep-waterfill --speculative-algorithm DSPARK\n"
             "docker run -v /a:/b sglang-bench:latest --verbose --foo\n")
     result = migrate_text(text, "shell", RULES, TO)
-    assert "lmsysorg/sglang:v0.5.15 --model-path /m --enable-waterfill --moe-a2a-backend deepep " in result.text
+    assert "lmsysorg/sglang:v0.5.16 --model-path /m --enable-waterfill --moe-a2a-backend deepep " in result.text
     assert result.text.endswith("docker run -v /a:/b sglang-bench:latest --verbose --foo\n")
     assert ("R516-07", INFO) in [(f.rule_id, f.level) for f in result.findings]
 
@@ -474,7 +474,7 @@ def test_docker_run_of_an_sglang_image_given_flags():
 def test_flags_handed_to_a_script_in_an_sglang_container_are_manual():
     from sglaunch.migrate.engine import migrate_text
 
-    text = ("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.15\n"
+    text = ("apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n"
             "    command: [/scripts/start.sh]\n    args: [--model-path, /m, --enable-deepep-waterfill]\n")
     result = migrate_text(text, "k8s", RULES, TO)
     assert [(f.rule_id, f.level) for f in result.findings] == [("unread", MANUAL)]
@@ -483,7 +483,7 @@ def test_flags_handed_to_a_script_in_an_sglang_container_are_manual():
 def test_dockerfile_flags_handed_to_an_entrypoint_script_are_manual():
     from sglaunch.migrate.engine import migrate_text
 
-    text = 'FROM lmsysorg/sglang:v0.5.15\nENTRYPOINT ["/start.sh"]\nCMD ["--model-path", "/m", "--enable-deepep-waterfill"]\n'
+    text = 'FROM lmsysorg/sglang:v0.5.16\nENTRYPOINT ["/start.sh"]\nCMD ["--model-path", "/m", "--enable-deepep-waterfill"]\n'
     result = migrate_text(text, "dockerfile", RULES, TO)
     assert [(f.rule_id, f.level, f.line) for f in result.findings] == [("unread", MANUAL, 2)]
 
@@ -509,7 +509,7 @@ def test_odd_yaml_does_not_crash(fmt, text):
 def test_workflow_docker_action_args_of_a_python_entrypoint():
     from sglaunch.migrate.engine import migrate_text
 
-    text = ("jobs:\n  a:\n    steps:\n      - uses: docker://lmsysorg/sglang:v0.5.15\n        with:\n"
+    text = ("jobs:\n  a:\n    steps:\n      - uses: docker://lmsysorg/sglang:v0.5.16\n        with:\n"
             "          entrypoint: python3\n          args: -m sglang.launch_server --model-path /m --enable-prefill-context-parallel\n")
     result = migrate_text(text, "workflow", RULES, TO)
     assert result.text.endswith("args: -m sglang.launch_server --model-path /m --enable-prefill-cp\n")

@@ -1,0 +1,594 @@
+"""Where packages are installed and images named, per format, as `deps.Ref`s with exact spans.
+
+- requirements / constraints files: one requirement per line (pip's file format: comments,
+  `\\` continuations, option lines, `--hash`), the requirement itself parsed by `packaging`;
+- pyproject.toml: the PEP 621 / PEP 735 dependency arrays and uv's, read with tomlkit (each
+  string's span found by swapping it for a marker and diffing the round-tripped text);
+- shell (tree-sitter-bash): `pip install`, `python -m pip install`, `uv pip install`, `uv add`
+  and the image arguments of container tools (`docker run/pull`, `srun --container-image=`,
+  `enroot import docker://...`), image assignments (`IMAGE=...`), and the same inside
+  `bash -c "..."` strings and heredocs that are scripts;
+- Dockerfile: `FROM`, `ARG`/`ENV` values, `RUN` in shell, exec and heredoc form;
+- YAML (Kubernetes, compose, workflows, Helm values and templates, any YAML): scalar values that
+  are image references, `repository` + `tag` pairs, scripts in scalars, `pip:` lists and
+  `[pip, install, ...]` argument lists;
+- Makefiles, env files, systemd and supervisor units: image references on non-comment lines,
+  Makefile recipe lines as shell.
+Python files are not read for pins or images.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Sequence
+
+from sglaunch.migrate.deps import IMAGE, REQUIREMENT, TAG, DepsUnreadable, Mapper, Ref, parse_image
+from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
+
+IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
+PIP_PROGRAM = re.compile(r"pip(\d+(\.\d+)?)?")
+PIP_HINT = re.compile(r"\bpip[0-9.]*\s+install\b|\buv\s+(pip\s+install|add)\b")
+RUNNERS = frozenset({"sudo", "env", "time", "exec", "command", "nohup", "nice", "stdbuf", "doas"})
+CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "singularity", "apptainer", "enroot",
+                             "skopeo", "crane", "ctr", "srun", "sbatch", "salloc", "kubectl", "oc", "sky", "buildah"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
+# pip / uv options that take the next word as their value
+VALUE_OPTIONS = frozenset({
+    "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url", "--extra-index-url",
+    "-f", "--find-links", "-t", "--target", "--prefix", "--root", "--src", "--platform", "--python-version",
+    "--implementation", "--abi", "--only-binary", "--no-binary", "--progress-bar", "--timeout", "--retries",
+    "--cache-dir", "--upgrade-strategy", "-C", "--config-settings", "--global-option", "--log", "--proxy",
+    "--cert", "--client-cert", "--exists-action", "--trusted-host", "--python", "-p", "--index-strategy",
+    "--torch-backend", "--resolution", "--prerelease", "--override", "--build-constraint", "--group", "--extra",
+    "--optional", "--index", "--default-index", "--keyring-provider", "--link-mode", "--compile-bytecode",
+    "--exclude-newer", "--report", "--hash", "--no-build-isolation-package", "--upgrade-package", "-P",
+    "--reinstall-package", "--dev-group", "--package", "--directory", "--project",
+})
+
+
+def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES) -> list[Ref]:
+    reader = _Reader(text, tuple(repositories) or IMAGES)
+    base = fmt[:-len("+jinja")] if fmt.endswith("+jinja") else fmt
+    source = text
+    if base != fmt:
+        from sglaunch.migrate.engine import mask_jinja
+
+        source = mask_jinja(text, base)
+    handler = {
+        "requirements": reader.requirements, "pyproject": reader.pyproject, "shell": reader.shell_file,
+        "dockerfile": reader.dockerfile, "k8s": reader.yaml, "compose": reader.yaml, "yaml": reader.yaml,
+        "workflow": reader.yaml, "helm": reader.yaml, "makefile": reader.makefile, "env": reader.lines,
+        "systemd": reader.lines, "supervisor": reader.lines,
+    }.get(base)
+    if handler is None:
+        return []
+    handler(source, base)
+    refs = sorted(reader.refs, key=lambda r: r.offset)
+    if base != fmt:  # a Jinja template: nothing inside a directive is edited
+        from sglaunch.migrate.engine import JINJA_DIRECTIVE
+
+        spans = [(m.start(), m.end()) for m in JINJA_DIRECTIVE.finditer(text)]
+        for ref in refs:
+            if ref.mapper is not None:
+                ref.mapper = _guarded(ref.mapper, spans)
+    return refs
+
+
+def _guarded(mapper: Mapper, spans) -> Mapper:
+    def guarded(edit: TextEdit) -> TextEdit | None:
+        moved = mapper(edit)
+        if moved is None or any(a < moved.end + 1 and moved.start - 1 < b for a, b in spans):
+            return None
+        return moved
+
+    return guarded
+
+
+def _shift(mapper: Mapper | None, by: int) -> Mapper | None:
+    if mapper is None or by == 0:
+        return mapper
+
+    def shifted(edit: TextEdit) -> TextEdit | None:
+        return mapper(TextEdit(edit.start + by, edit.end + by, edit.text))
+
+    return shifted
+
+
+def _offset(offset: int, forbidden: str = " \t\n\"'\\$`") -> Mapper:
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        if any(ch in edit.text for ch in forbidden):
+            return None
+        return TextEdit(edit.start + offset, edit.end + offset, edit.text)
+
+    return mapper
+
+
+class _Reader:
+    def __init__(self, text: str, repositories: tuple[str, ...]):
+        self.text = text
+        self.repositories = repositories
+        self.refs: list[Ref] = []
+
+    def add(self, kind: str, value: str, mapper: Mapper | None, fallback: int, where: str, **extra) -> None:
+        offset = fallback
+        if mapper is not None:
+            located = mapper(TextEdit(0, 0, ""))
+            offset = located.start if located is not None else fallback
+        self.refs.append(Ref(kind, value, mapper, offset, where, **extra))
+
+    def is_image(self, value: str) -> bool:
+        return parse_image(value, self.repositories) is not None
+
+    # -- requirements files ------------------------------------------------------
+
+    def requirements(self, text: str, _fmt: str) -> None:
+        lines = text.split("\n")
+        offset = 0
+        previous: Ref | None = None
+        continued = False
+        for line in lines:
+            start = offset
+            offset += len(line) + 1
+            body = line.rstrip("\r")
+            if continued:
+                if "--hash" in body and previous is not None:
+                    previous.hashed = True
+                continued = body.endswith("\\")
+                continue
+            continued = body.endswith("\\")
+            comment = re.search(r"(^|\s)#", body)
+            if comment:
+                body = body[:comment.start()]
+            if continued:
+                body = body[:-1] if body.endswith("\\") else body
+            stripped = body.strip()
+            if not stripped:
+                continue
+            lead = len(body) - len(body.lstrip())
+            if stripped.startswith("-"):
+                editable = re.match(r"(-e|--editable)(\s+|=)(\S+)", stripped)
+                previous = None
+                if editable and ("://" in editable.group(3) or editable.group(3).endswith(".whl")):
+                    value = editable.group(3)
+                    at = start + lead + editable.start(3)
+                    self.add(REQUIREMENT, value, None, at, "requirements file, editable")
+                continue
+            requirement = re.split(r"\s+--?[A-Za-z]", stripped, maxsplit=1)[0].rstrip()
+            hashed = "--hash" in stripped
+            where = "requirements file"
+            self.add(REQUIREMENT, requirement, _offset(start + lead, "\n"), start + lead, where, hashed=hashed)
+            previous = self.refs[-1]
+
+    # -- pyproject.toml ----------------------------------------------------------
+
+    def pyproject(self, text: str, _fmt: str) -> None:
+        import tomlkit
+        from tomlkit.exceptions import TOMLKitError
+
+        try:
+            doc = tomlkit.parse(text)
+        except (TOMLKitError, ValueError) as exc:
+            raise DepsUnreadable(f"invalid TOML: {exc}") from None
+        exact = tomlkit.dumps(doc) == text
+        for where, array in _dependency_arrays(doc):
+            for index in range(len(array)):
+                item = array[index]
+                if not isinstance(item, str):
+                    continue
+                span = _toml_span(doc, text, array, index) if exact else None
+                if span is None:
+                    self.add(REQUIREMENT, str(item), None, 0, where)
+                    continue
+                start, end = span
+                mapper = _offset(start, "\n\"'\\") if text[start:end] == str(item) else None
+                self.add(REQUIREMENT, str(item), mapper, start, where)
+
+    # -- shell -------------------------------------------------------------------
+
+    def shell_file(self, text: str, _fmt: str) -> None:
+        self.shell(text, lambda e: e, depth=0)
+
+    def shell(self, text: str, mapper: Mapper, depth: int, where: str = "") -> None:
+        """Pins and images in a shell script whose edits `mapper` moves into the file."""
+        from sglaunch.migrate import shell as sh
+
+        if depth > 4:
+            return
+        script = sh._Script(text, mapper, "shell")
+        tree = sh._parser().parse(script.data)
+        for node, in_error in sh._walk(tree.root_node):
+            if in_error or node.type == "ERROR":
+                continue
+            if node.type == "command":
+                self._command(script, node, depth, where)
+            elif node.type == "variable_assignment":
+                value = node.child_by_field_name("value")
+                if value is not None:
+                    token = script._token(value)
+                    if self.is_image(token.value):
+                        self._word(script, token, IMAGE, token.value, 0, "a shell variable")
+            elif node.type == "heredoc_redirect":
+                self._heredoc(script, node, depth)
+
+    def _word(self, script, token, kind: str, value: str, skip: int, where: str) -> None:
+        from sglaunch.migrate import shell as sh
+
+        container = sh.ShellContainer(script.text, [token], script.mapper)
+        mapper, _ = sh.word_mapper(container, 0)
+        start = script.mapper(TextEdit(token.start, token.start, ""))
+        self.add(kind, value, _shift(mapper, skip), start.start if start else 0, where)
+
+    def _command(self, script, node, depth: int, where: str) -> None:
+        from sglaunch.migrate import shell as sh
+
+        words = sh._command_words(node)
+        if not words:
+            return
+        tokens = [script._token(w) for w in words]
+        values = [t.value for t in tokens]
+        program = _program(values)
+        if program is None:
+            return
+        name = os.path.basename(values[program])
+        if name in sh.DATA_PROGRAMS:
+            return
+        first = pip_arguments(values, program)
+        if first is not None:
+            shown = where or " ".join(values[program:first])
+            for k in requirement_words(values, first):
+                self._word(script, tokens[k], REQUIREMENT, values[k], 0, shown)
+        if name in CONTAINER_TOOLS or os.path.basename(values[0]) in CONTAINER_TOOLS:
+            for k, value in enumerate(values[1:], 1):
+                skip = _image_prefix(value)
+                if self.is_image(value[skip:]):
+                    self._word(script, tokens[k], IMAGE, value[skip:], skip, f"{name} {values[1] if len(values) > 1 else ''}".strip())
+        for k, value in enumerate(values[:-2]):
+            if os.path.basename(value) in SHELLS and SHELL_C.fullmatch(values[k + 1]):
+                self._nested(script, tokens[k + 2], depth)
+                break
+
+    def _nested(self, script, token, depth: int) -> None:
+        from sglaunch.migrate import shell as sh
+
+        if not (PIP_HINT.search(token.value) or any(r in token.value for r in self.repositories)):
+            return
+        container = sh.ShellContainer(script.text, [token], script.mapper)
+        mapper, positions = sh.word_mapper(container, 0)
+        if mapper is None:
+            return
+        self.shell(token.value, mapper, depth + 1)
+
+    def _heredoc(self, script, node, depth: int) -> None:
+        from sglaunch.migrate import shell as sh
+
+        body = next((c for c in node.children if c.type == "heredoc_body"), None)
+        start = next((c for c in node.children if c.type == "heredoc_start"), None)
+        parent = node.parent
+        if body is None or start is None or parent is None:
+            return
+        text = script.src(body)
+        if not (PIP_HINT.search(text) or any(r in text for r in self.repositories)):
+            return
+        command = next((c for c in parent.children if c.type == "command"), None)
+        words = [] if command is None else [script._token(w).value for w in sh._command_words(command)]
+        program = os.path.basename(words[0]) if words else ""
+        target = next((script._token(c.named_children[-1]).value for c in parent.children
+                       if c.type == "file_redirect" and c.named_children), "")
+        if program in ("tee",) and len(words) > 1:
+            target = words[-1]
+        if not (program in SHELLS or (program in ("cat", "tee") and (target.endswith(sh.SCRIPT_SUFFIXES)
+                                                                     or sh._shebang(text)))):
+            return
+        begin = script.pos(body.start_byte)
+        quoted = any(q in script.src(start) for q in ("'", '"', "\\"))
+        outer = script.mapper
+        forbidden = "" if quoted else "$`\\"
+
+        def mapper(edit: TextEdit) -> TextEdit | None:
+            if any(ch in edit.text for ch in forbidden):
+                return None
+            return outer(TextEdit(edit.start + begin, edit.end + begin, edit.text))
+
+        self.shell(text, mapper, depth + 1)
+
+    # -- Dockerfile --------------------------------------------------------------
+
+    def dockerfile(self, text: str, _fmt: str) -> None:
+        from sglaunch.migrate import dockerfile as df
+
+        try:
+            instructions = df._attach_heredocs(text, df._instructions(text))
+        except df.DockerfileError:
+            return  # the launch reader reports it
+        for instruction in instructions:
+            keyword, body, masked = instruction.keyword, instruction.body, instruction.masked
+            if keyword == "FROM":
+                for match in re.finditer(r"\S+", masked):
+                    if match.group(0).startswith("--"):
+                        continue
+                    if self.is_image(match.group(0)):
+                        self.add(IMAGE, match.group(0), _offset(body + match.start()), body + match.start(), "FROM")
+                    break
+            elif keyword in ("ARG", "ENV"):
+                for match in re.finditer(r"([A-Za-z_][A-Za-z0-9_]*)=([\"']?)([^\s\"']+)\2", masked):
+                    if self.is_image(match.group(3)):
+                        self.add(IMAGE, match.group(3), _offset(body + match.start(3)), body + match.start(3),
+                                 f"{keyword} {match.group(1)}")
+            elif keyword == "RUN":
+                self._run(text, instruction)
+            if keyword in ("RUN", "COPY"):
+                self._docker_heredocs(text, instruction)
+
+    def _run(self, text: str, instruction) -> None:
+        from sglaunch.migrate import dockerfile as df
+
+        items = instruction.exec_items(text)
+        if items is not None:
+            spans = [(m.start() + instruction.body, m.end() + instruction.body)
+                     for m in df.JSON_STRING.finditer(instruction.masked)]
+            if len(spans) != len(items):
+                return
+            script = next((k + 2 for k in range(len(items) - 2) if os.path.basename(items[k]) in SHELLS
+                           and SHELL_C.fullmatch(items[k + 1])), None)
+            if script is not None:
+                start, end = spans[script]
+                positions = align(text[start:end], start, items[script])
+                if positions is not None:
+                    self.shell(items[script], scalar_mapper(positions, end, '"\\\n'), 1)
+                return
+            first = pip_arguments(items, 0)
+            for k in requirement_words(items, first) if first is not None else ():
+                start, end = spans[k]
+                plain = text[start + 1:end - 1] == items[k]
+                self.add(REQUIREMENT, items[k], _offset(start + 1, '"\\\n') if plain else None, start + 1,
+                         "RUN " + " ".join(items[:first]))
+            return
+        skip = 0
+        while True:
+            option = df.RUN_OPTION.match(instruction.masked, skip)
+            if option is None:
+                break
+            skip = option.end()
+        body = instruction.masked[skip:]
+        if body.lstrip().startswith("<<"):
+            return
+        self.shell(body, _offset(instruction.body + skip, ""), 0, "")
+
+    def _docker_heredocs(self, text: str, instruction) -> None:
+        from sglaunch.migrate import dockerfile as df
+        from sglaunch.migrate import shell as sh
+
+        for doc in instruction.heredocs:
+            body = text[doc.start:doc.end]
+            head = df.HEREDOC.sub(" ", instruction.masked).strip()
+            words = df.RUN_OPTION.sub("", head + " ").split() if instruction.keyword == "RUN" else head.split()
+            if instruction.keyword == "RUN":
+                program = os.path.basename(words[0]) if words else ""
+                script = not words or program in SHELLS or words[:1] == ["set"]
+            else:
+                script = bool(words) and (words[-1].endswith(sh.SCRIPT_SUFFIXES) or sh._shebang(body))
+            if script:
+                self.shell(body, _offset(doc.start, "" if doc.quoted else "$`\\"), 1)
+
+    # -- YAML --------------------------------------------------------------------
+
+    def yaml(self, text: str, fmt: str) -> None:
+        from sglaunch.migrate import yamlfmt
+
+        source = yamlfmt.mask_helm(text) if fmt == "helm" else yamlfmt.mask_actions(text) if fmt == "workflow" \
+            else text
+        try:
+            roots = yamlfmt.compose(source)
+        except (yamlfmt.YamlError, RecursionError):
+            return  # the launch reader reports it
+        seen: set[int] = set()
+        for root in roots:
+            self._yaml_node(source, root, seen)
+
+    def _yaml_node(self, text: str, root, seen: set[int]) -> None:
+        from sglaunch.migrate import yamlfmt as yf
+
+        stack = [root]
+        while stack:  # every node once: aliases share nodes, and may refer to themselves
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if yf.is_map(node):
+                stack.extend(v for _, v in reversed(node.value))
+            elif yf.is_seq(node):
+                stack.extend(reversed(node.value))
+            if yf.is_map(node):
+                self._yaml_mapping(text, node)
+            elif yf.is_seq(node):
+                values = [str(i.value) if yf.is_scalar(i) else "" for i in node.value]
+                first = pip_arguments(values, 0) if values and all(yf.is_scalar(i) for i in node.value) else None
+                for k in requirement_words(values, first) if first is not None else ():
+                    item = node.value[k]
+                    self.add(REQUIREMENT, values[k], yf._mapper_for(text, item), item.start_mark.index,
+                             " ".join(values[:first]))
+            elif yf.is_scalar(node) and node.tag == yf.STR_TAG:
+                self._yaml_scalar(text, node)
+
+    def _yaml_mapping(self, text: str, node) -> None:
+        from sglaunch.migrate import yamlfmt as yf
+
+        pairs = {str(k.value): v for k, v in node.value if yf.is_scalar(k)}
+        repository, tag = pairs.get("repository"), pairs.get("tag")
+        if repository is not None and tag is not None and yf.is_scalar(repository) and yf.is_scalar(tag):
+            repo = parse_image(str(repository.value), self.repositories)
+            if repo is not None and repo["tag"] is None and repo["digest"] is None:
+                self.add(TAG, str(tag.value), yf._mapper_for(text, tag), tag.start_mark.index,
+                         "repository + tag", repository=repo["repo"])
+        pip = pairs.get("pip")
+        if pip is not None and yf.is_seq(pip):  # conda environment.yml: `- pip: [sglang==0.5.15]`
+            for item in pip.value:
+                if yf.is_scalar(item) and not str(item.value).startswith("-"):
+                    self.add(REQUIREMENT, str(item.value), yf._mapper_for(text, item), item.start_mark.index,
+                             "conda pip list")
+
+    def _yaml_scalar(self, text: str, node) -> None:
+        from sglaunch.migrate import yamlfmt as yf
+
+        value = str(node.value)
+        skip = _image_prefix(value)
+        if self.is_image(value[skip:]):
+            self.add(IMAGE, value[skip:], _shift(yf._mapper_for(text, node), skip), node.start_mark.index, "image")
+            return
+        if (" " in value or "\n" in value) and (PIP_HINT.search(value) or any(r in value for r in self.repositories)):
+            mapper = yf._mapper_for(text, node)
+            if mapper is not None:
+                self.shell(value, mapper, 1)
+
+    # -- line formats ------------------------------------------------------------
+
+    def lines(self, text: str, _fmt: str) -> None:
+        names = "|".join(re.escape(r) for r in self.repositories)
+        pattern = re.compile(r"(?<![\w./-])(?:[\w.-]+(?::\d+)?/)*(?:" + names +
+                             r")(?::[\w.${}-]+)?(?:@[A-Za-z0-9]+:[0-9a-fA-F]+)?(?![\w/-])")
+        offset = 0
+        for line in text.split("\n"):
+            if not line.lstrip().startswith(("#", ";")):
+                for match in pattern.finditer(line):
+                    self.add(IMAGE, match.group(0), _offset(offset + match.start()), offset + match.start(), "value")
+            offset += len(line) + 1
+
+    def makefile(self, text: str, fmt: str) -> None:
+        self.lines("\n".join("" if line.startswith("\t") else line for line in text.split("\n")), fmt)
+        offset = 0
+        for line in text.split("\n"):
+            if line.startswith("\t"):
+                lead = len(line) - len(line.lstrip("\t@-+ "))
+                recipe = line[lead:]
+                if PIP_HINT.search(recipe) or any(r in recipe for r in self.repositories):
+                    self.shell(recipe, _offset(offset + lead, "$"), 1)
+            offset += len(line) + 1
+
+
+def _program(values: Sequence[str]) -> int | None:
+    """Index of the program after runners (`sudo -E`, `env X=1`, `time`)."""
+    k = 0
+    while k < len(values):
+        base = os.path.basename(values[k])
+        if base in RUNNERS or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", values[k]) or \
+                (k > 0 and values[k].startswith("-") and os.path.basename(values[k - 1]) in ("sudo", "env")):
+            k += 1
+            continue
+        return k
+    return None
+
+
+def pip_arguments(values: Sequence[str], program: int) -> int | None:
+    """Index of the first argument after `pip install` / `python -m pip install` / `uv pip
+    install` / `uv add` when `values[program]` starts one; else None."""
+    if program >= len(values):
+        return None
+    head = values[program]
+    base = os.path.basename(head)
+    k = program + 1
+    if PIP_PROGRAM.fullmatch(base) or re.fullmatch(r"\$\{?[A-Za-z_]*PIP[A-Za-z0-9_]*\}?", head, re.I):
+        pass
+    elif base.startswith(("python", "pypy")) or re.fullmatch(r"\$\{?[A-Za-z_]*PY[A-Za-z0-9_]*\}?", head, re.I):
+        while k < len(values) and values[k].startswith("-") and values[k] != "-m":
+            k += 1
+        if values[k:k + 2] != ["-m", "pip"]:
+            return None
+        k += 2
+    elif base == "uv":
+        while k < len(values) and values[k].startswith("-"):
+            k += 1
+        if values[k:k + 1] == ["add"]:
+            return k + 1
+        if values[k:k + 1] != ["pip"]:
+            return None
+        k += 1
+    else:
+        return None
+    while k < len(values) and values[k].startswith("-"):
+        k += 1
+    return k + 1 if values[k:k + 1] == ["install"] else None
+
+
+def requirement_words(values: Sequence[str], first: int) -> list[int]:
+    """Indexes of the words after `install` that are requirements (options and their values skipped)."""
+    found = []
+    k = first
+    while k < len(values):
+        value = values[k]
+        if value in VALUE_OPTIONS:
+            k += 2
+            continue
+        if value.startswith("-") or value in ("&&", "||", ";", "|"):
+            k += 1
+            continue
+        found.append(k)
+        k += 1
+    return found
+
+
+def _image_prefix(value: str) -> int:
+    """Length of an option or scheme in front of an image (`--container-image=`, `docker://`)."""
+    match = re.match(r"(--?[A-Za-z][A-Za-z0-9-]*=)?(docker://|docker:)?", value)
+    return match.end() if match else 0
+
+
+def _dependency_arrays(doc):
+    """(where, array) for every dependency array of a pyproject.toml."""
+    project = doc.get("project", {}) if hasattr(doc, "get") else {}
+    out = []
+    if isinstance(project.get("dependencies"), list):
+        out.append(("pyproject [project] dependencies", project["dependencies"]))
+    for name, array in (project.get("optional-dependencies") or {}).items():
+        if isinstance(array, list):
+            out.append((f"pyproject optional-dependencies.{name}", array))
+    for name, array in (doc.get("dependency-groups") or {}).items():
+        if isinstance(array, list):
+            out.append((f"pyproject dependency-groups.{name}", array))
+    build = doc.get("build-system") or {}
+    if isinstance(build.get("requires"), list):
+        out.append(("pyproject build-system.requires", build["requires"]))
+    tool = doc.get("tool") or {}
+    uv = tool.get("uv") or {}
+    for key in ("constraint-dependencies", "override-dependencies", "dev-dependencies", "build-constraint-dependencies"):
+        if isinstance(uv.get(key), list):
+            out.append((f"pyproject tool.uv.{key}", uv[key]))
+    for name, array in ((tool.get("pdm") or {}).get("dev-dependencies") or {}).items():
+        if isinstance(array, list):
+            out.append((f"pyproject tool.pdm.dev-dependencies.{name}", array))
+    for env, table in ((tool.get("hatch") or {}).get("envs") or {}).items():
+        for key in ("dependencies", "extra-dependencies"):
+            if isinstance(table, dict) and isinstance(table.get(key), list):
+                out.append((f"pyproject tool.hatch.envs.{env}.{key}", table[key]))
+    return out
+
+
+MARK = "\ue001"
+
+
+def _toml_span(doc, text: str, array, index: int) -> tuple[int, int] | None:
+    """Span of the string at `array[index]` in `text`: swapped for a marker string of the same
+    kind, the document's text differs from `text` exactly there."""
+    import tomlkit
+    from tomlkit.items import StringType
+
+    item = array[index]
+    kind = getattr(item, "type", None)
+    if kind not in (StringType.SLB, StringType.SLL):
+        return None
+    array[index] = tomlkit.string(MARK, literal=kind is StringType.SLL)
+    try:
+        changed = tomlkit.dumps(doc)
+    finally:
+        array[index] = item
+    start = 0
+    limit = min(len(text), len(changed))
+    while start < limit and text[start] == changed[start]:
+        start += 1
+    tail = 0
+    while tail < limit - start and text[len(text) - 1 - tail] == changed[len(changed) - 1 - tail]:
+        tail += 1
+    if changed[start:len(changed) - tail] != MARK:
+        return None
+    return start, len(text) - tail

@@ -1,0 +1,469 @@
+"""Package pins and SGLang images: what the target release needs installed.
+
+`pin` rules (migrations/<release>.yaml) say which version of a package a release needs
+(`sglang` at the release itself, FlashInfer 0.6.14 from 0.5.16 on) and which image
+repositories carry the release in their tag (`lmsysorg/sglang:v0.5.16`), with the CUDA major
+version of the release's images. This module finds the places that install or name them
+(`deps_scan` per format: requirements and constraints files, pyproject.toml dependency
+arrays, `pip install` / `uv pip install` lines in shell wherever shell is run, Dockerfile
+`FROM`/`ARG`/`RUN`, YAML `image:` values and Helm `repository` + `tag` pairs) and
+turns the rules into findings and byte-exact text edits of the version or tag alone.
+
+Requirements and version specifiers are parsed with `packaging` (PEP 508 / PEP 440); a pin is
+checked by asking its specifier whether it contains the version the release needs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from sglaunch.migrate.kinds import FIX, INFO, MANUAL, UNSAFE
+from sglaunch.migrate.rules import Rule
+from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_of
+
+Mapper = Callable[[TextEdit], "TextEdit | None"]
+DEPENDENCY_FORMATS = ("requirements", "pyproject")
+REQUIREMENT, IMAGE, TAG = "requirement", "image", "tag"
+DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
+
+
+@dataclass
+class Ref:
+    """One place that installs a package or names an image, as its decoded text."""
+
+    kind: str  # REQUIREMENT (`sglang[all]==0.5.15`), IMAGE (`lmsysorg/sglang:v0.5.15`), TAG (Helm `tag:`)
+    value: str
+    mapper: Mapper | None  # edit in `value` coordinates -> edit of the file (None: not editable)
+    offset: int  # where the value starts in the file (for its line)
+    where: str  # what holds it, for messages: `pip install`, `requirements file`, `FROM`, ...
+    repository: str = ""  # TAG: the repository next to it
+    hashed: bool = False  # a requirements line with `--hash`: a new version needs new hashes
+    line: int = 0
+
+
+@dataclass
+class DepResult:
+    text: str
+    findings: list = field(default_factory=list)
+    error: str | None = None
+    refs: int = 0  # places that name a package or image the rules know
+
+
+class DepsUnreadable(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, unsafe_fixes: bool) -> DepResult:
+    """Findings and edits of the `pin` rules on one file's text; edits applied and re-checked."""
+    pins = [r for r in rules if r.kind == "pin"]
+    if not pins:
+        return DepResult(text)
+    known = _Known(pins, to_release, unsafe_fixes)
+    try:
+        refs = deps_scan(text, fmt, known.repositories)
+    except DepsUnreadable as exc:
+        from sglaunch.migrate.evaluate import ERROR, Finding
+
+        return DepResult(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
+    findings, edits, expected = [], [], {}
+    for index, ref in enumerate(refs):
+        ref.line = line_of(text, ref.offset)
+        for finding, new_value in known.check(ref):
+            made = _edit(ref, new_value) if finding.level == FIX else None
+            if finding.level == FIX and made is None:
+                finding = _downgraded(finding, ref)
+            elif made is not None:
+                if drop_overlaps([*edits, *made])[1]:
+                    continue
+                edits.extend(made)
+                expected[index] = new_value
+            findings.append(finding)
+    counted = sum(1 for ref in refs if known.rule_for(ref) is not None)
+    if not edits:
+        return DepResult(text, findings, refs=counted)
+    updated = apply_edits(text, edits)
+    problem = _verify(updated, fmt, refs, expected, known.repositories)
+    if problem:
+        from sglaunch.migrate.evaluate import ERROR, Finding
+
+        kept = [f if f.level != FIX else _downgraded(f, None) for f in findings]
+        return DepResult(text, kept + [Finding("engine", ERROR, 1, f"pins left unchanged: {problem}")],
+                         error=problem, refs=counted)
+    return DepResult(updated, findings, refs=counted)
+
+
+def _edit(ref: Ref, new_value: str) -> list[TextEdit] | None:
+    """The smallest edit that turns `ref.value` into `new_value` (common prefix and suffix kept)."""
+    if ref.mapper is None or "\n" in new_value:
+        return None
+    old = ref.value
+    start = 0
+    while start < min(len(old), len(new_value)) and old[start] == new_value[start]:
+        start += 1
+    end_old, end_new = len(old), len(new_value)
+    while end_old > start and end_new > start and old[end_old - 1] == new_value[end_new - 1]:
+        end_old, end_new = end_old - 1, end_new - 1
+    if "\n" in old[start:end_old]:
+        return None
+    edit = ref.mapper(TextEdit(start, end_old, new_value[start:end_new]))
+    return None if edit is None else [edit]
+
+
+def _verify(updated: str, fmt: str, before: list[Ref], expected: dict[int, str], repositories) -> str:
+    try:
+        after = deps_scan(updated, fmt, repositories)
+    except DepsUnreadable as exc:
+        return f"the rewrite would not parse any more ({exc})"
+    if len(after) != len(before):
+        return f"the rewrite changed the number of pins and images ({len(before)} -> {len(after)})"
+    for index, (old, new) in enumerate(zip(before, after)):
+        want = expected.get(index, old.value)
+        if new.value != want:
+            return f"line {line_of(updated, new.offset)}: the rewrite reads back as {new.value!r}"
+    return ""
+
+
+def _downgraded(finding, ref: Ref | None):
+    from sglaunch.migrate.evaluate import Finding
+
+    why = "this spot cannot be rewritten safely (quoting, escapes or a continued line); change it by hand. "
+    return Finding(finding.rule_id, MANUAL, finding.line, why + finding.message, (), finding.rule, finding.token)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+class _Known:
+    """The pin rules of the range: for each package and image repository, the newest one
+    (a later release's rule supersedes an earlier one for the same package)."""
+
+    def __init__(self, pins: Sequence[Rule], to_release: str, unsafe_fixes: bool):
+        from packaging.utils import canonicalize_name
+
+        self.to_release = to_release
+        self.unsafe_fixes = unsafe_fixes
+        self.by_package: dict[str, Rule] = {}
+        self.by_image: dict[str, Rule] = {}
+        for rule in pins:  # oldest first: later ones overwrite
+            for name in rule.packages:
+                self.by_package[canonicalize_name(name)] = rule
+            for image in rule.images:
+                self.by_image[image] = rule
+        self.canonical = canonicalize_name
+        self.repositories = tuple(self.by_image)
+
+    def rule_for(self, ref: Ref) -> Rule | None:
+        if ref.kind == REQUIREMENT:
+            name = requirement_name(ref.value)
+            return self.by_package.get(self.canonical(name)) if name else None
+        repository = ref.repository if ref.kind == TAG else (parse_image(ref.value, self.by_image) or {}).get("repo")
+        return self.by_image.get(repository or "")
+
+    def check(self, ref: Ref):
+        rule = self.rule_for(ref)
+        if rule is None:
+            return []
+        if ref.kind == REQUIREMENT:
+            found = check_requirement(ref, rule, self.to_release)
+        else:
+            found = check_image(ref, rule, self.by_image)
+        return [(replace(f, level=FIX) if f.level == UNSAFE and self.unsafe_fixes else f, new) for f, new in found]
+
+
+def _finding(rule: Rule, ref: Ref, level: str, detail: str, token: str | None = None):
+    from sglaunch.migrate.evaluate import Finding
+
+    return Finding(rule.id, level, ref.line, f"{detail} {rule.message}", (), rule, token or ref.value)
+
+
+def _fix_level(rule: Rule) -> str:
+    """UNSAFE (FIX with --unsafe-fixes): a new pin or tag changes what gets installed."""
+    return MANUAL if rule.safety == "manual" else UNSAFE
+
+
+NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*")
+
+
+def requirement_name(value: str) -> str | None:
+    """The distribution a requirement, wheel file or `name @ url` installs (None: not one)."""
+    wheel = _wheel(value)
+    if wheel is not None:
+        return wheel[0]
+    egg = re.search(r"[#&]egg=([A-Za-z0-9][A-Za-z0-9._-]*)", value)
+    if egg and "://" in value:
+        return egg.group(1)
+    match = NAME.match(value)
+    if match is None or "/" in value[:match.end()] or match.end() == 0:
+        return None
+    rest = value[match.end():]
+    if rest and not re.match(r"[<>=!~(;@]", rest):
+        return None
+    return match.group(1)
+
+
+def _wheel(value: str) -> tuple[str, str] | None:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    base = value.rsplit("/", 1)[-1].split("#", 1)[0].split("?", 1)[0]
+    if not base.endswith(".whl"):
+        return None
+    try:
+        name, version, _, _ = parse_wheel_filename(base)
+    except InvalidWheelFilename:
+        return None
+    return str(name), str(version)
+
+
+def spec_span(value: str) -> tuple[object, int, int] | None:
+    """(Requirement, start, end) of the version specifier inside `value` (an empty span at the
+    insertion point when unpinned); None when `value` is no PEP 508 requirement or the
+    specifier cannot be located exactly."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        requirement = Requirement(value)
+    except InvalidRequirement:
+        return None
+    match = NAME.match(value)
+    if match is None:
+        return None
+    start = match.end()
+    end = value.find(";", start)
+    end = len(value) if end < 0 else end
+    while end > start and value[end - 1] in " \t":
+        end -= 1
+    written = value[start:end]
+    if written.startswith("(") and written.endswith(")"):
+        start, end = start + 1, end - 1
+        written = value[start:end]
+    try:
+        if SpecifierSet(written.strip()) != requirement.specifier:
+            return None
+    except InvalidSpecifier:
+        return None
+    return requirement, start, end
+
+
+def _contains(specifier, version) -> bool:
+    return specifier.contains(version, prereleases=True)
+
+
+def _admits_release(specifier, target) -> bool:
+    """The specifier allows `target` or a post release / local build of it (`==0.5.16.post1`)."""
+    from packaging.version import InvalidVersion, Version
+
+    if _contains(specifier, target):
+        return True
+    for spec in specifier:
+        if spec.operator in ("==", "===") and not spec.version.endswith(".*"):
+            try:
+                pinned = Version(spec.version)
+            except InvalidVersion:
+                continue
+            if pinned.release == target.release and pinned.pre is None and pinned.dev is None and \
+                    _contains(specifier, pinned):
+                return True
+    return False
+
+
+def _admits_floor(specifier, floor, never) -> bool:
+    """Some version at or above `floor`, not in `never`, satisfies the specifier: tried on the
+    floor itself, every version the specifier names and the next releases after each."""
+    from packaging.version import InvalidVersion, Version
+
+    candidates = [floor]
+    for spec in specifier:
+        try:
+            named = Version(spec.version.rstrip(".*").rstrip("."))
+        except InvalidVersion:
+            continue
+        major, minor, micro = (list(named.release) + [0, 0, 0])[:3]
+        candidates += [named, Version(f"{major}.{minor}.{micro + 1}"), Version(f"{major}.{minor}.{micro + 2}"),
+                       Version(f"{major}.{minor + 1}.0"), Version(f"{major + 1}.0.0")]
+    return any(c >= floor and c not in never and _contains(specifier, c) for c in candidates)
+
+
+def check_requirement(ref: Ref, rule: Rule, to_release: str):
+    """[(finding, new value)] for one requirement of a rule's package."""
+    from packaging.version import Version
+
+    name = requirement_name(ref.value) or ref.value
+    shown = rule.packages[0]
+    if DYNAMIC.search(ref.value):
+        return [(_finding(rule, ref, MANUAL, (
+            f"{ref.value} ({ref.where}) takes its version from a variable the tool cannot resolve; make sure it "
+            f"is {_wanted(rule, to_release)}.")), None)]
+    wheel = _wheel(ref.value)
+    parsed = None if wheel else spec_span(ref.value)
+    if wheel is not None or (parsed is not None and parsed[0].url) or (parsed is None and "://" in ref.value):
+        version = f" ({wheel[1]})" if wheel else ""
+        return [(_finding(rule, ref, MANUAL, (
+            f"{name} is installed from a file or URL{version} ({ref.where}); the tool cannot tell or rewrite its "
+            f"version: make sure it is {_wanted(rule, to_release)}.")), None)]
+    if parsed is None:
+        return []  # not a requirement after all (a path, an option value)
+    requirement, start, end = parsed
+    specifier = requirement.specifier
+    version = Version(rule.version or "0")
+    never = [Version(v) for v in rule.never]
+    exact = not rule.floor or to_release == rule.release
+    bad = [v for v in never if str(specifier) and _only(specifier, v)]
+    if exact and _admits_release(specifier, version) and not bad:
+        return []
+    if not exact and _admits_floor(specifier, version, never):
+        return []
+    pinned = ref.value.strip()
+    reverted = f" {', '.join(map(str, bad))} was released and reverted: never install it." if bad else ""
+    if not exact:
+        return [(_finding(rule, ref, MANUAL, (
+            f"{pinned} ({ref.where}) allows no {shown} that SGLang {to_release} can use: it needs {rule.version} "
+            f"or newer (SGLang {rule.release} pins {rule.version}; the pin of {to_release} itself is not in the "
+            f"data).{reverted}"), pinned), None)]
+    new_value = ref.value[:start] + f"=={rule.version}" + ref.value[end:]
+    written = NAME.match(ref.value)
+    if written and written.group(1) and _canonical(written.group(1)) != shown:  # `flashinfer`: the old name
+        new_value = new_value[:written.start(1)] + shown + new_value[written.end(1):]
+    if ref.hashed:
+        return [(_finding(rule, ref, MANUAL, (
+            f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs, and the line carries "
+            f"--hash values: regenerate the lock file (pip-compile, uv pip compile) with {shown}=={rule.version}."
+            f"{reverted}"), pinned), None)]
+    level = _fix_level(rule)
+    return [(_finding(rule, ref, level, (
+        f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs{_why(rule, to_release)}; "
+        f"the fix writes {shown}=={rule.version}.{reverted}"), pinned), new_value)]
+
+
+def _canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
+
+
+def _only(specifier, version) -> bool:
+    """The specifier pins exactly `version` (`==0.6.15`)."""
+    return all(s.operator in ("==", "===") for s in specifier) and _contains(specifier, version)
+
+
+def _wanted(rule: Rule, to_release: str) -> str:
+    if rule.floor and to_release != rule.release:
+        return f"{rule.version} or newer" + (f" (never {', '.join(rule.never)})" if rule.never else "")
+    return rule.version or ""
+
+
+def _why(rule: Rule, to_release: str) -> str:
+    return "" if rule.packages[0] == "sglang" else f" (SGLang {rule.release} pins it)"
+
+
+# --------------------------------------------------------------------------- images
+
+
+TAG_VERSION = re.compile(r"(?P<v>v?)(?P<ver>\d+\.\d+\.\d+(?:\.?post\d+|rc\d+|\.?dev\d+|[ab]\d+)*)"
+                         r"(?P<rest>(?:-[A-Za-z0-9_.]+)*)")
+CUDA_VARIANT = re.compile(r"cu(\d+)")
+
+
+def image_pattern(repositories) -> re.Pattern:
+    names = "|".join(re.escape(r) for r in sorted(repositories, key=len, reverse=True))
+    return re.compile(r"(?P<prefix>(?:docker://|docker:)?(?:[^\s/@'\"]+/)*?)(?P<repo>" + names +
+                      r")(?::(?P<tag>[^\s@'\"/]*))?(?:@(?P<digest>[A-Za-z0-9]+:[0-9a-fA-F]+))?")
+
+
+def parse_image(value: str, repositories) -> dict | None:
+    """{prefix, repo, tag, digest, tag_start} of an image reference to one of `repositories`."""
+    if not repositories:
+        return None
+    match = image_pattern(repositories).fullmatch(value.strip())
+    if match is None:
+        return None
+    lead = len(value) - len(value.lstrip())
+    found = match.groupdict()
+    found["tag_start"] = lead + match.start("tag") if found["tag"] is not None else None
+    return found
+
+
+def check_image(ref: Ref, rule: Rule, repositories):
+    from packaging.version import InvalidVersion, Version
+
+    if ref.kind == TAG:
+        tag, shown, tag_start = ref.value, f"{ref.repository}:{ref.value}", 0
+    else:
+        parsed = parse_image(ref.value, repositories)
+        if parsed is None:
+            return []
+        tag, shown, tag_start = parsed["tag"], ref.value.strip(), parsed["tag_start"]
+        if parsed["digest"]:
+            return [(_finding(rule, ref, MANUAL, (
+                f"the image {shown} ({ref.where}) is pinned by digest; the tool cannot tell which SGLang it holds: "
+                f"make sure it is {rule.version}.")), None)]
+    target = rule.version or ""
+    if ref.kind == TAG and tag == "":
+        return [(_finding(rule, ref, INFO, (
+            f"the image {ref.repository} ({ref.where}) takes its tag from the chart's appVersion, which the tool "
+            f"does not read: make sure it is v{target}{_cuda_note(rule)}.")), None)]
+    if tag is None or tag == "":
+        return [(_finding(rule, ref, INFO, (
+            f"the image {shown} ({ref.where}) has no tag (latest): it moves with every release; pin v{target}.")),
+            None)]
+    if DYNAMIC.search(tag):
+        return [(_finding(rule, ref, MANUAL, (
+            f"the image {shown} ({ref.where}) takes its tag from a variable the tool cannot resolve; make sure it "
+            f"is v{target}{_cuda_note(rule)}.")), None)]
+    match = TAG_VERSION.fullmatch(tag)
+    try:
+        release = Version(match.group("ver")) if match else None
+    except InvalidVersion:
+        release = None
+    if match is None or release is None:
+        return [(_finding(rule, ref, INFO, (
+            f"the image tag {tag} ({ref.where}) names no release (a moving tag); the tool cannot tell which SGLang "
+            f"it holds: pin v{target}{_cuda_note(rule)}.")), None)]
+    variants = [v for v in match.group("rest").split("-") if v]
+    wanted = Version(target)
+    cuda_bad = [v for v in variants if _cuda_major(v) is not None and rule.cuda and _cuda_major(v) != int(rule.cuda)]
+    if release.release > wanted.release:
+        return [(_finding(rule, ref, INFO, (
+            f"the image {shown} ({ref.where}) is SGLang {release}, newer than --to {target}: check its flags with "
+            f"--to {'.'.join(map(str, release.release))}.")), None)]
+    if release.release == wanted.release and not cuda_bad:
+        return []
+    kept = [v for v in variants if v not in cuda_bad]
+    new_tag = f"{match.group('v')}{target}" + "".join(f"-{v}" for v in kept)
+    new_value = ref.value[:tag_start] + new_tag + ref.value[tag_start + len(tag):]
+    if release.release == wanted.release:
+        detail = (f"the image {shown} ({ref.where}) is a CUDA {_cuda_major(cuda_bad[0])} build, and SGLang {target} "
+                  f"ships CUDA {rule.cuda} images only; the fix writes {new_tag} (its default image).")
+    else:
+        cuda = f", and its CUDA {_cuda_major(cuda_bad[0])} build is retired there" if cuda_bad else ""
+        detail = (f"the image {shown} ({ref.where}) is SGLang {release}, not {target}{cuda}; the fix writes the "
+                  f"tag {new_tag}.")
+    return [(_finding(rule, ref, _fix_level(rule), detail, shown), new_value)]
+
+
+def _cuda_major(variant: str) -> int | None:
+    match = CUDA_VARIANT.fullmatch(variant)
+    if match is None:
+        return None
+    digits = match.group(1)
+    return int(digits[:2]) if len(digits) >= 3 else int(digits)
+
+
+def _cuda_note(rule: Rule) -> str:
+    return f" (a CUDA {rule.cuda} image)" if rule.cuda else ""
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def deps_scan(text: str, fmt: str, repositories: Sequence[str] = ()) -> list[Ref]:
+    """Every requirement (of any package: the rules pick theirs) and every reference to one of
+    the image `repositories` in `text`, in document order."""
+    from sglaunch.migrate import depreaders
+
+    return depreaders.scan(text, fmt, repositories)
