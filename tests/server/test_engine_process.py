@@ -1,0 +1,173 @@
+"""The engine runs in a process of its own (issue 15 item 1), against real servers: the HTTP
+process holds no torch, outputs match the in-process engine, a killed engine process ends every
+stream with an error and the server with a clear message, an abort frees KV, Ctrl+C to the whole
+process group drains, and no process outlives the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from .conftest import (REPO_ROOT, LAUNCH_SNIPPET, RunningServer, engine_config, stop_server,
+                       wait_until_healthy)
+from .test_shutdown import LONG_CONTEXT, Stream, alive, engine_pids, long_llama, rank_pids  # noqa: F401
+
+GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+PROMPTS = [[5 + i, 17, 3 * i + 2, 40, 9] for i in range(12)]
+
+
+def start(checkpoint: Path, tmp_path: Path, **overrides) -> RunningServer:
+    """A server in a process group of its own (so a test can signal the whole group)."""
+    config = engine_config(checkpoint, context_length=LONG_CONTEXT, max_total_tokens=32768, **overrides)
+    log_path = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", LAUNCH_SNIPPET, json.dumps(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                                   start_new_session=True)
+    server = RunningServer(f"http://127.0.0.1:{config['port']}", process, log_path, config)
+    try:
+        wait_until_healthy(server)
+    except BaseException:
+        stop_server(server, signal.SIGKILL)
+        raise
+    return server
+
+
+def engine_state(server: RunningServer) -> dict:
+    return httpx.get(f"{server.base_url}/server_info", timeout=30).json()["internal_states"][0]
+
+
+def generate(server: RunningServer, input_ids: list[int], out: dict, key) -> None:
+    """One streamed /generate; keeps the output ids of its last event."""
+    body = {"input_ids": input_ids, "sampling_params": GREEDY, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=120) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out[key] = json.loads(line[6:])["output_ids"]
+
+
+def kill_all(server: RunningServer) -> None:
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+def test_concurrent_streams_match_the_in_process_engine_and_the_server_holds_no_torch(long_llama, tmp_path):
+    from sglaunch.config import EngineConfig
+    from sglaunch.engine.interface import SamplingParams
+    from sglaunch.engine.launch import generate_batch
+
+    server = start(long_llama, tmp_path)
+    try:
+        (engine_pid,) = engine_pids(server)
+        assert engine_pid != server.process.pid
+        maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the HTTP server process loaded torch"
+        assert "libtorch" in Path(f"/proc/{engine_pid}/maps").read_text()
+        outputs: dict = {}
+        threads = [threading.Thread(target=generate, args=(server, p, outputs, i)) for i, p in enumerate(PROMPTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        exit_code = stop_server(server)
+    assert exit_code == 0, server.log()
+    config = EngineConfig(**{**server.config, "port": 0})
+    expected = generate_batch(config, PROMPTS, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    assert [outputs.get(i) for i in range(len(PROMPTS))] == expected
+
+
+def test_a_killed_engine_process_ends_every_stream_with_an_error_and_the_server_non_zero(long_llama, tmp_path):
+    server = start(long_llama, tmp_path)
+    try:
+        (engine_pid,) = engine_pids(server)
+        streams = [Stream(server.base_url, max_tokens=1800) for _ in range(3)]
+        for stream in streams:
+            assert stream.started.wait(120)
+        os.kill(engine_pid, signal.SIGKILL)
+        exit_code = server.process.wait(60)
+        for stream in streams:
+            stream.join()
+            assert stream.events[-1] == "[DONE]", stream.events[-3:]
+            error = json.loads(stream.events[-2])["error"]
+            assert "SIGKILL" in error["message"] and error["code"] == "engine_error", error
+            assert stream.finish_reasons == []
+    finally:
+        kill_all(server)
+    assert exit_code == 1
+    assert (f"The engine stopped: the engine process (pid {engine_pid}) exited unexpectedly with "
+            "signal SIGKILL") in server.log()
+
+
+def test_a_disconnected_stream_is_aborted_and_its_kv_freed(long_llama, tmp_path):
+    server = start(long_llama, tmp_path)
+    try:
+        body = {"input_ids": PROMPTS[0], "stream": True,
+                "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True}}
+        with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=120) as reply:
+            lines = reply.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            busy = engine_state(server)
+        deadline = time.monotonic() + 30
+        while (idle := engine_state(server))["num_running_requests"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        exit_code = stop_server(server)
+    assert exit_code == 0, server.log()
+    assert busy["num_running_requests"] == 1 and busy["kv_used_tokens"] > 0
+    assert idle["num_running_requests"] == 0 and idle["kv_used_tokens"] == 0, idle
+
+
+def test_ctrl_c_to_the_process_group_drains_and_leaves_no_process(long_llama, tmp_path):
+    """SIGINT reaches the server, the engine process and the TP rank at once: only the server
+    acts on it, drains the stream, then shuts the engine (and its rank) down."""
+    server = start(long_llama, tmp_path, tp_size=2, graceful_shutdown_timeout=300)
+    try:
+        engines, ranks = engine_pids(server), rank_pids(server)
+        assert len(engines) == 1 and len(ranks) == 1
+        stream = Stream(server.base_url, max_tokens=200)
+        assert stream.started.wait(120)
+        os.killpg(server.process.pid, signal.SIGINT)
+        stream.join()
+        exit_code = server.process.wait(120)
+    finally:
+        kill_all(server)
+    assert exit_code == 0, server.log()
+    assert stream.finish_reasons == ["length"] and stream.completion_tokens == 200
+    time.sleep(0.5)
+    assert not [pid for pid in engines + ranks if alive(pid)], "a process outlived the server"
+
+
+def test_the_engine_process_does_not_outlive_a_killed_server(long_llama, tmp_path):
+    server = start(long_llama, tmp_path, tp_size=2)
+    try:
+        pids = engine_pids(server) + rank_pids(server)
+        assert len(pids) == 2
+        server.process.kill()
+        server.process.wait()
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        kill_all(server)
+    assert not [pid for pid in pids if alive(pid)], "the engine outlived the server"
+
+
+def test_token_outputs_cross_the_channel_unchanged():
+    from sglaunch.engine import ipc
+    from sglaunch.engine.interface import TokenOutput
+
+    out = TokenOutput("r", (1, 2), True, "abort", 3, 2, 1, 2, (-0.5, -1.0), error="boom")
+    (packed,) = ipc.decode(ipc.encode((ipc.STEP, ipc.pack_outputs([out]), [], None)))[1]
+    assert ipc.unpack_output(packed) == out
