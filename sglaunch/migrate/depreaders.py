@@ -66,6 +66,13 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES) -> list[Ref]
         return []
     handler(source, base)
     refs = sorted(reader.refs, key=lambda r: r.offset)
+    for ref in refs:
+        ref.helm = base == "helm"
+    if source != text or base in ("helm", "workflow"):  # show `${{ matrix.v }}`, `{{ .Values.t }}` as written
+        for ref in refs:
+            located = ref.mapper(TextEdit(0, len(ref.value), "")) if ref.mapper is not None else None
+            if located is not None and located.end > located.start:
+                ref.shown = text[located.start:located.end]
     if base != fmt:  # a Jinja template: nothing inside a directive is edited
         from sglaunch.migrate.engine import JINJA_DIRECTIVE
 
@@ -401,7 +408,7 @@ class _Reader:
             elif yf.is_seq(node):
                 stack.extend(reversed(node.value))
             if yf.is_map(node):
-                self._yaml_mapping(text, node)
+                self._yaml_mapping(text, node, seen)
             elif yf.is_seq(node):
                 values = [str(i.value) if yf.is_scalar(i) else "" for i in node.value]
                 first = pip_arguments(values, 0) if values and all(yf.is_scalar(i) for i in node.value) else None
@@ -412,11 +419,13 @@ class _Reader:
             elif yf.is_scalar(node) and node.tag == yf.STR_TAG:
                 self._yaml_scalar(text, node)
 
-    def _yaml_mapping(self, text: str, node) -> None:
+    def _yaml_mapping(self, text: str, node, seen: set[int]) -> None:
         from sglaunch.migrate import yamlfmt as yf
 
         pairs = {str(k.value): v for k, v in node.value if yf.is_scalar(k)}
         repository, tag = pairs.get("repository"), pairs.get("tag")
+        if repository is not None:
+            seen.add(id(repository))  # Helm `repository:` is read with its `tag:` (or not at all)
         if repository is not None and tag is not None and yf.is_scalar(repository) and yf.is_scalar(tag):
             repo = parse_image(str(repository.value), self.repositories)
             if repo is not None and repo["tag"] is None and repo["digest"] is None:

@@ -41,6 +41,12 @@ class Ref:
     repository: str = ""  # TAG: the repository next to it
     hashed: bool = False  # a requirements line with `--hash`: a new version needs new hashes
     line: int = 0
+    shown: str = ""  # the text as written, when a template's masking changed `value`
+    helm: bool = False  # in a Helm template: a `{{ }}` tag comes from the chart's values
+
+    @property
+    def display(self) -> str:
+        return (self.shown or self.value).strip()
 
 
 @dataclass
@@ -178,7 +184,7 @@ class _Known:
 def _finding(rule: Rule, ref: Ref, level: str, detail: str, token: str | None = None):
     from sglaunch.migrate.evaluate import Finding
 
-    return Finding(rule.id, level, ref.line, f"{detail} {rule.message}", (), rule, token or ref.value)
+    return Finding(rule.id, level, ref.line, f"{detail} {rule.message}", (), rule, token or ref.display)
 
 
 def _fix_level(rule: Rule) -> str:
@@ -297,15 +303,15 @@ def check_requirement(ref: Ref, rule: Rule, to_release: str):
     shown = rule.packages[0]
     if DYNAMIC.search(ref.value):
         return [(_finding(rule, ref, MANUAL, (
-            f"{ref.value} ({ref.where}) takes its version from a variable the tool cannot resolve; make sure it "
+            f"{ref.display} ({ref.where}) takes its version from a variable the tool cannot resolve; make sure it "
             f"is {_wanted(rule, to_release)}.")), None)]
     wheel = _wheel(ref.value)
     parsed = None if wheel else spec_span(ref.value)
     if wheel is not None or (parsed is not None and parsed[0].url) or (parsed is None and "://" in ref.value):
-        version = f" ({wheel[1]})" if wheel else ""
+        version = f" {wheel[1]}" if wheel else ""
         return [(_finding(rule, ref, MANUAL, (
-            f"{name} is installed from a file or URL{version} ({ref.where}); the tool cannot tell or rewrite its "
-            f"version: make sure it is {_wanted(rule, to_release)}.")), None)]
+            f"{name}{version} is installed from a file or URL ({ref.where}), which the tool cannot rewrite; make "
+            f"sure it is {_wanted(rule, to_release)}.")), None)]
     if parsed is None:
         return []  # not a requirement after all (a path, an option value)
     requirement, start, end = parsed
@@ -318,7 +324,7 @@ def check_requirement(ref: Ref, rule: Rule, to_release: str):
         return []
     if not exact and _admits_floor(specifier, version, never):
         return []
-    pinned = ref.value.strip()
+    pinned = ref.display
     reverted = f" {', '.join(map(str, bad))} was released and reverted: never install it." if bad else ""
     if not exact:
         return [(_finding(rule, ref, MANUAL, (
@@ -392,12 +398,12 @@ def check_image(ref: Ref, rule: Rule, repositories):
     from packaging.version import InvalidVersion, Version
 
     if ref.kind == TAG:
-        tag, shown, tag_start = ref.value, f"{ref.repository}:{ref.value}", 0
+        tag, shown, tag_start = ref.value, f"{ref.repository}:{ref.display}", 0
     else:
         parsed = parse_image(ref.value, repositories)
         if parsed is None:
             return []
-        tag, shown, tag_start = parsed["tag"], ref.value.strip(), parsed["tag_start"]
+        tag, shown, tag_start = parsed["tag"], ref.display, parsed["tag_start"]
         if parsed["digest"]:
             return [(_finding(rule, ref, MANUAL, (
                 f"the image {shown} ({ref.where}) is pinned by digest; the tool cannot tell which SGLang it holds: "
@@ -411,6 +417,10 @@ def check_image(ref: Ref, rule: Rule, repositories):
         return [(_finding(rule, ref, INFO, (
             f"the image {shown} ({ref.where}) has no tag (latest): it moves with every release; pin v{target}.")),
             None)]
+    if ref.helm and "\ue000" in tag:
+        return [(_finding(rule, ref, INFO, (
+            f"the image {shown} ({ref.where}) takes its tag from the chart's values, which are checked where they "
+            f"are written (values.yaml: `repository` + `tag`).")), None)]
     if DYNAMIC.search(tag):
         return [(_finding(rule, ref, MANUAL, (
             f"the image {shown} ({ref.where}) takes its tag from a variable the tool cannot resolve; make sure it "
