@@ -9,8 +9,8 @@ weights of a named shape saved as a safetensors checkpoint in a temporary folder
 the SAME safetensors tensors:
 
 - the reference: the model's whole forward written here in plain PyTorch (embedding, RMSNorm,
-  rotary, GQA attention over a STATIC KV cache of --context tokens plus the 8 step slots, via SDPA
-  or explicit matmul-softmax, SwiGLU MLP, LM head) and greedy argmax, with static input and
+  rotary, GQA attention over a STATIC KV cache of --context tokens plus the 8 step slots, via
+  explicit matmul-softmax (default) or SDPA, SwiGLU MLP, LM head) and greedy argmax, with static input and
   position tensors (the cache length is implied by the positions: key j is visible to a query at
   position p iff j <= p). On CUDA the whole step (forward + argmax) is captured as ONE
   torch.cuda.CUDAGraph and replayed, timed with CUDA events (median of --iters after warm-up):
@@ -92,7 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="default bfloat16 on CUDA, float32 on the CPU")
-    p.add_argument("--attention", default="sdpa", choices=["sdpa", "matmul"], help="the reference's attention")
+    p.add_argument("--attention", default="matmul", choices=["matmul", "sdpa"],
+                   help="the reference's attention (matmul: torch.compile fuses it; SmolLM2 on the H200: "
+                        "1.05 ms compiled decode against 1.91 ms with SDPA)")
     p.add_argument("--compile-mode", default="default", help='torch.compile mode ("default", "max-autotune-no-cudagraphs")')
     p.add_argument("--compile", dest="compile", action="store_true", default=None, help="compile on the CPU too")
     p.add_argument("--no-compile", dest="compile", action="store_false")
