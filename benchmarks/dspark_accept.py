@@ -1,33 +1,83 @@
 """Mean DSpark accept length of a drafter on held-out prompts, through the real engine.
 
     python benchmarks/dspark_accept.py --target DIR --drafter DIR --prompts heldout.jsonl \
-        [--temperatures 0 0.7] [--max-prompts 40] [--max-new-tokens 96] [--device cpu]
+        [--temperatures 0 0.7] [--max-prompts 40 | --per-kind 20] [--max-new-tokens 96] [--device cpu] \
+        [--json OUT.json] [--time-budget S]
 
-Runs every prompt (JSONL with `prompt` or `messages`, optional `type`) through the engine with
-`--speculative-algorithm DSPARK` in static mode (every drafted token verified, so the figure is
-the drafter's, not the planner's) and prints the mean accept length, bonus token included, per
-temperature and per prompt type. Exactness is the test suite's job; this measures acceptance.
+Runs every prompt (JSONL, optionally .gz, with `prompt`, `messages` or `input_ids`, optional
+`type` or `kind`) through the engine with `--speculative-algorithm DSPARK` in static mode (every
+drafted token verified, so the figure is the drafter's, not the planner's) and prints the mean
+accept length, bonus token included, per temperature and per prompt type. `--per-kind N` takes
+the first N prompts of each type instead of the first `--max-prompts` lines. The JSON also holds,
+per temperature and per type, the histogram of accept lengths and, per block position k, the
+reach rate P(draft k accepted) and the conditional accept rate P(draft k accepted | drafts < k
+accepted) (from the accept lengths: in static mode every step verifies the whole block, except
+where a request's remaining token budget cuts it). `--time-budget S` stops decoding a temperature
+after S seconds and reports what was measured (marked `"cut_by_time_budget": true`).
+Exactness is the test suite's job; this measures acceptance.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 
-def load_prompts(path: Path, tokenizer, limit: int) -> list[tuple[str, list[int]]]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_rows(path: Path) -> list[dict]:
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def select_rows(rows: list[dict], limit: int, per_kind: int | None = None) -> list[dict]:
+    """The first `limit` rows, or with `per_kind` the first `per_kind` rows of each type (file order kept)."""
+    if per_kind is None:
+        return rows[:limit]
+    taken: dict[str, int] = defaultdict(int)
     out = []
-    for row in rows[:limit]:
+    for row in rows:
+        kind = row_type(row)
+        if taken[kind] < per_kind:
+            taken[kind] += 1
+            out.append(row)
+    return out
+
+
+def row_type(row: dict) -> str:
+    return str(row.get("type") or row.get("kind") or "all")
+
+
+def load_prompts(path: Path, tokenizer, limit: int, per_kind: int | None = None) -> list[tuple[str, list[int]]]:
+    out = []
+    for row in select_rows(read_rows(path), limit, per_kind):
         if "input_ids" in row:
             ids = list(row["input_ids"])
         else:
             ids = tokenizer.encode_chat(row["messages"]) if "messages" in row else tokenizer.encode(row["prompt"])
-        out.append((row.get("type", "all"), ids))
+        out.append((row_type(row), ids))
     return out
+
+
+def position_figures(lengths: list[int], block: int) -> dict:
+    """Histogram of accept lengths (1..block+1, bonus included) and, per block position k, the
+    reach rate P(n > k) and the conditional rate P(n > k | n >= k), n = accepted drafts."""
+    hist = [0] * (block + 1)
+    for length in lengths:
+        hist[min(max(length, 1), block + 1) - 1] += 1
+    total = len(lengths)
+    at_least = [sum(hist[j:]) for j in range(block + 1)]  # at_least[k] = #(n >= k)
+    return {
+        "steps": total,
+        "mean_accept_length": sum(lengths) / total if total else 0.0,
+        "histogram": hist,
+        "reach_rate_per_position": [round(at_least[k + 1] / total, 4) if total else 0.0 for k in range(block)],
+        "accept_rate_per_position": [round(at_least[k + 1] / at_least[k], 4) if at_least[k] else 0.0
+                                     for k in range(block)],
+    }
 
 
 def engine_config(args, temperature_mode: str = "static"):
@@ -46,7 +96,8 @@ def run(args) -> dict:
     from sglaunch.engine.launch import create_engine
     from sglaunch.server.tokenizer import load_tokenizer
 
-    prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts)
+    prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts, args.per_kind)
+    block = json.loads((args.drafter / "config.json").read_text())["block_size"]
     engine, cluster = create_engine(engine_config(args))
     results = {}
     try:
@@ -54,21 +105,31 @@ def run(args) -> dict:
             # all prompts at once (continuous batching); each speculative increment carries the
             # accept length of the step that produced it, so the figures stay per request
             kinds = {f"{i}-{temperature}": kind for i, (kind, _) in enumerate(prompts)}
-            per_type = defaultdict(lambda: [0, 0])  # type -> [committed tokens, steps]
+            lengths = defaultdict(list)  # type -> accept length of every step
             for i, (kind, ids) in enumerate(prompts):
                 sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=temperature, seed=i)
                 engine.add_request(GenerateRequest(f"{i}-{temperature}", tuple(ids), sampling))
+            start, cut = time.monotonic(), False
             while engine.has_work:
+                if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+                    cut = True
+                    for rid in kinds:  # what was measured so far stands; the rest is not decoded
+                        engine.abort(rid)
+                    break
                 for out in engine.step():
                     if out.accept_length is not None:
-                        per_type[kinds[out.rid]][0] += out.accept_length
-                        per_type[kinds[out.rid]][1] += 1
-            total = [sum(v[0] for v in per_type.values()), sum(v[1] for v in per_type.values())]
+                        lengths[kinds[out.rid]].append(out.accept_length)
+            every = [n for values in lengths.values() for n in values]
             results[str(temperature)] = {
-                "mean_accept_length": total[0] / max(total[1], 1),
-                "per_type": {k: v[0] / max(v[1], 1) for k, v in sorted(per_type.items())},
+                "mean_accept_length": sum(every) / max(len(every), 1),
+                "per_type": {k: sum(v) / max(len(v), 1) for k, v in sorted(lengths.items())},
                 "prompts": len(prompts),
-                "steps": total[1],
+                "prompts_per_type": {k: sum(1 for kind, _ in prompts if kind == k) for k in sorted({k for k, _ in prompts})},
+                "steps": len(every),
+                "seconds": round(time.monotonic() - start, 1),
+                "cut_by_time_budget": cut,
+                "all": position_figures(every, block),
+                "per_type_positions": {k: position_figures(v, block) for k, v in sorted(lengths.items())},
             }
     finally:
         cluster.stop(engine)
@@ -82,6 +143,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-prompts", type=int, default=40)
+    parser.add_argument("--per-kind", type=int, help="instead of --max-prompts: the first N prompts of each type")
+    parser.add_argument("--time-budget", type=float, help="seconds of decoding per temperature at most")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--concurrency", type=int, default=64, help="requests decoded at once")
@@ -93,6 +156,8 @@ def main() -> int:
         types = ", ".join(f"{k} {v:.2f}" for k, v in figures["per_type"].items())
         print(f"T={temperature}: mean accept length {figures['mean_accept_length']:.2f} "
               f"over {figures['prompts']} prompts ({types})")
+        print("  conditional accept rate per position: "
+              + " ".join(f"{x:.2f}" for x in figures["all"]["accept_rate_per_position"]))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
