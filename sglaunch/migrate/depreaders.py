@@ -23,7 +23,8 @@ import os
 import re
 from typing import Sequence
 
-from sglaunch.migrate.deps import IMAGE, REQUIREMENT, TAG, DepsUnreadable, Mapper, Ref, parse_image
+from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, REQUIREMENT, TAG, DepsUnreadable, Mapper, Ref,
+                                   parse_image, requirement_name)
 from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
 
 IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
@@ -34,6 +35,9 @@ CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "si
                              "skopeo", "crane", "ctr", "srun", "sbatch", "salloc", "kubectl", "oc", "sky", "buildah"})
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
+INDEX_OPTIONS = frozenset({"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--index", "--default-index"})
+# a CUDA wheel index given with these matters for the target's CUDA version
+CUDA_PACKAGES = frozenset({"sglang", "flashinfer-python", "flashinfer", "sgl-kernel", "torch"})
 # pip / uv options that take the next word as their value
 VALUE_OPTIONS = frozenset({
     "-r", "--requirement", "-c", "--constraint", "-e", "--editable", "-i", "--index-url", "--extra-index-url",
@@ -133,6 +137,7 @@ class _Reader:
     def requirements(self, text: str, _fmt: str) -> None:
         lines = text.split("\n")
         offset = 0
+        indexes: list[Ref] = []
         previous: Ref | None = None
         continued = False
         for line in lines:
@@ -155,6 +160,10 @@ class _Reader:
                 continue
             lead = len(body) - len(body.lstrip())
             if stripped.startswith("-"):
+                index = re.match(r"(-i|--index-url|--extra-index-url|-f|--find-links)(\s+|=)(\S+)", stripped)
+                if index and CUDA_INDEX.search(index.group(3)):
+                    at = start + lead + index.start(3)
+                    indexes.append(Ref(INDEX, index.group(3), _offset(at), at, f"requirements file {index.group(1)}"))
                 editable = re.match(r"(-e|--editable)(\s+|=)(\S+)", stripped)
                 previous = None
                 if editable and ("://" in editable.group(3) or editable.group(3).endswith(".whl")):
@@ -167,6 +176,8 @@ class _Reader:
             where = "requirements file"
             self.add(REQUIREMENT, requirement, _offset(start + lead, "\n"), start + lead, where, hashed=hashed)
             previous = self.refs[-1]
+        if any(_cuda_package(r.value) for r in self.refs if r.kind == REQUIREMENT):
+            self.refs.extend(indexes)
 
     # -- pyproject.toml ----------------------------------------------------------
 
@@ -244,8 +255,12 @@ class _Reader:
         first = pip_arguments(values, program)
         if first is not None:
             shown = where or " ".join(values[program:first])
-            for k in requirement_words(values, first):
+            words = requirement_words(values, first)
+            for k in words:
                 self._word(script, tokens[k], REQUIREMENT, values[k], 0, shown)
+            if any(_cuda_package(values[k]) for k in words):
+                for k, option, url in index_options(values, first):
+                    self._word(script, tokens[k], INDEX, url, len(values[k]) - len(url), f"{shown} {option}")
         if name in CONTAINER_TOOLS or os.path.basename(values[0]) in CONTAINER_TOOLS:
             for k, value in enumerate(values[1:], 1):
                 skip = _image_prefix(value)
@@ -535,6 +550,25 @@ def requirement_words(values: Sequence[str], first: int) -> list[int]:
         found.append(k)
         k += 1
     return found
+
+
+def index_options(values: Sequence[str], first: int) -> list[tuple[int, str, str]]:
+    """(word index, option, URL) of the wheel indexes of a pip line that name a CUDA build."""
+    found = []
+    for k in range(first, len(values)):
+        option, eq, url = values[k].partition("=")
+        if eq and option in INDEX_OPTIONS:
+            found.append((k, option, url))
+        elif values[k] in INDEX_OPTIONS and k + 1 < len(values):
+            found.append((k + 1, values[k], values[k + 1]))
+    return [(k, option, url) for k, option, url in found if CUDA_INDEX.search(url)]
+
+
+def _cuda_package(value: str) -> bool:
+    from packaging.utils import canonicalize_name
+
+    name = requirement_name(value)
+    return name is not None and canonicalize_name(name) in CUDA_PACKAGES
 
 
 def _image_prefix(value: str) -> int:

@@ -25,7 +25,8 @@ from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_o
 
 Mapper = Callable[[TextEdit], "TextEdit | None"]
 DEPENDENCY_FORMATS = ("requirements", "pyproject")
-REQUIREMENT, IMAGE, TAG = "requirement", "image", "tag"
+REQUIREMENT, IMAGE, TAG, INDEX = "requirement", "image", "tag", "index"
+CUDA_INDEX = re.compile(r"(?<![A-Za-z0-9])cu(\d{2,3})(?![0-9])")
 DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
 
 
@@ -164,6 +165,8 @@ class _Known:
         self.repositories = tuple(self.by_image)
 
     def rule_for(self, ref: Ref) -> Rule | None:
+        if ref.kind == INDEX:  # a wheel index of a CUDA build: what the target's sglang is built for
+            return self.by_package.get("sglang")
         if ref.kind == REQUIREMENT:
             name = requirement_name(ref.value)
             return self.by_package.get(self.canonical(name)) if name else None
@@ -174,7 +177,9 @@ class _Known:
         rule = self.rule_for(ref)
         if rule is None:
             return []
-        if ref.kind == REQUIREMENT:
+        if ref.kind == INDEX:
+            found = check_index(ref, rule)
+        elif ref.kind == REQUIREMENT:
             found = check_requirement(ref, rule, self.to_release)
         else:
             found = check_image(ref, rule, self.by_image)
@@ -343,7 +348,7 @@ def check_requirement(ref: Ref, rule: Rule, to_release: str):
     level = _fix_level(rule)
     return [(_finding(rule, ref, level, (
         f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs{_why(rule, to_release)}; "
-        f"the fix writes {shown}=={rule.version}.{reverted}"), pinned), new_value)]
+        f"the fix writes {new_value.split(';', 1)[0].strip()}.{reverted}"), pinned), new_value)]
 
 
 def _canonical(name: str) -> str:
@@ -365,6 +370,18 @@ def _wanted(rule: Rule, to_release: str) -> str:
 
 def _why(rule: Rule, to_release: str) -> str:
     return "" if rule.packages[0] == "sglang" else f" (SGLang {rule.release} pins it)"
+
+
+def check_index(ref: Ref, rule: Rule):
+    """A `--index-url .../cu126` next to an install of SGLang, FlashInfer or torch, when the
+    target's wheels are built for another CUDA major version."""
+    match = CUDA_INDEX.search(ref.value)
+    if not rule.cuda or match is None or _cuda_major("cu" + match.group(1)) == int(rule.cuda):
+        return []
+    return [(_finding(rule, ref, MANUAL, (
+        f"{ref.display} ({ref.where}) is a wheel index for CUDA {_cuda_major('cu' + match.group(1))}, and SGLang "
+        f"{rule.version} is built for CUDA {rule.cuda} only: use the CUDA {rule.cuda} index (for example cu130) for "
+        "the packages installed here.")), None)]
 
 
 # --------------------------------------------------------------------------- images

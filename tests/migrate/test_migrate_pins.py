@@ -1,0 +1,400 @@
+"""Issue 17 item 6: package pins and SGLang image tags (the `pin` rules, sglaunch/migrate/deps.py).
+
+Tables of firing and not firing per format, decoys, the tag -> release mapping, byte-exact and
+idempotent edits, and the command line over tests/migrate/fixtures/pins/ (`--check` exit codes,
+the diff, `--write` with and without `--unsafe-fixes`, the walk's summary).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sglaunch.cli.app import app
+from sglaunch.errors import SglaunchError
+from sglaunch.migrate.engine import detect_format, migrate_text
+from sglaunch.migrate.evaluate import FIX, INFO, MANUAL, UNSAFE
+from sglaunch.migrate.files import process_file
+from sglaunch.migrate.rules import load_rules, parse_rule
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PINS, EXPECTED = FIXTURES / "pins", FIXTURES / "pins_expected"
+
+
+def migrate(text: str, fmt: str, to: str = "0.5.16", unsafe: bool = True, start: str = "0.5.15"):
+    return migrate_text(text, fmt, load_rules().between(start, to), to, unsafe)
+
+
+def found(result):
+    return [(f.rule_id, f.level, f.line) for f in result.findings]
+
+
+# --------------------------------------------------------------------------- firing, fixed
+
+
+FIXED = [
+    # shell pip lines
+    ("shell", 'pip install "sglang[all]==0.5.15"\n', 'pip install "sglang[all]==0.5.16"\n', "R516-50"),
+    ("shell", "pip3 install sglang[all]==0.5.15\n", "pip3 install sglang[all]==0.5.16\n", "R516-50"),
+    ("shell", "python3 -m pip install -U --no-cache-dir sglang==0.5.15.post1\n",
+     "python3 -m pip install -U --no-cache-dir sglang==0.5.16\n", "R516-50"),
+    ("shell", "uv pip install --system 'sglang>=0.5.10,<0.5.16'\n", "uv pip install --system 'sglang==0.5.16'\n",
+     "R516-50"),
+    ("shell", "sudo -E pip install sglang==0.5.14 -i https://pypi.org/simple\n",
+     "sudo -E pip install sglang==0.5.16 -i https://pypi.org/simple\n", "R516-50"),
+    ("shell", "uv add sglang==0.5.15\n", "uv add sglang==0.5.16\n", "R516-50"),
+    ("shell", 'bash -c "pip install sglang==0.5.15 && echo done"\n',
+     'bash -c "pip install sglang==0.5.16 && echo done"\n', "R516-50"),
+    ("shell", "bash <<'EOF'\npip install sglang==0.5.15\nEOF\n", "bash <<'EOF'\npip install sglang==0.5.16\nEOF\n",
+     "R516-50"),
+    ("shell", "pip install flashinfer-python==0.6.15\n", "pip install flashinfer-python==0.6.14\n", "R516-51"),
+    ("shell", "pip install flashinfer_python==0.6.11\n", "pip install flashinfer_python==0.6.14\n", "R516-51"),
+    ("shell", "pip install flashinfer==0.2.0.post2\n", "pip install flashinfer-python==0.6.14\n", "R516-51"),
+    ("shell", "docker pull lmsysorg/sglang:v0.5.15-cu129\n", "docker pull lmsysorg/sglang:v0.5.16-cu129\n", "R516-50"),
+    ("shell", "IMAGE=docker.io/lmsysorg/sglang:v0.5.15\n", "IMAGE=docker.io/lmsysorg/sglang:v0.5.16\n", "R516-50"),
+    ("shell", "srun --container-image=lmsysorg/sglang:v0.5.14 true\n",
+     "srun --container-image=lmsysorg/sglang:v0.5.16 true\n", "R516-50"),
+    ("shell", "docker pull lmsysorg/sglang:v0.5.15-rocm700-mi30x\n",
+     "docker pull lmsysorg/sglang:v0.5.16-rocm700-mi30x\n", "R516-50"),
+    # requirements and constraints files
+    ("requirements", 'sglang[all]==0.5.15 ; python_version >= "3.10"  # server\n',
+     'sglang[all]==0.5.16 ; python_version >= "3.10"  # server\n', "R516-50"),
+    ("requirements", "sglang (==0.5.15)\n", "sglang (==0.5.16)\n", "R516-50"),
+    ("requirements", "flashinfer-python>=0.6.10,<0.6.14\n", "flashinfer-python==0.6.14\n", "R516-51"),
+    # pyproject.toml
+    ("pyproject", '[project]\nname = "x"\ndependencies = [\n    "sglang[all]==0.5.15",  # pin\n]\n',
+     '[project]\nname = "x"\ndependencies = [\n    "sglang[all]==0.5.16",  # pin\n]\n', "R516-50"),
+    ("pyproject", "[project.optional-dependencies]\ngpu = ['flashinfer-python==0.6.15']\n",
+     "[project.optional-dependencies]\ngpu = ['flashinfer-python==0.6.14']\n", "R516-51"),
+    ("pyproject", '[dependency-groups]\nserve = ["sglang<0.5.16"]\n', '[dependency-groups]\nserve = ["sglang==0.5.16"]\n',
+     "R516-50"),
+    ("pyproject", '[tool.uv]\nconstraint-dependencies = ["sglang==0.5.15"]\n',
+     '[tool.uv]\nconstraint-dependencies = ["sglang==0.5.16"]\n', "R516-50"),
+    # Dockerfiles
+    ("dockerfile", "FROM lmsysorg/sglang:v0.5.15-cu129 AS base\n", "FROM lmsysorg/sglang:v0.5.16-cu129 AS base\n",
+     "R516-50"),
+    ("dockerfile", "FROM --platform=linux/amd64 lmsysorg/sglang:v0.5.15\n",
+     "FROM --platform=linux/amd64 lmsysorg/sglang:v0.5.16\n", "R516-50"),
+    ("dockerfile", "ARG BASE=lmsysorg/sglang:v0.5.15\nFROM ${BASE}\n", "ARG BASE=lmsysorg/sglang:v0.5.16\nFROM ${BASE}\n",
+     "R516-50"),
+    ("dockerfile", "FROM x\nRUN pip install --no-cache-dir \\\n    sglang==0.5.15\n",
+     "FROM x\nRUN pip install --no-cache-dir \\\n    sglang==0.5.16\n", "R516-50"),
+    ("dockerfile", 'FROM x\nRUN ["pip", "install", "sglang==0.5.15"]\n', 'FROM x\nRUN ["pip", "install", "sglang==0.5.16"]\n',
+     "R516-50"),
+    ("dockerfile", "FROM x\nRUN --mount=type=cache,target=/root/.cache uv pip install flashinfer-python==0.6.15\n",
+     "FROM x\nRUN --mount=type=cache,target=/root/.cache uv pip install flashinfer-python==0.6.14\n", "R516-51"),
+    ("dockerfile", "FROM x\nRUN <<EOF\npip install sglang==0.5.15\nEOF\n", "FROM x\nRUN <<EOF\npip install sglang==0.5.16\nEOF\n",
+     "R516-50"),
+    # YAML
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.15\n",
+     "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n", "R516-50"),
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: x\n"
+            "    command: [pip, install, sglang==0.5.15]\n",
+     "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: x\n"
+     "    command: [pip, install, sglang==0.5.16]\n", "R516-50"),
+    ("compose", 'services:\n  s:\n    image: "lmsysorg/sglang:v0.5.15"\n', 'services:\n  s:\n    image: "lmsysorg/sglang:v0.5.16"\n',
+     "R516-50"),
+    ("yaml", 'image:\n  repository: lmsysorg/sglang\n  tag: "v0.5.15"   # pinned\n',
+     'image:\n  repository: lmsysorg/sglang\n  tag: "v0.5.16"   # pinned\n', "R516-50"),
+    ("workflow", "jobs:\n  t:\n    container:\n      image: lmsysorg/sglang:v0.5.15\n    steps:\n"
+                 "      - run: |\n          pip install sglang==0.5.15\n",
+     "jobs:\n  t:\n    container:\n      image: lmsysorg/sglang:v0.5.16\n    steps:\n"
+     "      - run: |\n          pip install sglang==0.5.16\n", "R516-50"),
+    ("yaml", "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.15\n",
+     "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.16\n", "R516-50"),
+    # line formats
+    ("env", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.15\n", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.16\n", "R516-50"),
+    ("makefile", "IMAGE ?= lmsysorg/sglang:v0.5.15\nall:\n\tpip install sglang==0.5.15\n",
+     "IMAGE ?= lmsysorg/sglang:v0.5.16\nall:\n\tpip install sglang==0.5.16\n", "R516-50"),
+]
+
+
+@pytest.mark.parametrize("fmt, text, after, rule", FIXED, ids=[f"{f}-{t.strip()[:40]}" for f, t, _, _ in FIXED])
+def test_pin_or_tag_that_excludes_the_target_is_fixed_with_unsafe_fixes(fmt, text, after, rule):
+    result = migrate(text, fmt)
+    assert result.error is None
+    assert result.text == after
+    pins = {(f.rule_id, f.level) for f in result.findings if f.rule_id.endswith(("-50", "-51"))}
+    assert pins == {(rule, FIX)}
+    again = migrate(result.text, fmt)
+    assert again.text == result.text, "a second run changed the text"
+    assert not [f for f in again.findings if f.level in (FIX, UNSAFE)]
+    plain = migrate(text, fmt, unsafe=False)  # without --unsafe-fixes: reported, left alone
+    assert plain.text == text
+    assert {(f.rule_id, f.level) for f in plain.findings if f.rule_id.endswith(("-50", "-51"))} == {(rule, UNSAFE)}
+
+
+# --------------------------------------------------------------------------- not firing, decoys
+
+
+QUIET = [
+    ("shell", "pip install sglang\n"),  # unpinned
+    ("shell", 'pip install "sglang>=0.5.15"\n'),  # allows the target
+    ("shell", "pip install 'sglang~=0.5.15'\n"),
+    ("shell", "pip install sglang==0.5.16.post1\n"),  # a post release of the target
+    ("shell", "pip install sglang==0.5.16\n"),
+    ("shell", "pip install flashinfer-python==0.6.14\n"),
+    ("shell", "pip install 'flashinfer-python>=0.6.14'\n"),
+    ("shell", "pip install sglang-router==0.1.0 sgl-kernel==0.3.0\n"),  # other packages
+    ("shell", "# pip install sglang==0.5.15\n"),
+    ("shell", 'echo "pip install sglang==0.5.15"\n'),
+    ("shell", "cat > notes.txt <<'EOF'\npip install sglang==0.5.15\nEOF\n"),
+    ("shell", "pip download sglang==0.5.15\n"),
+    ("shell", "pip install -r requirements.txt -c constraints.txt\n"),
+    ("shell", "python -m sglang.bench_serving pip install sglang==0.5.15\n"),
+    ("shell", "echo lmsysorg/sglang:v0.5.15\n"),
+    ("shell", "docker pull lmsysorg/sglang-router:v0.1.0\n"),
+    ("shell", "docker pull lmsysorg/sglang:v0.5.16-cu129\n"),
+    ("requirements", "# sglang==0.5.15\nsglang-router==0.2.1\nnumpy==2.0\n"),
+    ("pyproject", '[project]\nname = "x"\n# "sglang==0.5.15"\ndependencies = ["numpy"]\n'
+                  '[tool.other]\nnote = "sglang==0.5.15"\n'),
+    ("dockerfile", "# FROM lmsysorg/sglang:v0.5.15\nFROM lmsysorg/sglang:v0.5.16\n"
+                   "LABEL note=\"was lmsysorg/sglang:v0.5.15\"\nFROM builder\n"),
+    ("dockerfile", "FROM x\nRUN echo pip install sglang==0.5.15\n"),
+    ("yaml", 'note: "we ran lmsysorg/sglang:v0.5.10 before"\nrouter:\n  image:\n    repository: lmsysorg/sglang-router\n'
+             "    tag: v0.1.0\n"),
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n"),
+    ("env", "# IMAGE=lmsysorg/sglang:v0.5.15\nIMAGE=lmsysorg/sglang:v0.5.16\n"),
+]
+
+
+@pytest.mark.parametrize("fmt, text", QUIET, ids=[f"{f}-{t.strip()[:40]}" for f, t in QUIET])
+def test_allowed_pins_and_decoys_stay_silent(fmt, text):
+    result = migrate(text, fmt)
+    assert result.text == text
+    assert not [f for f in result.findings if f.rule_id.endswith(("-50", "-51"))], found(result)
+
+
+def test_a_readme_code_block_is_not_read_in_a_walk(tmp_path):
+    (tmp_path / "README.md").write_text("```bash\npip install sglang==0.5.15\n```\n")
+    runner = CliRunner()
+    result = runner.invoke(app, ["migrate-flags", "--check", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "not launch files" in result.output
+
+
+# --------------------------------------------------------------------------- reported, not rewritten
+
+
+REPORTED = [
+    ("shell", 'pip install "sglang==${SGLANG_VERSION}"\n', "0.5.16", MANUAL),
+    ("shell", "docker run lmsysorg/sglang:${TAG} python3 -m sglang.launch_server --model-path m\n", "0.5.16", MANUAL),
+    ("shell", "docker pull lmsysorg/sglang@sha256:0123456789abcdef0123456789abcdef\n", "0.5.16", MANUAL),
+    ("shell", "pip install https://example.com/whl/sglang-0.5.15-py3-none-any.whl\n", "0.5.16", MANUAL),
+    ("shell", "pip install 'sglang @ git+https://github.com/sgl-project/sglang@v0.5.15#subdirectory=python'\n",
+     "0.5.16", MANUAL),
+    ("requirements", "sglang==0.5.15 \\\n    --hash=sha256:00ff\n", "0.5.16", MANUAL),  # regenerate the lock
+    ("requirements", "-e git+https://github.com/sgl-project/sglang.git@v0.5.15#egg=sglang\n", "0.5.16", MANUAL),
+    ("requirements", "sglang==${SGLANG_VERSION}\n", "0.5.16", MANUAL),
+    ("dockerfile", "FROM lmsysorg/sglang:${SGLANG_TAG}\n", "0.5.16", MANUAL),
+    ("compose", "services:\n  s:\n    image: lmsysorg/sglang:${TAG:-v0.5.15}\n", "0.5.16", MANUAL),
+    ("shell", "docker pull lmsysorg/sglang:latest\n", "0.5.16", INFO),  # a moving tag
+    ("shell", "docker pull lmsysorg/sglang:dev\n", "0.5.16", INFO),
+    ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n", "0.5.16", INFO),
+    ("shell", "docker pull lmsysorg/sglang:v0.5.20\n", "0.5.16", INFO),  # newer than --to
+    ("yaml", "image:\n  repository: lmsysorg/sglang\n  tag: \"\"\n", "0.5.16", INFO),  # the chart's appVersion
+    # FlashInfer after 0.5.16: only "0.6.14 or newer, never 0.6.15" is known, so never rewritten
+    ("shell", "pip install flashinfer-python==0.6.15\n", "0.5.20", MANUAL),
+    ("shell", "pip install flashinfer-python==0.6.13\n", "0.5.20", MANUAL),
+    # CUDA 12 wheel indexes next to an sglang install, once the target ships CUDA 13 only
+    ("shell", "pip install sglang==0.5.20 --extra-index-url https://download.pytorch.org/whl/cu126\n", "0.5.20", MANUAL),
+    ("requirements", "--extra-index-url https://download.pytorch.org/whl/cu128\nsglang==0.5.20\n", "0.5.20", MANUAL),
+]
+
+
+@pytest.mark.parametrize("fmt, text, to, level", REPORTED, ids=[f"{f}-{to}-{t.strip()[:40]}" for f, t, to, _ in REPORTED])
+def test_unresolvable_or_unknown_versions_are_reported_never_rewritten(fmt, text, to, level):
+    result = migrate(text, fmt, to)
+    assert result.text == text
+    pins = [f for f in result.findings if f.rule_id.endswith(("-50", "-51"))]
+    assert [f.level for f in pins] == [level], found(result)
+
+
+def test_flashinfer_later_targets_pass_any_pin_that_can_be_0_6_14_or_newer():
+    for text in ("pip install flashinfer-python==0.6.18\n", "pip install 'flashinfer-python>=0.6.14'\n",
+                 "pip install 'flashinfer-python>0.6.14'\n"):
+        result = migrate(text, "shell", "0.5.20")
+        assert not [f for f in result.findings if f.rule_id == "R516-51"], (text, found(result))
+
+
+def test_the_rule_of_the_target_release_reports_once():
+    result = migrate("pip install sglang==0.5.15\ndocker pull lmsysorg/sglang:v0.5.15\n", "shell", "0.5.22")
+    assert found(result) == [("R522-50", FIX, 1), ("R522-50", FIX, 2)]
+    assert result.text == "pip install sglang==0.5.22\ndocker pull lmsysorg/sglang:v0.5.22\n"
+
+
+def test_a_line_can_be_silenced_after_a_person_checked_it():
+    result = migrate("docker pull lmsysorg/sglang:${TAG}  # sglaunch: ignore[R516-50]\n", "shell")
+    assert not result.findings
+
+
+# --------------------------------------------------------------------------- tags -> releases, CUDA
+
+
+TAGS = [
+    ("v0.5.15-cu129", "0.5.16", "v0.5.16-cu129"),
+    ("v0.5.15", "0.5.16", "v0.5.16"),
+    ("0.5.15", "0.5.16", "0.5.16"),  # no `v`: none written
+    ("v0.5.15.post1-cu126", "0.5.16", "v0.5.16-cu126"),
+    ("v0.5.19-cu129", "0.5.20", "v0.5.20"),  # CUDA 12 images are retired from 0.5.20 on
+    ("v0.5.20-cu129", "0.5.20", "v0.5.20"),
+    ("v0.5.19-cu130", "0.5.20", "v0.5.20-cu130"),
+    ("v0.5.15-cu129-b200", "0.5.21", "v0.5.21-b200"),
+    ("v0.5.16", "0.5.16", None),
+    ("v0.5.16.post1", "0.5.16", None),
+    ("v0.5.20", "0.5.20", None),
+    ("v0.5.20-cu130", "0.5.21", "v0.5.21-cu130"),
+]
+
+
+@pytest.mark.parametrize("tag, to, new", TAGS)
+def test_image_tags_map_to_releases(tag, to, new):
+    text = f"FROM lmsysorg/sglang:{tag}\n"
+    result = migrate(text, "dockerfile", to)
+    assert result.text == (text if new is None else f"FROM lmsysorg/sglang:{new}\n")
+
+
+# --------------------------------------------------------------------------- bytes and shapes
+
+
+def test_edits_are_byte_exact_and_minimal(tmp_path):
+    text = ("# keep   this\r\nnumpy  >=1.26\r\nsglang[all] == 0.5.15 ;python_version>='3.10'   # x\r\n"
+            "caf\u00e9==1\r\n")
+    path = tmp_path / "requirements.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    report = process_file(str(path), True, load_rules().between("0.5.15", "0.5.16"), "0.5.16", True)
+    assert report.error is None
+    assert report.migrated == "\ufeff" + text.replace("== 0.5.15", "==0.5.16")
+
+
+def test_pyproject_edit_keeps_everything_else():
+    text = (PINS / "pyproject.toml").read_text()
+    result = migrate(text, "pyproject")
+    assert result.text == (EXPECTED / "pyproject.toml").read_text()
+    changed = [i for i, (a, b) in enumerate(zip(text.split("\n"), result.text.split("\n"))) if a != b]
+    assert changed == [5, 6, 12]
+
+
+def test_invalid_pyproject_is_an_error():
+    result = migrate("[project\ndependencies = [\n", "pyproject")
+    assert result.error and result.text == "[project\ndependencies = [\n"
+
+
+@pytest.mark.parametrize("name, fmt", [
+    ("requirements.txt", "requirements"), ("requirements-dev.txt", "requirements"),
+    ("dev-requirements.txt", "requirements"), ("constraints.txt", "requirements"),
+    ("requirements/base.txt", "requirements"), ("requirements.in", "requirements"),
+    ("pyproject.toml", "pyproject"), ("notes.txt", None), ("Cargo.toml", None),
+])
+def test_dependency_files_are_recognised_by_name(name, fmt):
+    assert detect_format(name, "x==1\n", loose=False) == fmt
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def _copy(tmp_path: Path) -> Path:
+    target = tmp_path / "repo"
+    shutil.copytree(PINS, target)
+    return target
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_check_fails_and_writes_nothing(tmp_path):
+    repo = _copy(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", str(repo)])
+    assert result.exit_code == 1, result.output
+    assert "R516-50" in result.output and "R516-51" in result.output
+    assert "read: 3 requirements" in result.output and "1 pyproject" in result.output
+    assert "skipped: 1 not launch files" in result.output  # README.md
+    assert _tree(repo) == _tree(PINS)
+
+
+def test_default_mode_prints_the_diff(tmp_path):
+    repo = _copy(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--unsafe-fixes", str(repo / "constraints-gpu.txt")])
+    assert result.exit_code == 1
+    assert "-flashinfer-python==0.6.15\n+flashinfer-python==0.6.14\n" in result.output
+    plain = CliRunner().invoke(app, ["migrate-flags", str(repo / "constraints-gpu.txt")])
+    assert "+flashinfer-python" not in plain.output and "unsafe" in plain.output
+
+
+def test_write_without_unsafe_fixes_leaves_pins_and_reports(tmp_path):
+    repo = _copy(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--write", str(repo)])
+    assert result.exit_code == 1
+    assert _tree(repo) == _tree(PINS)
+    assert "unsafe" in result.output and "--unsafe-fixes" in result.output
+
+
+def test_write_with_unsafe_fixes_then_check_is_stable(tmp_path):
+    repo = _copy(tmp_path)
+    first = CliRunner().invoke(app, ["migrate-flags", "--write", "--unsafe-fixes", str(repo)])
+    assert first.exit_code == 1, first.output
+    assert _tree(repo) == _tree(EXPECTED)
+    second = CliRunner().invoke(app, ["migrate-flags", "--check", "--unsafe-fixes", "--json", str(repo)])
+    import json
+
+    data = json.loads(second.stdout)
+    assert not [f["path"] for f in data["files"] if f["changed"]]
+    left = {(Path(f["path"]).name, x["level"]) for f in data["files"] for x in f["findings"]}
+    # what still needs a person: the hashed lock, the variable version, and the moving `latest` tag
+    assert left == {("requirements-lock.txt", MANUAL), ("setup.sh", MANUAL), ("compose.yaml", INFO)}
+    assert data["exit_code"] == 1
+    assert data["read"]["requirements"] == 3 and data["read"]["pyproject"] == 1
+
+
+def test_check_passes_once_everything_is_at_the_target(tmp_path):
+    (tmp_path / "requirements.txt").write_text("sglang[all]==0.5.16\nflashinfer-python==0.6.14\n")
+    (tmp_path / "Dockerfile").write_text("FROM lmsysorg/sglang:v0.5.16-cu129\nCMD [\"sglang\", \"serve\"]\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["sglang>=0.5.16"]\n')
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "1 requirements" in result.output and "1 pyproject" in result.output
+
+
+def test_github_annotations_for_pins(tmp_path):
+    repo = _copy(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", "--output-format", "github",
+                                      str(repo / "requirements-lock.txt")])
+    assert result.output.startswith("::error file=")
+    assert "title=R516-50 manual" in result.output
+
+
+# --------------------------------------------------------------------------- rule files
+
+
+BASE = {"id": "R516-99", "name": "p", "kind": "pin", "packages": ["sglang"], "version": "0.5.16",
+        "safety": "unsafe", "message": "m", "example": {"before": "a", "after": "b"}}
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"packages": []}, "non-empty list"),
+    ({"packages": ["not a name!"]}, "non-empty list"),
+    ({"version": "latest"}, "must be versions"),
+    ({"never": "0.6.15"}, "must be versions"),
+    ({"images": ["sglang"]}, "image repositories"),
+    ({"cuda": "thirteen"}, "CUDA major"),
+    ({"safety": "safe"}, "unsafe or manual"),
+    ({"floor": "yes"}, "true or false"),
+])
+def test_malformed_pin_rules_are_clear_errors(change, fragment):
+    with pytest.raises(SglaunchError) as info:
+        parse_rule({**BASE, **change}, "0.5.16", "x.yaml")
+    assert fragment in info.value.message
+
+
+def test_every_release_has_its_sglang_pin_and_0_5_20_on_say_cuda_13():
+    pins = {r.release: r for r in load_rules().rules if r.kind == "pin" and r.packages == ("sglang",)}
+    assert sorted(pins) == ["0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+    for release, rule in pins.items():
+        assert rule.version == release and rule.images == ("lmsysorg/sglang",)
+        assert rule.cuda == ("13" if release >= "0.5.20" else None)
+    flashinfer = [r for r in load_rules().rules if r.kind == "pin" and "flashinfer-python" in r.packages]
+    assert [(r.release, r.version, r.never) for r in flashinfer] == [("0.5.16", "0.6.14", ("0.6.15",))]
