@@ -230,10 +230,10 @@ def _wheel(value: str) -> tuple[str, str] | None:
     return str(name), str(version)
 
 
-def spec_span(value: str) -> tuple[object, int, int] | None:
-    """(Requirement, start, end) of the version specifier inside `value` (an empty span at the
-    insertion point when unpinned); None when `value` is no PEP 508 requirement or the
-    specifier cannot be located exactly."""
+def spec_span(value: str) -> tuple[object, tuple[int, int] | None] | None:
+    """(Requirement, (start, end) of its version specifier inside `value`) — an empty span at
+    the insertion point when unpinned, None as the span when it cannot be located exactly;
+    None when `value` is no PEP 508 requirement."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
@@ -242,8 +242,8 @@ def spec_span(value: str) -> tuple[object, int, int] | None:
     except InvalidRequirement:
         return None
     match = NAME.match(value)
-    if match is None:
-        return None
+    if match is None or requirement.url:
+        return requirement, None
     start = match.end()
     end = value.find(";", start)
     end = len(value) if end < 0 else end
@@ -255,10 +255,10 @@ def spec_span(value: str) -> tuple[object, int, int] | None:
         written = value[start:end]
     try:
         if SpecifierSet(written.strip()) != requirement.specifier:
-            return None
+            return requirement, None
     except InvalidSpecifier:
-        return None
-    return requirement, start, end
+        return requirement, None
+    return requirement, (start, end)
 
 
 def _contains(specifier, version) -> bool:
@@ -302,53 +302,91 @@ def _admits_floor(specifier, floor, never) -> bool:
 
 def check_requirement(ref: Ref, rule: Rule, to_release: str):
     """[(finding, new value)] for one requirement of a rule's package."""
+    unknown = _unknown_version(ref, rule, to_release)
+    if unknown is not None:
+        return unknown
+    parsed = spec_span(ref.value)
+    if parsed is None:
+        return []  # not a requirement after all (a path, an option value)
+    requirement, span = parsed
+    problem = _pin_problem(requirement.specifier, rule, to_release)
+    if problem is None:
+        return []
+    reverted, exact = problem
+    pinned, shown = ref.display, rule.packages[0]
+    if not exact:
+        return [(_finding(rule, ref, MANUAL, (
+            f"{pinned} ({ref.where}) allows no {shown} that SGLang {to_release} can use: it needs {rule.version} "
+            f"or newer (SGLang {rule.release} pins {rule.version}; the pin of {to_release} itself is not in the "
+            f"data).{reverted}"), pinned), None)]
+    if ref.hashed:
+        return [(_finding(rule, ref, MANUAL, (
+            f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs, and the line carries "
+            f"--hash values: regenerate the lock file (pip-compile, uv pip compile) with {shown}=={rule.version}."
+            f"{reverted}"), pinned), None)]
+    new_value = _fixed(ref.value, span, rule) if span is not None else None
+    level = _fix_level(rule) if new_value is not None else MANUAL
+    how = f"the fix writes {new_value.split(';', 1)[0].strip()}" if new_value is not None else \
+        f"the specifier cannot be located exactly; write {shown}=={rule.version} by hand"
+    return [(_finding(rule, ref, level, (
+        f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs{_why(rule, to_release)}; "
+        f"{how}.{reverted}"), pinned), new_value)]
+
+
+def _unknown_version(ref: Ref, rule: Rule, to_release: str):
+    """Findings for a requirement whose version the tool cannot read or rewrite (a variable, a
+    URL or VCS install, a wheel file of another version); None when it can be checked."""
     from packaging.version import Version
 
-    name = requirement_name(ref.value) or ref.value
-    shown = rule.packages[0]
     if DYNAMIC.search(ref.value):
         return [(_finding(rule, ref, MANUAL, (
             f"{ref.display} ({ref.where}) takes its version from a variable the tool cannot resolve; make sure it "
             f"is {_wanted(rule, to_release)}.")), None)]
     wheel = _wheel(ref.value)
     parsed = None if wheel else spec_span(ref.value)
-    if wheel is not None or (parsed is not None and parsed[0].url) or (parsed is None and "://" in ref.value):
-        version = f" {wheel[1]}" if wheel else ""
-        return [(_finding(rule, ref, MANUAL, (
-            f"{name}{version} is installed from a file or URL ({ref.where}), which the tool cannot rewrite; make "
-            f"sure it is {_wanted(rule, to_release)}.")), None)]
-    if parsed is None:
-        return []  # not a requirement after all (a path, an option value)
-    requirement, start, end = parsed
-    specifier = requirement.specifier
+    if wheel is None and not (parsed is not None and parsed[0].url) and not (parsed is None and "://" in ref.value):
+        return None
+    if wheel is not None and _pin_problem(_exactly(wheel[1]), rule, to_release) is None:
+        return []
+    name = requirement_name(ref.value) or ref.value
+    version = f" {Version(wheel[1])}" if wheel else ""
+    return [(_finding(rule, ref, MANUAL, (
+        f"{name}{version} is installed from a file or URL ({ref.where}), which the tool cannot rewrite; make "
+        f"sure it is {_wanted(rule, to_release)}.")), None)]
+
+
+def _exactly(version: str):
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(f"=={version}")
+
+
+def _pin_problem(specifier, rule: Rule, to_release: str) -> tuple[str, bool] | None:
+    """None when `specifier` allows what the target needs; else (a note on reverted versions,
+    whether the need is an exact version (else: at least `rule.version`))."""
+    from packaging.version import Version
+
     version = Version(rule.version or "0")
     never = [Version(v) for v in rule.never]
     exact = not rule.floor or to_release == rule.release
     bad = [v for v in never if str(specifier) and _only(specifier, v)]
     if exact and _admits_release(specifier, version) and not bad:
-        return []
+        return None
     if not exact and _admits_floor(specifier, version, never):
-        return []
-    pinned = ref.display
+        return None
     reverted = f" {', '.join(map(str, bad))} was released and reverted: never install it." if bad else ""
-    if not exact:
-        return [(_finding(rule, ref, MANUAL, (
-            f"{pinned} ({ref.where}) allows no {shown} that SGLang {to_release} can use: it needs {rule.version} "
-            f"or newer (SGLang {rule.release} pins {rule.version}; the pin of {to_release} itself is not in the "
-            f"data).{reverted}"), pinned), None)]
-    new_value = ref.value[:start] + f"=={rule.version}" + ref.value[end:]
-    written = NAME.match(ref.value)
-    if written and written.group(1) and _canonical(written.group(1)) != shown:  # `flashinfer`: the old name
-        new_value = new_value[:written.start(1)] + shown + new_value[written.end(1):]
-    if ref.hashed:
-        return [(_finding(rule, ref, MANUAL, (
-            f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs, and the line carries "
-            f"--hash values: regenerate the lock file (pip-compile, uv pip compile) with {shown}=={rule.version}."
-            f"{reverted}"), pinned), None)]
-    level = _fix_level(rule)
-    return [(_finding(rule, ref, level, (
-        f"{pinned} ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs{_why(rule, to_release)}; "
-        f"the fix writes {new_value.split(';', 1)[0].strip()}.{reverted}"), pinned), new_value)]
+    return reverted, exact
+
+
+def _fixed(value: str, span: tuple[int, int], rule: Rule) -> str:
+    """`value` with its specifier replaced by `==version` (and the old `flashinfer` name by
+    the rule's first package name)."""
+    start, end = span
+    new_value = value[:start] + f"=={rule.version}" + value[end:]
+    written = NAME.match(value)
+    if written and written.group(1) and _canonical(written.group(1)) != rule.packages[0]:
+        new_value = new_value[:written.start(1)] + rule.packages[0] + new_value[written.end(1):]
+    return new_value
 
 
 def _canonical(name: str) -> str:

@@ -643,10 +643,11 @@ def sniff(text: str, loose: bool = True) -> str | None:
     if first.startswith("#!"):
         return None
     if first in ("---",) or ":" in first and not first.startswith(("python", "sglang", "export")):
-        from sglaunch.migrate.yamlfmt import YamlError, compose, detect_yaml
+        from sglaunch.migrate.yamlfmt import YamlError, compose, detect_yaml, is_scalar
 
         try:
-            if compose(text):
+            docs = compose(text)
+            if docs and not all(is_scalar(d) for d in docs):  # `docker run img:tag ...` is one plain scalar
                 return detect_yaml(text)
         except YamlError:
             pass

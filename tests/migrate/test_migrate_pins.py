@@ -137,6 +137,8 @@ QUIET = [
     ("shell", "pip install sglang==0.5.16.post1\n"),  # a post release of the target
     ("shell", "pip install sglang==0.5.16\n"),
     ("shell", "pip install flashinfer-python==0.6.14\n"),
+    ("shell", "pip install ./dist/sglang-0.5.16-py3-none-any.whl\n"),  # a wheel of the target
+    ("shell", "pip install -e 'python[all]' .\n"),  # a source checkout
     ("shell", "pip install 'flashinfer-python>=0.6.14'\n"),
     ("shell", "pip install sglang-router==0.1.0 sgl-kernel==0.3.0\n"),  # other packages
     ("shell", "# pip install sglang==0.5.15\n"),
@@ -224,6 +226,13 @@ def test_the_rule_of_the_target_release_reports_once():
     result = migrate("pip install sglang==0.5.15\ndocker pull lmsysorg/sglang:v0.5.15\n", "shell", "0.5.22")
     assert found(result) == [("R522-50", FIX, 1), ("R522-50", FIX, 2)]
     assert result.text == "pip install sglang==0.5.22\ndocker pull lmsysorg/sglang:v0.5.22\n"
+
+
+def test_image_and_launch_flags_on_one_line_are_both_fixed_from_stdin():
+    text = "docker run --gpus all lmsysorg/sglang:v0.5.15 --model-path m --enable-deepep-waterfill\n"
+    result = CliRunner().invoke(app, ["migrate-flags", "--write", "--unsafe-fixes", "-"], input=text)
+    assert result.stdout == ("docker run --gpus all lmsysorg/sglang:v0.5.16 --model-path m --enable-waterfill "
+                             "--moe-a2a-backend deepep\n")
 
 
 def test_a_line_can_be_silenced_after_a_person_checked_it():
