@@ -23,8 +23,8 @@ import os
 import re
 from typing import Sequence
 
-from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, REQUIREMENT, TAG, DepsUnreadable, Mapper, Ref,
-                                   parse_image, requirement_name)
+from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, POETRY, REQUIREMENT, TAG, DepsUnreadable, Mapper,
+                                   Ref, parse_image, requirement_name)
 from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
 
 IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
@@ -202,6 +202,26 @@ class _Reader:
                 start, end = span
                 mapper = _offset(start, "\n\"'\\") if text[start:end] == str(item) else None
                 self.add(REQUIREMENT, str(item), mapper, start, where)
+        for where, table in _poetry_tables(doc):
+            for name in list(table.keys()):
+                self._poetry(doc, text, exact, where, table, str(name))
+
+    def _poetry(self, doc, text: str, exact: bool, where: str, table, name: str) -> None:
+        """`sglang = "^0.5.15"` or `sglang = {version = "0.5.15", extras = ["all"]}`."""
+        item = table[name]
+        holder, key = (table, name) if isinstance(item, str) else (item, "version")
+        value = holder.get(key) if hasattr(holder, "get") else None
+        if not isinstance(value, str):  # a git/path/url source, or a list of constraints
+            span = _toml_span(doc, text, table, name, any_item=True) if exact else None
+            self.add(POETRY, "", None, span[0] if span else 0, where, repository=name)
+            return
+        span = _toml_span(doc, text, holder, key) if exact else None
+        if span is None:
+            self.add(POETRY, str(value), None, 0, where, repository=name)
+            return
+        start, end = span
+        mapper = _offset(start, "\n\"'\\") if text[start:end] == str(value) else None
+        self.add(POETRY, str(value), mapper, start, where, repository=name)
 
     # -- shell -------------------------------------------------------------------
 
@@ -340,6 +360,11 @@ class _Reader:
                                  f"{keyword} {match.group(1)}")
             elif keyword == "RUN":
                 self._run(text, instruction)
+            elif keyword in ("COPY", "ADD"):
+                option = re.match(r"(?:--\S+\s+)*?--from=(\S+)", masked)
+                if option and self.is_image(option.group(1)):
+                    self.add(IMAGE, option.group(1), _offset(body + option.start(1)), body + option.start(1),
+                             f"{keyword} --from")
             if keyword in ("RUN", "COPY"):
                 self._docker_heredocs(text, instruction)
 
@@ -573,7 +598,7 @@ def _cuda_package(value: str) -> bool:
 
 def _image_prefix(value: str) -> int:
     """Length of an option or scheme in front of an image (`--container-image=`, `docker://`)."""
-    match = re.match(r"(--?[A-Za-z][A-Za-z0-9-]*=)?(docker://|docker:)?", value)
+    match = re.match(r"(--?[A-Za-z][A-Za-z0-9-]*=|[A-Za-z0-9_.-]+=)?(docker://|docker:)?", value)
     return match.end() if match else 0
 
 
@@ -607,18 +632,32 @@ def _dependency_arrays(doc):
     return out
 
 
+def _poetry_tables(doc):
+    """(where, table) of Poetry's dependency tables."""
+    poetry = ((doc.get("tool") or {}).get("poetry") or {}) if hasattr(doc, "get") else {}
+    out = []
+    for key in ("dependencies", "dev-dependencies"):
+        if hasattr(poetry.get(key), "keys"):
+            out.append((f"pyproject tool.poetry.{key}", poetry[key]))
+    for group, table in (poetry.get("group") or {}).items():
+        deps = table.get("dependencies") if hasattr(table, "get") else None
+        if hasattr(deps, "keys"):
+            out.append((f"pyproject tool.poetry.group.{group}.dependencies", deps))
+    return out
+
+
 MARK = "\ue001"
 
 
-def _toml_span(doc, text: str, array, index: int) -> tuple[int, int] | None:
-    """Span of the string at `array[index]` in `text`: swapped for a marker string of the same
-    kind, the document's text differs from `text` exactly there."""
+def _toml_span(doc, text: str, array, index, any_item: bool = False) -> tuple[int, int] | None:
+    """Span of the string at `array[index]` (an array or a table) in `text`: swapped for a
+    marker string of the same kind, the document's text differs from `text` exactly there."""
     import tomlkit
     from tomlkit.items import StringType
 
     item = array[index]
     kind = getattr(item, "type", None)
-    if kind not in (StringType.SLB, StringType.SLL):
+    if kind not in (StringType.SLB, StringType.SLL) and not any_item:
         return None
     array[index] = tomlkit.string(MARK, literal=kind is StringType.SLL)
     try:
@@ -632,6 +671,6 @@ def _toml_span(doc, text: str, array, index: int) -> tuple[int, int] | None:
     tail = 0
     while tail < limit - start and text[len(text) - 1 - tail] == changed[len(changed) - 1 - tail]:
         tail += 1
-    if changed[start:len(changed) - tail] != MARK:
+    if changed[start:len(changed) - tail] != MARK and not (any_item and MARK in changed[start:len(changed) - tail]):
         return None
     return start, len(text) - tail

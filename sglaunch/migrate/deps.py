@@ -25,7 +25,7 @@ from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_o
 
 Mapper = Callable[[TextEdit], "TextEdit | None"]
 DEPENDENCY_FORMATS = ("requirements", "pyproject")
-REQUIREMENT, IMAGE, TAG, INDEX = "requirement", "image", "tag", "index"
+REQUIREMENT, IMAGE, TAG, INDEX, POETRY = "requirement", "image", "tag", "index", "poetry"
 CUDA_INDEX = re.compile(r"(?<![A-Za-z0-9])cu(\d{2,3})(?![0-9])")
 DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
 
@@ -167,6 +167,8 @@ class _Known:
     def rule_for(self, ref: Ref) -> Rule | None:
         if ref.kind == INDEX:  # a wheel index of a CUDA build: what the target's sglang is built for
             return self.by_package.get("sglang")
+        if ref.kind == POETRY:
+            return self.by_package.get(self.canonical(ref.repository))
         if ref.kind == REQUIREMENT:
             name = requirement_name(ref.value)
             return self.by_package.get(self.canonical(name)) if name else None
@@ -179,6 +181,8 @@ class _Known:
             return []
         if ref.kind == INDEX:
             found = check_index(ref, rule)
+        elif ref.kind == POETRY:
+            found = check_poetry(ref, rule, self.to_release)
         elif ref.kind == REQUIREMENT:
             found = check_requirement(ref, rule, self.to_release)
         else:
@@ -408,6 +412,77 @@ def _wanted(rule: Rule, to_release: str) -> str:
 
 def _why(rule: Rule, to_release: str) -> str:
     return "" if rule.packages[0] == "sglang" else f" (SGLang {rule.release} pins it)"
+
+
+def check_poetry(ref: Ref, rule: Rule, to_release: str):
+    """A Poetry dependency (`sglang = "^0.5.15"`, `{version = "0.5.15", extras = [...]}`): its
+    constraint read as PEP 440; the fix writes the bare version (Poetry's exact pin)."""
+    specifier = poetry_specifier(ref.value) if ref.mapper is not None or ref.value else None
+    name = ref.repository
+    if specifier is None:
+        what = f"the Poetry constraint \"{ref.display}\"" if ref.value else "a git, path or url source or a list of constraints"
+        return [(_finding(rule, ref, MANUAL, (
+            f"{name} comes from {what} ({ref.where}), which the tool cannot read; make sure it is "
+            f"{_wanted(rule, to_release)}.")), None)]
+    problem = _pin_problem(specifier, rule, to_release)
+    if problem is None:
+        return []
+    reverted, exact = problem
+    if not exact or _canonical(name) != rule.packages[0]:
+        how = f"write {rule.packages[0]} = \"{rule.version}\"" if exact else "change it by hand"
+        return [(_finding(rule, ref, MANUAL, (
+            f"{name} = \"{ref.display}\" ({ref.where}) excludes {_wanted(rule, to_release)}, which SGLang "
+            f"{to_release} needs; {how}.{reverted}")), None)]
+    return [(_finding(rule, ref, _fix_level(rule), (
+        f"{name} = \"{ref.display}\" ({ref.where}) excludes {rule.version}, which SGLang {to_release} needs"
+        f"{_why(rule, to_release)}; the fix writes \"{rule.version}\".{reverted}")), rule.version)]
+
+
+POETRY_PART = re.compile(r"(\^|~=|~|===|==|!=|>=|<=|>|<)?\s*(\*|[0-9][0-9A-Za-z.*+!-]*)")
+
+
+def poetry_specifier(constraint: str):
+    """Poetry's version constraint as a PEP 440 SpecifierSet (None when it cannot be read:
+    `||` alternatives, odd syntax)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    text = constraint.strip()
+    if "||" in text:
+        return None
+    parts = []
+    rest = text
+    for match in POETRY_PART.finditer(text):
+        operator, version = match.group(1) or "", match.group(2)
+        rest = rest.replace(match.group(0), "", 1)
+        if version == "*":
+            continue
+        if operator in ("^", "~"):
+            try:
+                release = list(Version(version).release)
+            except InvalidVersion:
+                return None
+            parts += [f">={version}", f"<{_poetry_upper(release, operator)}"]
+        else:
+            parts.append(f"{operator or '=='}{version}")
+    if rest.replace(",", "").strip():
+        return None
+    try:
+        return SpecifierSet(",".join(parts))
+    except InvalidSpecifier:
+        return None
+
+
+def _poetry_upper(release: list[int], operator: str) -> str:
+    """The exclusive upper bound of `^X` (the first non-zero part bumped) or `~X` (the minor)."""
+    written = len(release)
+    release = (release + [0, 0, 0])[:max(3, written)]
+    if operator == "~":
+        index = 1 if written > 1 else 0
+    else:
+        index = next((k for k, part in enumerate(release[:3]) if part), 2)
+    bumped = release[:index] + [release[index] + 1]
+    return ".".join(map(str, bumped + [0] * (3 - len(bumped))))
 
 
 def check_index(ref: Ref, rule: Rule):

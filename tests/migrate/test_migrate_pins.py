@@ -57,6 +57,10 @@ FIXED = [
     ("shell", "IMAGE=docker.io/lmsysorg/sglang:v0.5.15\n", "IMAGE=docker.io/lmsysorg/sglang:v0.5.16\n", "R516-50"),
     ("shell", "srun --container-image=lmsysorg/sglang:v0.5.14 true\n",
      "srun --container-image=lmsysorg/sglang:v0.5.16 true\n", "R516-50"),
+    ("shell", "kubectl set image deploy/s s=lmsysorg/sglang:v0.5.15\n", "kubectl set image deploy/s s=lmsysorg/sglang:v0.5.16\n",
+     "R516-50"),
+    ("dockerfile", "FROM x\nCOPY --from=lmsysorg/sglang:v0.5.15 /a /b\n", "FROM x\nCOPY --from=lmsysorg/sglang:v0.5.16 /a /b\n",
+     "R516-50"),
     ("shell", "docker pull lmsysorg/sglang:v0.5.15-rocm700-mi30x\n",
      "docker pull lmsysorg/sglang:v0.5.16-rocm700-mi30x\n", "R516-50"),
     # requirements and constraints files
@@ -73,6 +77,10 @@ FIXED = [
      "R516-50"),
     ("pyproject", '[tool.uv]\nconstraint-dependencies = ["sglang==0.5.15"]\n',
      '[tool.uv]\nconstraint-dependencies = ["sglang==0.5.16"]\n', "R516-50"),
+    ("pyproject", '[tool.poetry.dependencies]\npython = "^3.10"\nsglang = {version = "0.5.15", extras = ["all"]}\n',
+     '[tool.poetry.dependencies]\npython = "^3.10"\nsglang = {version = "0.5.16", extras = ["all"]}\n', "R516-50"),
+    ("pyproject", '[tool.poetry.group.gpu.dependencies]\nflashinfer-python = "<0.6.14"\n',
+     '[tool.poetry.group.gpu.dependencies]\nflashinfer-python = "0.6.14"\n', "R516-51"),
     # Dockerfiles
     ("dockerfile", "FROM lmsysorg/sglang:v0.5.15-cu129 AS base\n", "FROM lmsysorg/sglang:v0.5.16-cu129 AS base\n",
      "R516-50"),
@@ -151,6 +159,8 @@ QUIET = [
     ("shell", "docker pull lmsysorg/sglang-router:v0.1.0\n"),
     ("shell", "docker pull lmsysorg/sglang:v0.5.16-cu129\n"),
     ("requirements", "# sglang==0.5.15\nsglang-router==0.2.1\nnumpy==2.0\n"),
+    ("pyproject", '[tool.poetry.dependencies]\nsglang = "^0.5.15"\nflashinfer-python = "~0.6.14"\n'),  # Poetry ranges
+    ("pyproject", '[tool.poetry.dependencies]\nsglang = ">=0.5.15, <0.6"\n'),
     ("pyproject", '[project]\nname = "x"\n# "sglang==0.5.15"\ndependencies = ["numpy"]\n'
                   '[tool.other]\nnote = "sglang==0.5.15"\n'),
     ("dockerfile", "# FROM lmsysorg/sglang:v0.5.15\nFROM lmsysorg/sglang:v0.5.16\n"
@@ -191,6 +201,10 @@ REPORTED = [
     ("requirements", "sglang==0.5.15 \\\n    --hash=sha256:00ff\n", "0.5.16", MANUAL),  # regenerate the lock
     ("requirements", "-e git+https://github.com/sgl-project/sglang.git@v0.5.15#egg=sglang\n", "0.5.16", MANUAL),
     ("requirements", "sglang==${SGLANG_VERSION}\n", "0.5.16", MANUAL),
+    ("pyproject", '[tool.poetry.dependencies]\nsglang = {git = "https://github.com/sgl-project/sglang", tag = "v0.5.15"}\n',
+     "0.5.16", MANUAL),
+    ("pyproject", '[tool.poetry.dependencies]\nsglang = "0.5.14 || 0.5.15"\n', "0.5.16", MANUAL),
+    ("pyproject", '[tool.poetry.dependencies]\nflashinfer = "0.6.13"\n', "0.5.16", MANUAL),  # the old name
     ("dockerfile", "FROM lmsysorg/sglang:${SGLANG_TAG}\n", "0.5.16", MANUAL),
     ("compose", "services:\n  s:\n    image: lmsysorg/sglang:${TAG:-v0.5.15}\n", "0.5.16", MANUAL),
     ("shell", "docker pull lmsysorg/sglang:latest\n", "0.5.16", INFO),  # a moving tag
@@ -285,6 +299,19 @@ def test_pyproject_edit_keeps_everything_else():
     assert result.text == (EXPECTED / "pyproject.toml").read_text()
     changed = [i for i, (a, b) in enumerate(zip(text.split("\n"), result.text.split("\n"))) if a != b]
     assert changed == [5, 6, 12]
+
+
+@pytest.mark.parametrize("constraint, spec", [
+    ("^0.5.15", ">=0.5.15,<0.6.0"), ("^1.2", ">=1.2,<2.0.0"), ("^0.0.3", ">=0.0.3,<0.0.4"),
+    ("~0.5.15", ">=0.5.15,<0.6.0"), ("~1", ">=1,<2.0.0"), ("0.5.15", "==0.5.15"), ("*", ""),
+    (">=0.5, <0.6", ">=0.5,<0.6"), ("0.5.*", "==0.5.*"), ("0.5 || 0.6", None), ("latest", None),
+])
+def test_poetry_constraints_read_as_pep_440(constraint, spec):
+    from packaging.specifiers import SpecifierSet
+
+    from sglaunch.migrate.deps import poetry_specifier
+
+    assert poetry_specifier(constraint) == (None if spec is None else SpecifierSet(spec))
 
 
 def test_invalid_pyproject_is_an_error():
