@@ -82,7 +82,7 @@ def build_tiny_llama(folder: Path) -> None:
 
 def engine_fields(args, model: Path) -> dict:
     """The EngineConfig both sides run (JSON-able: the server gets it on its command line)."""
-    fields = dict(model_path=str(model), tokenizer_path=str(model), served_model_name="bench",
+    fields = dict(model_path=str(model), tokenizer_path=str(model), served_model_name="bench", context_length=None,
                   dtype=args.dtype, kv_cache_dtype=args.dtype, device=args.device,
                   disable_radix_cache=True, max_running_requests=max(args.concurrency, 1),
                   max_total_tokens=(args.concurrency + 8) * (args.prompt_len + args.new_tokens + 16),
@@ -173,10 +173,17 @@ async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, 
                         if usage:
                             tokens[index] = usage["completion_tokens"]
 
+        steps_before = await engine_steps(client)
         start = time.perf_counter()
         await closed_loop(one, len(prompts), concurrency)
         seconds = time.perf_counter() - start
-    return {"tokens": sum(tokens), "seconds": seconds}
+        steps = await engine_steps(client) - steps_before
+    return {"tokens": sum(tokens), "seconds": seconds, "steps": steps}
+
+
+async def engine_steps(client) -> int:
+    info = (await client.get("/server_info")).json()["internal_states"][0]
+    return int(info["total_steps"])
 
 
 def run_http(server: Server, prompts, warm, args) -> dict:
@@ -209,6 +216,7 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
             in_flight += 1
 
     start = time.perf_counter()
+    steps_before = engine.counters["steps"]
     top_up()
     while engine.has_work:
         for out in engine.step():
@@ -216,7 +224,7 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
             in_flight -= out.finished
         top_up()
     _synchronize(engine)
-    return {"tokens": tokens, "seconds": time.perf_counter() - start}
+    return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": engine.counters["steps"] - steps_before}
 
 
 def release_device_memory(device: str) -> None:
@@ -267,7 +275,7 @@ def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
         code = server.stop()
     if code != 0:
         raise RuntimeError(f"server exited with {code}:\n{log_path.read_text()}")
-    log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s")
+    log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps")
     return result
 
 
@@ -283,7 +291,7 @@ def inprocess_side(fields: dict, prompts, warm, args, repeat: int) -> dict:
         cluster.stop(engine)
     del engine, cluster
     release_device_memory(args.device)
-    log(f"in-process: {result['tokens']} tokens in {result['seconds']:.2f} s")
+    log(f"in-process: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps")
     return result
 
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+from collections import deque
 from multiprocessing.util import Finalize
 from typing import AsyncIterator
 
@@ -33,6 +34,51 @@ SHUTDOWN_TIMEOUT_S = 30.0
 EXIT_GRACE_S = 1.0  # a process that exited: its last events get this long to arrive
 
 
+class _Stream:
+    """One request's outputs (and errors) as they arrive, taken all at once by its consumer."""
+
+    __slots__ = ("items", "ready", "first_taken")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.ready = asyncio.Event()
+        self.first_taken = False
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def take(self) -> list:
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        if not self.first_taken:  # NOTE: the first output goes alone: it is the time to first token
+            self.first_taken = True
+            return [self.items.popleft()]
+        items = list(self.items)
+        self.items.clear()
+        return items
+
+
+def coalesce(items: list) -> list:
+    """Merge runs of plain-decoding TokenOutputs into one each (token ids and logprobs joined, the
+    counts and finish of the last). A consumer that fell behind the engine (many streams, slow
+    clients) then detokenizes and sends one chunk for several tokens instead of one per token.
+    Speculative outputs (accept_length set) and errors pass unmerged, in order."""
+    merged: list = []
+    for item in items:
+        last = merged[-1] if merged else None
+        if (isinstance(item, TokenOutput) and isinstance(last, TokenOutput) and not last.finished
+                and item.accept_length is None and last.accept_length is None):
+            merged[-1] = TokenOutput(
+                item.rid, last.new_token_ids + item.new_token_ids, item.finished, item.finish_reason,
+                item.prompt_tokens, item.completion_tokens, item.cached_tokens, None,
+                last.logprobs + item.logprobs, item.error)
+        else:
+            merged.append(item)
+    return merged
+
+
 class _PoolSize:
     """The page count the scheduler's refusals read (the server holds no pages)."""
 
@@ -46,12 +92,14 @@ class EngineClient:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.pid: int | None = None  # the engine process, once spawned
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, _Stream] = {}
         self._static: dict = {}
         self._live: dict = {}
         self._checker = None
         self._stopping = False
         self._failure: str | None = None
+        self._exited = asyncio.Event()  # the engine process has ended
+        self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -60,8 +108,6 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         self._started: asyncio.Future = loop.create_future()
         self._failed: asyncio.Future = loop.create_future()
-        self._exited = asyncio.Event()
-        self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
         self._open_channel()
         self._spawn()
         loop.add_reader(self._process.sentinel, self._on_exit)
@@ -153,17 +199,19 @@ class EngineClient:
         """Stream a request's outputs; a refused request raises ValueError at the first
         iteration, before any output."""
         self.check_request(request)
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = _Stream()
         self._streams[request.rid] = stream
         self._send((ipc.ADD, request))
         finished = False
         try:
             while not finished:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
+                for item in coalesce(await stream.take()):
+                    if isinstance(item, BaseException):
+                        raise item
+                    finished = item.finished
+                    yield item
+                    if finished:
+                        break
         finally:
             if self._streams.get(request.rid) is stream:
                 del self._streams[request.rid]
@@ -178,7 +226,7 @@ class EngineClient:
         return {**config, "version": sglaunch.__version__, **self._static, **self._live}
 
     def _send(self, command: tuple) -> None:
-        if self._exited.is_set() or self._commands.closed:
+        if self._exited.is_set() or self._checker is None or self._commands.closed:
             return
         try:
             self._commands.send(ipc.encode(command), zmq.NOBLOCK)
@@ -219,11 +267,11 @@ class EngineClient:
         for fields in outputs:
             stream = streams.get(fields[0])
             if stream is not None:
-                stream.put_nowait(ipc.unpack_output(fields))
+                stream.put(ipc.unpack_output(fields))
         for rid, kind, message in refusals:
             stream = streams.get(rid)
             if stream is not None:
-                stream.put_nowait(ValueError(message) if kind == ipc.REFUSED else RuntimeError(message))
+                stream.put(ValueError(message) if kind == ipc.REFUSED else RuntimeError(message))
 
     # ---- the engine process ended -------------------------------------------------------
     def _on_exit(self) -> None:
@@ -253,7 +301,7 @@ class EngineClient:
         self._failure = message
         error = RuntimeError(f"the engine stopped: {message}")
         for stream in self._streams.values():
-            stream.put_nowait(error)
+            stream.put(error)
         if not self._failed.done():
             self._failed.set_result(message)
 

@@ -55,6 +55,21 @@ def generate(server: RunningServer, input_ids: list[int], out: dict, key) -> Non
                 out[key] = json.loads(line[6:])["output_ids"]
 
 
+def in_process(function, *args):
+    """Run the engine in this process, then give the thread back its torch settings.
+
+    NOTE: a CPU rank flushes denormals in the thread that creates it; later tests in this process
+    (hypothesis's float strategies in test_schema_fuzz) need IEEE floats back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return function(*args)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+
+
 def kill_all(server: RunningServer) -> None:
     if server.process.poll() is None:
         os.killpg(server.process.pid, signal.SIGKILL)
@@ -83,7 +98,8 @@ def test_concurrent_streams_match_the_in_process_engine_and_the_server_holds_no_
         exit_code = stop_server(server)
     assert exit_code == 0, server.log()
     config = EngineConfig(**{**server.config, "port": 0})
-    expected = generate_batch(config, PROMPTS, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    expected = in_process(generate_batch, config, PROMPTS, SamplingParams(max_new_tokens=16, temperature=0.0,
+                                                                          ignore_eos=True))
     assert [outputs.get(i) for i in range(len(PROMPTS))] == expected
 
 
@@ -171,3 +187,17 @@ def test_token_outputs_cross_the_channel_unchanged():
     out = TokenOutput("r", (1, 2), True, "abort", 3, 2, 1, 2, (-0.5, -1.0), error="boom")
     (packed,) = ipc.decode(ipc.encode((ipc.STEP, ipc.pack_outputs([out]), [], None)))[1]
     assert ipc.unpack_output(packed) == out
+
+
+def test_a_consumer_behind_the_engine_gets_its_plain_outputs_merged_in_order():
+    from sglaunch.engine.engine_client import coalesce
+    from sglaunch.engine.interface import TokenOutput
+
+    outs = [TokenOutput("r", (i,), i == 3, "length" if i == 3 else None, 4, i + 1, 2, logprobs=(-float(i),))
+            for i in range(4)]
+    (merged,) = coalesce(outs)
+    assert merged == TokenOutput("r", (0, 1, 2, 3), True, "length", 4, 4, 2, logprobs=(-0.0, -1.0, -2.0, -3.0))
+    speculative = TokenOutput("r", (7, 8), accept_length=2)
+    error = RuntimeError("the engine stopped")
+    assert coalesce([outs[0], speculative, outs[1], error]) == [outs[0], speculative, outs[1], error]
+    assert coalesce([outs[0], outs[1], error]) == [coalesce(outs[:2])[0], error]
