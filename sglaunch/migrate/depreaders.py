@@ -590,10 +590,10 @@ def index_options(values: Sequence[str], first: int) -> list[tuple[int, str, str
 
 
 def _cuda_package(value: str) -> bool:
-    from packaging.utils import canonicalize_name
+    from sglaunch.migrate.rules import canonical_name
 
     name = requirement_name(value)
-    return name is not None and canonicalize_name(name) in CUDA_PACKAGES
+    return name is not None and canonical_name(name) in CUDA_PACKAGES
 
 
 def _image_prefix(value: str) -> int:

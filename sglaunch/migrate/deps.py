@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from sglaunch.migrate.kinds import FIX, INFO, MANUAL, UNSAFE
-from sglaunch.migrate.rules import Rule
+from sglaunch.migrate.rules import Rule, canonical_name
 from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_of
 
 Mapper = Callable[[TextEdit], "TextEdit | None"]
@@ -150,18 +150,16 @@ class _Known:
     (a later release's rule supersedes an earlier one for the same package)."""
 
     def __init__(self, pins: Sequence[Rule], to_release: str, unsafe_fixes: bool):
-        from packaging.utils import canonicalize_name
-
         self.to_release = to_release
         self.unsafe_fixes = unsafe_fixes
         self.by_package: dict[str, Rule] = {}
         self.by_image: dict[str, Rule] = {}
         for rule in pins:  # oldest first: later ones overwrite
             for name in rule.packages:
-                self.by_package[canonicalize_name(name)] = rule
+                self.by_package[canonical_name(name)] = rule
             for image in rule.images:
                 self.by_image[image] = rule
-        self.canonical = canonicalize_name
+        self.canonical = canonical_name
         self.repositories = tuple(self.by_image)
 
     def rule_for(self, ref: Ref) -> Rule | None:
@@ -222,11 +220,11 @@ def requirement_name(value: str) -> str | None:
 
 
 def _wheel(value: str) -> tuple[str, str] | None:
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
     base = value.rsplit("/", 1)[-1].split("#", 1)[0].split("?", 1)[0]
     if not base.endswith(".whl"):
         return None
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
     try:
         name, version, _, _ = parse_wheel_filename(base)
     except InvalidWheelFilename:
@@ -394,9 +392,7 @@ def _fixed(value: str, span: tuple[int, int], rule: Rule) -> str:
 
 
 def _canonical(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return canonicalize_name(name)
+    return canonical_name(name)
 
 
 def _only(specifier, version) -> bool:
