@@ -23,8 +23,8 @@ import os
 import re
 from typing import Sequence
 
-from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, POETRY, REQUIREMENT, TAG, DepsUnreadable, Mapper,
-                                   Ref, parse_image, requirement_name)
+from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, POETRY, REQUIREMENT, SCRIPT, TAG, DepsUnreadable,
+                                   Mapper, Ref, parse_image, requirement_name)
 from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
 
 IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
@@ -35,6 +35,8 @@ CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "si
                              "skopeo", "crane", "ctr", "srun", "sbatch", "salloc", "kubectl", "oc", "sky", "buildah"})
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
+RUNS_SCRIPT = re.compile(r"(^|\s)(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash)(\s|$)")
+SCRIPT_PATH = re.compile(r"(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash|slurm|sbatch)")  # relative paths only
 INDEX_OPTIONS = frozenset({"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--index", "--default-index"})
 # a CUDA wheel index given with these matters for the target's CUDA version
 CUDA_PACKAGES = frozenset({"sglang", "flashinfer-python", "flashinfer", "sgl-kernel", "torch"})
@@ -272,6 +274,7 @@ class _Reader:
         name = os.path.basename(values[program])
         if name in sh.DATA_PROGRAMS:
             return
+        self._script(values, program, tokens[program].start)
         first = pip_arguments(values, program)
         if first is not None:
             shown = where or " ".join(values[program:first])
@@ -290,6 +293,14 @@ class _Reader:
             if os.path.basename(value) in SHELLS and SHELL_C.fullmatch(values[k + 1]):
                 self._nested(script, tokens[k + 2], depth)
                 break
+
+    def _script(self, values: Sequence[str], program: int, at: int) -> None:
+        """`./serve.sh --x`, `bash scripts/start.sh`: a script of the repository this file runs."""
+        path = values[program]
+        if os.path.basename(path) in SHELLS and program + 1 < len(values):
+            path = values[program + 1]
+        if SCRIPT_PATH.fullmatch(path) and ".." not in path.split("/"):
+            self.refs.append(Ref(SCRIPT, path, None, at, "run"))
 
     def _nested(self, script, token, depth: int) -> None:
         from sglaunch.migrate import shell as sh
@@ -360,6 +371,11 @@ class _Reader:
                                  f"{keyword} {match.group(1)}")
             elif keyword == "RUN":
                 self._run(text, instruction)
+            elif keyword in ("CMD", "ENTRYPOINT"):
+                items = instruction.exec_items(text)
+                words = items if items is not None else masked.split()
+                if words:
+                    self._script(words, 0, body)
             elif keyword in ("COPY", "ADD"):
                 option = re.match(r"(?:--\S+\s+)*?--from=(\S+)", masked)
                 if option and self.is_image(option.group(1)):
@@ -486,7 +502,8 @@ class _Reader:
         if self.is_image(value[skip:]):
             self.add(IMAGE, value[skip:], _shift(yf._mapper_for(text, node), skip), node.start_mark.index, "image")
             return
-        if (" " in value or "\n" in value) and (PIP_HINT.search(value) or any(r in value for r in self.repositories)):
+        if (" " in value or "\n" in value) and (PIP_HINT.search(value) or any(r in value for r in self.repositories)
+                                                 or RUNS_SCRIPT.search(value)):
             mapper = yf._mapper_for(text, node)
             if mapper is not None:
                 self.shell(value, mapper, 1)

@@ -26,6 +26,7 @@ from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_o
 Mapper = Callable[[TextEdit], "TextEdit | None"]
 DEPENDENCY_FORMATS = ("requirements", "pyproject")
 REQUIREMENT, IMAGE, TAG, INDEX, POETRY = "requirement", "image", "tag", "index", "poetry"
+SCRIPT = "script"  # a script this file runs (`./serve.sh`, `bash scripts/start.sh`): no rule, only followed
 CUDA_INDEX = re.compile(r"(?<![A-Za-z0-9])cu(\d{2,3})(?![0-9])")
 DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
 
@@ -56,6 +57,7 @@ class DepResult:
     findings: list = field(default_factory=list)
     error: str | None = None
     refs: int = 0  # places that name a package or image the rules know
+    scripts: tuple[str, ...] = ()  # relative paths of the scripts this file runs (read too: files.follow)
 
 
 class DepsUnreadable(Exception):
@@ -77,6 +79,7 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
         from sglaunch.migrate.evaluate import ERROR, Finding
 
         return DepResult(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
+    scripts = tuple(dict.fromkeys(r.value for r in refs if r.kind == SCRIPT))
     findings, edits, expected = [], [], {}
     for index, ref in enumerate(refs):
         ref.line = line_of(text, ref.offset)
@@ -92,7 +95,7 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
             findings.append(finding)
     counted = sum(1 for ref in refs if known.rule_for(ref) is not None)
     if not edits:
-        return DepResult(text, findings, refs=counted)
+        return DepResult(text, findings, refs=counted, scripts=scripts)
     updated = apply_edits(text, edits)
     problem = _verify(updated, fmt, refs, expected, known.repositories)
     if problem:
@@ -100,8 +103,8 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
 
         kept = [f if f.level != FIX else _downgraded(f, None) for f in findings]
         return DepResult(text, kept + [Finding("engine", ERROR, 1, f"pins left unchanged: {problem}")],
-                         error=problem, refs=counted)
-    return DepResult(updated, findings, refs=counted)
+                         error=problem, refs=counted, scripts=scripts)
+    return DepResult(updated, findings, refs=counted, scripts=scripts)
 
 
 def _edit(ref: Ref, new_value: str) -> list[TextEdit] | None:
@@ -163,6 +166,8 @@ class _Known:
         self.repositories = tuple(self.by_image)
 
     def rule_for(self, ref: Ref) -> Rule | None:
+        if ref.kind == SCRIPT:
+            return None
         if ref.kind == INDEX:  # a wheel index of a CUDA build: what the target's sglang is built for
             return self.by_package.get("sglang")
         if ref.kind == POETRY:

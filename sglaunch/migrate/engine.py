@@ -35,6 +35,7 @@ class Result:
     error: str | None = None
     sites: int = 0  # launch commands found
     deps: int = 0  # pins and image references of the rules' packages and images found
+    follow: tuple[str, ...] = ()  # files the launches read or run (`--config FILE`, `./serve.sh`), as written
 
 
 def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Site], list[tuple]]:
@@ -183,6 +184,7 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
     result = _migrate_launches(pins.text, fmt, launches, to_release, unsafe_fixes, origin)
     result.findings = _unsilenced(text, result.findings + pins.findings)
     result.deps = pins.refs
+    result.follow = tuple(dict.fromkeys(result.follow + pins.scripts))
     if pins.error and result.error is None:
         result.error = pins.error
     return result
@@ -205,6 +207,7 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
             seen.add(key)
             findings.append(finding)
 
+    configs = tuple(config_files(sites))
     identity = list(range(1, text.count("\n") + 2))
     for finding in _problem_findings(problems, text, rules, to_release):
         report(finding, identity)
@@ -227,7 +230,17 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
         raise ConvergenceError(f"rules still changed the text after {MAX_ROUNDS} rounds")
     for finding in _revalidate(sites, to_release, findings, line_map):
         report(finding, line_map)
-    return Result(current, findings, sites=count)
+    return Result(current, findings, sites=count, follow=configs)
+
+
+def config_files(sites: Sequence[Site]):
+    """The `--config FILE` values of the launches (as written; not when the shell computes them)."""
+    for site in sites:
+        for k, arg in enumerate(site.args):
+            if arg == "--config" and k + 1 < len(site.args) and not site.dynamic[k + 1]:
+                yield site.args[k + 1]
+            elif arg.startswith("--config=") and not site.dynamic[k]:
+                yield arg[len("--config="):]
 
 
 IGNORE = re.compile(r"sglaunch:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")

@@ -53,18 +53,47 @@ class FileReport:
                                for line in lines))
 
 
+# Files the launches read or run (`--config FILE`, `./serve.sh`), queued by `process_file` and
+# read by `iter_files` after the paths it was given (each file once).
+_FOLLOW: list[str] = []
+FOLLOWED_KINDS = (".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch")
+
+
 def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
-    """(path, named explicitly) for every file under `paths`, in a stable order."""
+    """(path, named explicitly) for every file under `paths`, in a stable order; then the
+    files their launches read or run that were not among them (`follow`)."""
+    _FOLLOW.clear()
+    seen: set[str] = set()
     for raw in paths:
         if raw == STDIN:
             yield raw, True
             continue
         path = Path(raw)
-        if path.is_dir():
-            for found in _walk(path):
-                yield str(found), False
-        else:
-            yield raw, True
+        for found, explicit in ([(str(f), False) for f in _walk(path)] if path.is_dir() else [(raw, True)]):
+            if os.path.realpath(found) not in seen:  # a file named and also under a named folder: once
+                seen.add(os.path.realpath(found))
+                yield found, explicit
+    while _FOLLOW:
+        found = _FOLLOW.pop(0)
+        if os.path.realpath(found) not in seen:
+            seen.add(os.path.realpath(found))
+            yield found, True
+
+
+def follow(origin: str, written: str) -> str | None:
+    """The file a launch in `origin` names as `written` (`--config serve.yaml`, `./serve.sh`), looked
+    up next to `origin`, in its parent folders (a workflow runs from the repository root) and in
+    the current folder; None when it is absolute (a path inside a container), outside the tree,
+    or not there."""
+    if os.path.isabs(written) or written.startswith("~") or "$" in written:
+        return None
+    folder = Path(origin).resolve().parent
+    for base in [folder, *list(folder.parents)[:4], Path.cwd()]:
+        candidate = base / written
+        if candidate.is_file() and Path(written).parts[:1] != ("..",):
+            shown = os.path.relpath(candidate)
+            return shown if not shown.startswith("..") else str(candidate)
+    return None
 
 
 def _walk(root: Path) -> Iterable[Path]:
@@ -150,6 +179,11 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
 
     report.findings = result.findings
     report.error = result.error
+    if path != STDIN:
+        for written in result.follow:
+            target = follow(path, written)
+            if target is not None and target.endswith(FOLLOWED_KINDS):
+                _FOLLOW.append(target)
     if not explicit and not result.sites and not result.deps and not report.findings \
             and fmt not in ("requirements", "pyproject"):
         return None

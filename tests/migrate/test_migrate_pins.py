@@ -434,3 +434,52 @@ def test_every_release_has_its_sglang_pin_and_0_5_20_on_say_cuda_13():
         assert rule.cuda == ("13" if release >= "0.5.20" else None)
     flashinfer = [r for r in load_rules().rules if r.kind == "pin" and "flashinfer-python" in r.packages]
     assert [(r.release, r.version, r.never) for r in flashinfer] == [("0.5.16", "0.6.14", ("0.6.15",))]
+
+
+# --------------------------------------------------------------------------- following a launch into other files
+
+
+def _launch_tree(root: Path) -> None:
+    (root / "scripts").mkdir()
+    (root / "configs").mkdir()
+    (root / ".github" / "workflows").mkdir(parents=True)
+    (root / "Dockerfile").write_text('FROM lmsysorg/sglang:v0.5.16\nCMD ["./scripts/serve.sh"]\n')
+    (root / "scripts" / "serve.sh").write_text(
+        '#!/bin/bash\nexec python3 -m sglang.launch_server --config configs/serve.yaml "$@"\n')
+    (root / "configs" / "serve.yaml").write_text("model-path: /m\nenable-deepep-waterfill: true\ntp-size: 8\n")
+    (root / ".github" / "workflows" / "ci.yml").write_text(
+        "on: push\njobs:\n  t:\n    runs-on: ubuntu-latest\n    steps:\n      - run: bash scripts/serve.sh --port 1\n")
+
+
+@pytest.mark.parametrize("start", ["Dockerfile", ".github/workflows/ci.yml", "scripts/serve.sh"])
+def test_the_scripts_and_config_files_a_launch_uses_are_checked_too(tmp_path, monkeypatch, start):
+    _launch_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", start])
+    assert result.exit_code == 1, result.output
+    assert "configs/serve.yaml:2: R516-01" in result.output
+    assert "1 config" in result.output
+
+
+def test_followed_files_are_fixed_once_and_a_walk_reads_each_file_once(tmp_path, monkeypatch):
+    _launch_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["migrate-flags", "--write", "Dockerfile", "scripts/serve.sh", "."])
+    assert result.exit_code == 1, result.output
+    assert (tmp_path / "configs" / "serve.yaml").read_text() == "model-path: /m\nenable-waterfill: true\n" \
+        "moe-a2a-backend: deepep\ntp-size: 8\n"
+    assert result.output.count("configs/serve.yaml:2: R516-01") == 1
+    assert "read: 1 config, 1 dockerfile, 1 shell" in result.output
+    again = CliRunner().invoke(app, ["migrate-flags", "--check", "Dockerfile"])
+    assert again.exit_code == 0, again.output
+
+
+def test_paths_inside_a_container_or_outside_the_tree_are_not_followed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "serve.sh").write_text("python3 -m sglang.launch_server --config /etc/sglang/serve.yaml\n"
+                                       "python3 -m sglang.launch_server --config ../outside.yaml\n"
+                                       "python3 -m sglang.launch_server --config $CONFIG\n")
+    (tmp_path.parent / "outside.yaml").write_text("enable-deepep-waterfill: true\n")
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", "serve.sh"])
+    assert result.exit_code == 0, result.output
+    assert "read: 1 shell" in result.output
