@@ -10,7 +10,7 @@ import pytest
 from sglaunch.flags.release_diff import diff_releases, load_release_data
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.migrate.rules import load_rules
-from sglaunch.releases import KNOWN_RELEASES
+from sglaunch.releases import KNOWN_RELEASES, release_key
 
 RULESET = load_rules()
 PAIRS = list(zip(KNOWN_RELEASES, KNOWN_RELEASES[1:]))
@@ -80,3 +80,14 @@ def test_a_rename_writes_what_the_release_says_replaces_it(rule):
     assert flag is not None, rule.old
     if flag.replaced_by and not flag.replaced_by.startswith("{"):
         assert rule.new == flag.replaced_by, (rule.id, rule.new, flag.replaced_by)
+
+
+def test_every_release_has_a_pin_rule_for_itself():
+    """`sglang` at the target: each release's file pins sglang (and its image tag) at that release,
+    so a new release without one fails here; the CUDA 13 fact holds from 0.5.20 on."""
+    pins = {r.release: r for r in RULESET.rules if r.kind == "pin" and "sglang" in r.packages}
+    assert sorted(pins) == sorted(KNOWN_RELEASES[1:])
+    for release, rule in pins.items():
+        assert rule.version == release, rule.id
+        assert "lmsysorg/sglang" in rule.images, rule.id
+        assert (rule.cuda == "13") == (release_key(release) >= release_key("0.5.20")), rule.id
