@@ -66,7 +66,7 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES) -> list[Ref]
         "requirements": reader.requirements, "pyproject": reader.pyproject, "shell": reader.shell_file,
         "dockerfile": reader.dockerfile, "k8s": reader.yaml, "compose": reader.yaml, "yaml": reader.yaml,
         "workflow": reader.yaml, "helm": reader.yaml, "makefile": reader.makefile, "env": reader.lines,
-        "systemd": reader.lines, "supervisor": reader.lines,
+        "systemd": reader.lines, "supervisor": reader.lines, "python": reader.python,
     }.get(base)
     if handler is None:
         return []
@@ -508,6 +508,71 @@ class _Reader:
             if mapper is not None:
                 self.shell(value, mapper, 1)
 
+    # -- Python ------------------------------------------------------------------
+
+    def python(self, text: str, _fmt: str) -> None:
+        """String literals that are images (`Image.from_registry("lmsysorg/sglang:v0.5.15")`),
+        requirements given to a `pip_install(...)`-like call, `["pip", "install", ...]` lists and
+        shell strings given to a runner (`subprocess.run("pip install ...", shell=True)`)."""
+        import ast
+
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError):
+            return  # the launch reader reports it
+        starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            if id(node) in parts:
+                continue
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and self.is_image(node.value):
+                self._py_string(text, starts, node, IMAGE, "a Python string")
+            elif isinstance(node, ast.JoinedStr):
+                joined = "".join(v.value if isinstance(v, ast.Constant) else "${_}" for v in node.values)
+                if self.is_image(joined):
+                    self.add(IMAGE, joined, None, _py_offset(text, starts, node), "a Python f-string")
+                    self.refs[-1].shown = ast.get_source_segment(text, node) or joined
+            elif isinstance(node, ast.Call):
+                self._py_call(text, starts, node)
+
+    def _py_call(self, text: str, starts: list[int], node) -> None:
+        import ast
+
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        strings = [a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if name in PY_INSTALLS:
+            for arg in strings:
+                self._py_string(text, starts, arg, REQUIREMENT, f"{name}(...)")
+        if name in PY_RUNNERS:
+            for arg in strings:
+                if PIP_HINT.search(arg.value) or any(r in arg.value for r in self.repositories):
+                    mapper = self._py_mapper(text, starts, arg)
+                    if mapper is not None:
+                        self.shell(arg.value, mapper, 1)
+        for arg in node.args:
+            if not isinstance(arg, (ast.List, ast.Tuple)) or not arg.elts:
+                continue
+            plain = [isinstance(e, ast.Constant) and isinstance(e.value, str) for e in arg.elts]
+            # `[sys.executable, "-m", "pip", "install", ...]`: a computed program is a Python
+            values = [e.value if ok else ("python" if k == 0 else "${_}") for k, (e, ok) in enumerate(zip(arg.elts, plain))]
+            first = pip_arguments(values, 0)
+            for k in requirement_words(values, first) if first is not None else ():
+                if plain[k]:
+                    self._py_string(text, starts, arg.elts[k], REQUIREMENT, " ".join(values[:first]))
+
+    def _py_string(self, text: str, starts: list[int], node, kind: str, where: str) -> None:
+        self.add(kind, node.value, self._py_mapper(text, starts, node), _py_offset(text, starts, node), where)
+
+    @staticmethod
+    def _py_mapper(text: str, starts: list[int], node) -> Mapper | None:
+        """Edits of a plain one-line string literal (`"..."`, `'...'`, no escapes) move into the file."""
+        start = _py_offset(text, starts, node)
+        quote = text[start:start + 1]
+        if quote not in ("'", '"') or text[start + 1:start + 1 + len(node.value) + 1] != node.value + quote:
+            return None
+        return _offset(start + 1, "\n\\'\"")
+
     # -- line formats ------------------------------------------------------------
 
     def lines(self, text: str, _fmt: str) -> None:
@@ -531,6 +596,18 @@ class _Reader:
                 if PIP_HINT.search(recipe) or any(r in recipe for r in self.repositories):
                     self.shell(recipe, _offset(offset + lead, "$"), 1)
             offset += len(line) + 1
+
+
+PY_INSTALLS = frozenset({"pip_install", "uv_pip_install", "install", "pip_install_private_repos"})
+PY_RUNNERS = frozenset({"run", "call", "check_call", "check_output", "Popen", "system", "run_commands", "getoutput"})
+
+
+def _py_offset(text: str, starts: list[int], node) -> int:
+    """Character offset of an ast node (its col_offset counts UTF-8 bytes)."""
+    line = node.lineno - 1
+    begin = starts[line] if line < len(starts) else len(text)
+    row = text[begin:].split("\n", 1)[0]
+    return begin + len(row.encode("utf-8", "surrogateescape")[:node.col_offset].decode("utf-8", "ignore"))
 
 
 def _program(values: Sequence[str]) -> int | None:

@@ -113,6 +113,17 @@ FIXED = [
      "      - run: |\n          pip install sglang==0.5.16\n", "R516-50"),
     ("yaml", "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.15\n",
      "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.16\n", "R516-50"),
+    # Python (Modal / SkyPilot style images, pip calls, subprocess lists and shell strings)
+    ("python", 'image = modal.Image.from_registry("lmsysorg/sglang:v0.5.15")\n',
+     'image = modal.Image.from_registry("lmsysorg/sglang:v0.5.16")\n', "R516-50"),
+    ("python", "image = base.pip_install('sglang[all]==0.5.15', 'numpy')\n",
+     "image = base.pip_install('sglang[all]==0.5.16', 'numpy')\n", "R516-50"),
+    ("python", 'subprocess.run(["pip", "install", "flashinfer-python==0.6.15"], check=True)\n',
+     'subprocess.run(["pip", "install", "flashinfer-python==0.6.14"], check=True)\n', "R516-51"),
+    ("python", 'subprocess.run([sys.executable, "-m", "pip", "install", "sglang==0.5.13"])\n',
+     'subprocess.run([sys.executable, "-m", "pip", "install", "sglang==0.5.16"])\n', "R516-50"),
+    ("python", 'os.system("pip install sglang==0.5.14 && echo ok")\n', 'os.system("pip install sglang==0.5.16 && echo ok")\n',
+     "R516-50"),
     # line formats
     ("env", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.15\n", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.16\n", "R516-50"),
     ("makefile", "IMAGE ?= lmsysorg/sglang:v0.5.15\nall:\n\tpip install sglang==0.5.15\n",
@@ -170,6 +181,8 @@ QUIET = [
              "    tag: v0.1.0\n"),
     ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang:v0.5.16\n"),
     ("env", "# IMAGE=lmsysorg/sglang:v0.5.15\nIMAGE=lmsysorg/sglang:v0.5.16\n"),
+    ("python", '# lmsysorg/sglang:v0.5.15\nprint("pip install sglang==0.5.15")\nNOTE = "use sglang==0.5.15"\n'),
+    ("python", 'logging.info("pull lmsysorg/sglang:v0.5.15 first")\n'),
 ]
 
 
@@ -207,6 +220,7 @@ REPORTED = [
     ("pyproject", '[tool.poetry.dependencies]\nflashinfer = "0.6.13"\n', "0.5.16", MANUAL),  # the old name
     ("dockerfile", "FROM lmsysorg/sglang:${SGLANG_TAG}\n", "0.5.16", MANUAL),
     ("compose", "services:\n  s:\n    image: lmsysorg/sglang:${TAG:-v0.5.15}\n", "0.5.16", MANUAL),
+    ("python", 'tag = "v1"\nimage = f"lmsysorg/sglang:{tag}"\n', "0.5.16", MANUAL),
     ("shell", "docker pull lmsysorg/sglang:latest\n", "0.5.16", INFO),  # a moving tag
     ("shell", "docker pull lmsysorg/sglang:dev\n", "0.5.16", INFO),
     ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n", "0.5.16", INFO),
