@@ -544,6 +544,15 @@ class _Reader:
         if name in PY_INSTALLS:
             for arg in strings:
                 self._py_string(text, starts, arg, REQUIREMENT, f"{name}(...)")
+        if name == "setup":  # setup.py: install_requires=[...], extras_require={"x": [...]}
+            for keyword in node.keywords:
+                lists = [keyword.value] if keyword.arg == "install_requires" else \
+                    list(keyword.value.values) if keyword.arg == "extras_require" and isinstance(keyword.value, ast.Dict) \
+                    else []
+                for listed in lists:
+                    for item in getattr(listed, "elts", []):
+                        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                            self._py_string(text, starts, item, REQUIREMENT, f"setup.py {keyword.arg}")
         if name in PY_RUNNERS:
             for arg in strings:
                 if PIP_HINT.search(arg.value) or any(r in arg.value for r in self.repositories):

@@ -124,6 +124,10 @@ FIXED = [
      'subprocess.run([sys.executable, "-m", "pip", "install", "sglang==0.5.16"])\n', "R516-50"),
     ("python", 'os.system("pip install sglang==0.5.14 && echo ok")\n', 'os.system("pip install sglang==0.5.16 && echo ok")\n',
      "R516-50"),
+    ("python", 'setup(name="x", install_requires=["numpy", "sglang==0.5.15"])\n',
+     'setup(name="x", install_requires=["numpy", "sglang==0.5.16"])\n', "R516-50"),
+    ("python", 'setup(extras_require={"gpu": ["flashinfer-python==0.6.15"]})\n',
+     'setup(extras_require={"gpu": ["flashinfer-python==0.6.14"]})\n', "R516-51"),
     # line formats
     ("env", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.15\n", "SGLANG_IMAGE=lmsysorg/sglang:v0.5.16\n", "R516-50"),
     ("makefile", "IMAGE ?= lmsysorg/sglang:v0.5.15\nall:\n\tpip install sglang==0.5.15\n",
