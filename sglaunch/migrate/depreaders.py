@@ -23,8 +23,8 @@ import os
 import re
 from typing import Sequence
 
-from sglaunch.migrate.deps import (CUDA_INDEX, IMAGE, INDEX, POETRY, REQUIREMENT, SCRIPT, TAG, DepsUnreadable,
-                                   Mapper, Ref, parse_image, requirement_name)
+from sglaunch.migrate.deps import (CUDA_INDEX, GITREF, IMAGE, INDEX, POETRY, REQUIREMENT, SCRIPT, SGL_GIT, TAG,
+                                   DepsUnreadable, Mapper, Ref, parse_image, requirement_name)
 from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
 
 IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
@@ -123,8 +123,14 @@ class _Reader:
         self.text = text
         self.repositories = repositories
         self.refs: list[Ref] = []
+        self.cloned = False  # the file clones SGLang's repository: a later `git checkout TAG` pins it
 
     def add(self, kind: str, value: str, mapper: Mapper | None, fallback: int, where: str, **extra) -> None:
+        git = SGL_GIT.search(value) if kind == REQUIREMENT else None
+        if git is not None:  # `sglang @ git+https://github.com/sgl-project/sglang@v0.5.15`: the tag is the pin
+            kind, value, mapper = GITREF, git.group(1), _shift(mapper, git.start(1))
+            fallback += git.start(1)
+            extra.pop("hashed", None)
         offset = fallback
         if mapper is not None:
             located = mapper(TextEdit(0, 0, ""))
@@ -171,7 +177,7 @@ class _Reader:
                 if editable and ("://" in editable.group(3) or editable.group(3).endswith(".whl")):
                     value = editable.group(3)
                     at = start + lead + editable.start(3)
-                    self.add(REQUIREMENT, value, None, at, "requirements file, editable")
+                    self.add(REQUIREMENT, value, _offset(at, "\n"), at, "requirements file, editable")
                 continue
             requirement = re.split(r"\s+--?[A-Za-z]", stripped, maxsplit=1)[0].rstrip()
             hashed = "--hash" in stripped
@@ -272,6 +278,15 @@ class _Reader:
         if program is None:
             return
         name = os.path.basename(values[program])
+        if name == "git" and "clone" in values[program + 1:program + 3]:
+            self._git_clone(script, tokens, values, program)
+        elif name == "git" and self.cloned and "checkout" in values[program + 1:program + 4]:
+            # `git clone .../sgl-project/sglang.git && cd sglang && git checkout v0.5.15`
+            k = values.index("checkout", program + 1) + 1
+            while k < len(values) and values[k].startswith("-"):
+                k += 1
+            if k < len(values) and values[k] != "--":
+                self._word(script, tokens[k], GITREF, values[k], 0, "git checkout")
         if name in sh.DATA_PROGRAMS:
             return
         self._script(values, program, tokens[program].start)
@@ -293,6 +308,17 @@ class _Reader:
             if os.path.basename(value) in SHELLS and SHELL_C.fullmatch(values[k + 1]):
                 self._nested(script, tokens[k + 2], depth)
                 break
+
+    def _git_clone(self, script, tokens, values: Sequence[str], program: int) -> None:
+        """`git clone -b v0.5.15 https://github.com/sgl-project/sglang.git`: the branch is the pin."""
+        if not any(re.search(r"sgl-project/sglang(\.git)?/?$", v) for v in values[program:]):
+            return
+        self.cloned = True
+        for k in range(program + 1, len(values)):
+            if values[k] in ("-b", "--branch") and k + 1 < len(values):
+                self._word(script, tokens[k + 1], GITREF, values[k + 1], 0, "git clone -b")
+            elif values[k].startswith("--branch="):
+                self._word(script, tokens[k], GITREF, values[k][9:], 9, "git clone --branch")
 
     def _script(self, values: Sequence[str], program: int, at: int) -> None:
         """`./serve.sh --x`, `bash scripts/start.sh`: a script of the repository this file runs."""

@@ -26,6 +26,8 @@ from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_o
 Mapper = Callable[[TextEdit], "TextEdit | None"]
 DEPENDENCY_FORMATS = ("requirements", "pyproject")
 REQUIREMENT, IMAGE, TAG, INDEX, POETRY = "requirement", "image", "tag", "index", "poetry"
+GITREF = "gitref"  # a git tag or branch of SGLang's repository (`git clone -b v0.5.15`, `git+...@v0.5.15`)
+SGL_GIT = re.compile(r"github\.com[/:]sgl-project/sglang(?:\.git)?@([^#\s&'\"]+)")
 SCRIPT = "script"  # a script this file runs (`./serve.sh`, `bash scripts/start.sh`): no rule, only followed
 CUDA_INDEX = re.compile(r"(?<![A-Za-z0-9])cu(\d{2,3})(?![0-9])")
 DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
@@ -168,7 +170,7 @@ class _Known:
     def rule_for(self, ref: Ref) -> Rule | None:
         if ref.kind == SCRIPT:
             return None
-        if ref.kind == INDEX:  # a wheel index of a CUDA build: what the target's sglang is built for
+        if ref.kind in (INDEX, GITREF):  # a CUDA wheel index; SGLang's own repository
             return self.by_package.get("sglang")
         if ref.kind == POETRY:
             return self.by_package.get(self.canonical(ref.repository))
@@ -186,6 +188,8 @@ class _Known:
             found = check_index(ref, rule)
         elif ref.kind == POETRY:
             found = check_poetry(ref, rule, self.to_release)
+        elif ref.kind == GITREF:
+            found = check_gitref(ref, rule)
         elif ref.kind == REQUIREMENT:
             found = check_requirement(ref, rule, self.to_release)
         else:
@@ -484,6 +488,38 @@ def _poetry_upper(release: list[int], operator: str) -> str:
         index = next((k for k, part in enumerate(release[:3]) if part), 2)
     bumped = release[:index] + [release[index] + 1]
     return ".".join(map(str, bumped + [0] * (3 - len(bumped))))
+
+
+def check_gitref(ref: Ref, rule: Rule):
+    """SGLang built from its repository at a tag (`git clone -b v0.5.15`, `sglang @ git+...@v0.5.15`):
+    an older release tag is an unsafe fix to `v<target>`; a branch is a moving target (info); a
+    commit or a variable is unknown (manual)."""
+    from packaging.version import InvalidVersion, Version
+
+    target = rule.version or ""
+    if DYNAMIC.search(ref.value):
+        return [(_finding(rule, ref, MANUAL, (
+            f"SGLang's repository is checked out at {ref.display} ({ref.where}), a variable the tool cannot resolve; "
+            f"make sure it is v{target}.")), None)]
+    match = TAG_VERSION.fullmatch(ref.value)
+    try:
+        release = Version(match.group("ver")) if match and not match.group("rest") else None
+    except InvalidVersion:
+        release = None
+    if release is None:
+        moving = not re.fullmatch(r"[0-9a-f]{7,40}", ref.value)
+        return [(_finding(rule, ref, INFO if moving else MANUAL, (
+            f"SGLang's repository is checked out at {ref.display} ({ref.where}), "
+            f"{'a branch that moves' if moving else 'a commit of unknown release'}: pin the tag v{target}.")), None)]
+    if release.release > Version(target).release:
+        return [(_finding(rule, ref, INFO, (
+            f"SGLang's repository is checked out at {ref.display} ({ref.where}), newer than --to {target}.")), None)]
+    if release.release == Version(target).release:
+        return []
+    new_value = f"{match.group('v')}{target}"
+    return [(_finding(rule, ref, _fix_level(rule), (
+        f"SGLang's repository is checked out at {ref.display} ({ref.where}), release {release}, not {target}; "
+        f"the fix writes {new_value}.")), new_value)]
 
 
 def check_index(ref: Ref, rule: Rule):
