@@ -200,3 +200,17 @@ def test_dspark_accept_position_figures():
     rows = [{"kind": "a"}, {"kind": "b"}, {"kind": "a"}, {"type": "b"}, {"kind": "a"}]
     assert mod.select_rows(rows, 2, per_kind=2) == rows[:4]
     assert mod.select_rows(rows, 2) == rows[:2]
+
+
+def test_generation_stops_at_its_deadline(tiny_target, prompt_file):
+    import time
+
+    from sglaunch.training import data
+
+    prompts = data.tokenize_prompts(data.read_prompt_records(prompt_file)[:6], tiny_target, prompt_file)
+    common = dict(device="cpu", dtype="float32", max_new_tokens=6, temperatures=[0.0, 0.7], top_p=0.9, seed=0,
+                  max_length=256)
+    full = data.generate_responses(tiny_target, prompts, **common)
+    timed = data.generate_responses(tiny_target, prompts, deadline=time.monotonic() + 120, **common)
+    assert [s.response for s in timed] == [s.response for s in full] and len(full) == 6
+    assert data.generate_responses(tiny_target, prompts, deadline=time.monotonic() - 1, **common) == []
