@@ -54,7 +54,9 @@ VALUE_OPTIONS = frozenset({
 })
 
 
-def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES) -> list[Ref]:
+def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES, variables: dict | None = None) -> list[Ref]:
+    """The refs of `text`; `variables`, when given, receives the literal assignments of the
+    file (shell `V=0.5.15`, Dockerfile `ARG V=0.5.15` / `ENV V=...`): name -> [Ref]."""
     reader = _Reader(text, tuple(repositories) or IMAGES)
     base = fmt[:-len("+jinja")] if fmt.endswith("+jinja") else fmt
     source = text
@@ -71,6 +73,8 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES) -> list[Ref]
     if handler is None:
         return []
     handler(source, base)
+    if variables is not None:
+        variables.update(reader.variables)
     refs = sorted(reader.refs, key=lambda r: r.offset)
     for ref in refs:
         ref.helm = base == "helm"
@@ -124,6 +128,7 @@ class _Reader:
         self.repositories = repositories
         self.refs: list[Ref] = []
         self.cloned = False  # the file clones SGLang's repository: a later `git checkout TAG` pins it
+        self.variables: dict[str, list[Ref]] = {}  # literal assignments, for `sglang==${V}` (deps.resolved)
 
     def add(self, kind: str, value: str, mapper: Mapper | None, fallback: int, where: str, **extra) -> None:
         git = SGL_GIT.search(value) if kind == REQUIREMENT else None
@@ -250,13 +255,23 @@ class _Reader:
             if node.type == "command":
                 self._command(script, node, depth, where)
             elif node.type == "variable_assignment":
-                value = node.child_by_field_name("value")
+                value, name = node.child_by_field_name("value"), node.child_by_field_name("name")
                 if value is not None:
                     token = script._token(value)
                     if self.is_image(token.value):
                         self._word(script, token, IMAGE, token.value, 0, "a shell variable")
+                    elif name is not None and not token.dynamic and re.fullmatch(r"[\w.+-]+", token.value):
+                        self._variable(script, token, script.src(name))
             elif node.type == "heredoc_redirect":
                 self._heredoc(script, node, depth)
+
+    def _variable(self, script, token, name: str) -> None:
+        from sglaunch.migrate import shell as sh
+
+        container = sh.ShellContainer(script.text, [token], script.mapper)
+        mapper, _ = sh.word_mapper(container, 0)
+        start = script.mapper(TextEdit(token.start, token.start, ""))
+        self.variables.setdefault(name, []).append(Ref("variable", token.value, mapper, start.start if start else 0, name))
 
     def _word(self, script, token, kind: str, value: str, skip: int, where: str) -> None:
         from sglaunch.migrate import shell as sh
@@ -392,9 +407,12 @@ class _Reader:
                     break
             elif keyword in ("ARG", "ENV"):
                 for match in re.finditer(r"([A-Za-z_][A-Za-z0-9_]*)=([\"']?)([^\s\"']+)\2", masked):
+                    at = body + match.start(3)
                     if self.is_image(match.group(3)):
-                        self.add(IMAGE, match.group(3), _offset(body + match.start(3)), body + match.start(3),
-                                 f"{keyword} {match.group(1)}")
+                        self.add(IMAGE, match.group(3), _offset(at), at, f"{keyword} {match.group(1)}")
+                    elif "$" not in match.group(3):
+                        self.variables.setdefault(match.group(1), []).append(
+                            Ref("variable", match.group(3), _offset(at), at, f"{keyword} {match.group(1)}"))
             elif keyword == "RUN":
                 self._run(text, instruction)
             elif keyword in ("CMD", "ENTRYPOINT"):

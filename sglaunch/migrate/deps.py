@@ -45,6 +45,7 @@ class Ref:
     repository: str = ""  # TAG: the repository next to it
     hashed: bool = False  # a requirements line with `--hash`: a new version needs new hashes
     line: int = 0
+    also: tuple = ()  # more mappers that get the same edit (a variable assigned the same value twice)
     shown: str = ""  # the text as written, when a template's masking changed `value`
     helm: bool = False  # in a Helm template: a `{{ }}` tag comes from the chart's values
 
@@ -75,26 +76,31 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
     if not pins:
         return DepResult(text)
     known = _Known(pins, to_release, unsafe_fixes)
+    variables: dict = {}
     try:
-        refs = deps_scan(text, fmt, known.repositories)
+        refs = deps_scan(text, fmt, known.repositories, variables)
     except DepsUnreadable as exc:
         from sglaunch.migrate.evaluate import ERROR, Finding
 
         return DepResult(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
     scripts = tuple(dict.fromkeys(r.value for r in refs if r.kind == SCRIPT))
-    findings, edits, expected = [], [], {}
+    planned = []  # (finding, the edits it proposes or None, ref index, new value)
     for index, ref in enumerate(refs):
         ref.line = line_of(text, ref.offset)
+        through = resolved(ref, variables, text) if DYNAMIC.search(ref.value) else None
+        if through is not None:  # `sglang==${V}` with `V=0.5.15` set once in the file: check and fix V
+            ref, index = through, -1 - index
         for finding, new_value in known.check(ref):
-            made = _edit(ref, new_value) if finding.level == FIX else None
-            if finding.level == FIX and made is None:
+            made = _edit(ref, new_value) if finding.level in (FIX, UNSAFE) else None
+            if finding.level in (FIX, UNSAFE) and made is None:
                 finding = _downgraded(finding, ref)
-            elif made is not None:
-                if drop_overlaps([*edits, *made])[1]:
-                    continue
-                edits.extend(made)
-                expected[index] = new_value
-            findings.append(finding)
+            planned.append((finding, made, index, new_value))
+    findings, edits, expected = [], [], {}
+    for finding, made, index, new_value in _without_conflicts(planned):
+        if made is not None and finding.level == FIX:
+            edits.extend(e for e in made if e not in edits)
+            expected[index] = new_value
+        findings.append(finding)
     counted = sum(1 for ref in refs if known.rule_for(ref) is not None)
     if not edits:
         return DepResult(text, findings, refs=counted, scripts=scripts)
@@ -107,6 +113,19 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
         return DepResult(text, kept + [Finding("engine", ERROR, 1, f"pins left unchanged: {problem}")],
                          error=problem, refs=counted, scripts=scripts)
     return DepResult(updated, findings, refs=counted, scripts=scripts)
+
+
+def _without_conflicts(planned):
+    """Proposals whose edits overlap others that differ (one variable, two different needs:
+    `V=0.5.15` used as `sglang==$V` and `flashinfer-python==$V`) become manual, all of them."""
+    clashing = set()
+    for k, (_, made, _, _) in enumerate(planned):
+        for j, (_, other, _, _) in enumerate(planned[:k]):
+            if made and other and drop_overlaps([*other, *made])[1]:
+                clashing.update((k, j))
+    why = "one variable holds versions that need different fixes here; change it by hand. "
+    return [(_downgraded(f, None, why), None, i, v) if k in clashing else (f, m, i, v)
+            for k, (f, m, i, v) in enumerate(planned)]
 
 
 def _edit(ref: Ref, new_value: str) -> list[TextEdit] | None:
@@ -122,8 +141,40 @@ def _edit(ref: Ref, new_value: str) -> list[TextEdit] | None:
         end_old, end_new = end_old - 1, end_new - 1
     if "\n" in old[start:end_old]:
         return None
-    edit = ref.mapper(TextEdit(start, end_old, new_value[start:end_new]))
-    return None if edit is None else [edit]
+    made = [m(TextEdit(start, end_old, new_value[start:end_new])) for m in (ref.mapper, *ref.also)]
+    return None if any(e is None for e in made) else made
+
+
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def resolved(ref: Ref, variables: dict, text: str) -> Ref | None:
+    """`ref` read through the one variable it uses (`sglang==${SGLANG_VERSION}`, `v${TAG}-cu129`)
+    when the file gives that variable one literal value (`ARG SGLANG_VERSION=0.5.15`, a shell
+    assignment): edits land in the assignment(s); None when that cannot be told."""
+    uses = list(VARIABLE.finditer(ref.value))
+    if len(uses) != 1:
+        return None
+    use = uses[0]
+    name = use.group(1) or use.group(2)
+    rest = ref.value[:use.start()] + ref.value[use.end():]
+    defined = variables.get(name, [])
+    if DYNAMIC.search(rest) or not defined or len({d.value for d in defined}) != 1:
+        return None
+    value = defined[0].value
+    low, high = use.start(), use.start() + len(value)
+
+    def through(mapper):
+        def moved(edit: TextEdit) -> TextEdit | None:
+            if mapper is None or edit.start < low or edit.end > high:
+                return None
+            return mapper(TextEdit(edit.start - low, edit.end - low, edit.text))
+        return moved
+
+    lines = ", ".join(str(line_of(text, d.offset)) for d in defined)
+    return replace(ref, value=ref.value[:low] + value + ref.value[use.end():], mapper=through(defined[0].mapper),
+                   also=tuple(through(d.mapper) for d in defined[1:]), shown="",
+                   where=f"{ref.where}; {name}={value} set on line{'s' if len(defined) > 1 else ''} {lines}")
 
 
 def _verify(updated: str, fmt: str, before: list[Ref], expected: dict[int, str], repositories) -> str:
@@ -140,10 +191,10 @@ def _verify(updated: str, fmt: str, before: list[Ref], expected: dict[int, str],
     return ""
 
 
-def _downgraded(finding, ref: Ref | None):
+def _downgraded(finding, ref: Ref | None, why: str = ""):
     from sglaunch.migrate.evaluate import Finding
 
-    why = "this spot cannot be rewritten safely (quoting, escapes or a continued line); change it by hand. "
+    why = why or "this spot cannot be rewritten safely (quoting, escapes or a continued line); change it by hand. "
     return Finding(finding.rule_id, MANUAL, finding.line, why + finding.message, (), finding.rule, finding.token)
 
 
@@ -638,9 +689,9 @@ def _cuda_note(rule: Rule) -> str:
 # --------------------------------------------------------------------------- readers
 
 
-def deps_scan(text: str, fmt: str, repositories: Sequence[str] = ()) -> list[Ref]:
+def deps_scan(text: str, fmt: str, repositories: Sequence[str] = (), variables: dict | None = None) -> list[Ref]:
     """Every requirement (of any package: the rules pick theirs) and every reference to one of
-    the image `repositories` in `text`, in document order."""
+    the image `repositories` in `text`, in document order (`variables`: see depreaders.scan)."""
     from sglaunch.migrate import depreaders
 
-    return depreaders.scan(text, fmt, repositories)
+    return depreaders.scan(text, fmt, repositories, variables)
