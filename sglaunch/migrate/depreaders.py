@@ -13,8 +13,10 @@
   are image references, `repository` + `tag` pairs, scripts in scalars, `pip:` lists and
   `[pip, install, ...]` argument lists;
 - Makefiles, env files, systemd and supervisor units: image references on non-comment lines,
-  Makefile recipe lines as shell.
-Python files are not read for pins or images.
+  Makefile recipe lines as shell;
+- Python (`ast`): image literals, `pip_install(...)` strings, `setup(install_requires=...)`,
+  `["pip", "install", ...]` lists and shell strings given to runners.
+Also the scripts a file runs (`./serve.sh`, kind SCRIPT), which `files` reads too.
 """
 
 from __future__ import annotations

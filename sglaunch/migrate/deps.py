@@ -3,11 +3,12 @@
 `pin` rules (migrations/<release>.yaml) say which version of a package a release needs
 (`sglang` at the release itself, FlashInfer 0.6.14 from 0.5.16 on) and which image
 repositories carry the release in their tag (`lmsysorg/sglang:v0.5.16`), with the CUDA major
-version of the release's images. This module finds the places that install or name them
-(`deps_scan` per format: requirements and constraints files, pyproject.toml dependency
-arrays, `pip install` / `uv pip install` lines in shell wherever shell is run, Dockerfile
-`FROM`/`ARG`/`RUN`, YAML `image:` values and Helm `repository` + `tag` pairs) and
-turns the rules into findings and byte-exact text edits of the version or tag alone.
+version of the release's images. `depreaders` finds the places that install or name them
+(requirements and constraints files, pyproject.toml, `pip install` / `uv pip install` lines
+wherever shell is run, Dockerfile `FROM`/`ARG`/`RUN`, YAML `image:` values and Helm
+`repository` + `tag` pairs, Python literals, tags of SGLang's git repository); this module
+turns the rules into findings and byte-exact text edits of the version or tag alone, read
+through a variable the file sets once (`ARG SGLANG_VERSION=0.5.15`) where one is used.
 
 Requirements and version specifiers are parsed with `packaging` (PEP 508 / PEP 440); a pin is
 checked by asking its specifier whether it contains the version the release needs.
@@ -37,7 +38,8 @@ DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked temp
 class Ref:
     """One place that installs a package or names an image, as its decoded text."""
 
-    kind: str  # REQUIREMENT (`sglang[all]==0.5.15`), IMAGE (`lmsysorg/sglang:v0.5.15`), TAG (Helm `tag:`)
+    kind: str  # REQUIREMENT (`sglang[all]==0.5.15`), IMAGE (`lmsysorg/sglang:v0.5.15`), TAG (Helm `tag:`),
+    # POETRY (`sglang = "^0.5.15"`), GITREF (`git clone -b v0.5.15`), INDEX (`-i .../cu126`), SCRIPT
     value: str
     mapper: Mapper | None  # edit in `value` coordinates -> edit of the file (None: not editable)
     offset: int  # where the value starts in the file (for its line)
