@@ -132,6 +132,12 @@ FIXED = [
                  "      - run: |\n          pip install sglang==0.5.15\n",
      "jobs:\n  t:\n    container:\n      image: lmsysorg/sglang:v0.5.16\n    steps:\n"
      "      - run: |\n          pip install sglang==0.5.16\n", "R516-50"),
+    ("helm", "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}\nspec:\n  template:\n"
+             "    spec:\n      containers:\n      - name: s\n        image: lmsysorg/sglang:v0.5.15\n",
+     "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}\nspec:\n  template:\n"
+     "    spec:\n      containers:\n      - name: s\n        image: lmsysorg/sglang:v0.5.16\n", "R516-50"),
+    ("compose", "x-img: &img lmsysorg/sglang:v0.5.15\nservices:\n  a:\n    image: *img\n  b:\n    image: *img\n",
+     "x-img: &img lmsysorg/sglang:v0.5.16\nservices:\n  a:\n    image: *img\n  b:\n    image: *img\n", "R516-50"),
     ("yaml", "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.15\n",
      "dependencies:\n  - python=3.11\n  - pip:\n    - sglang==0.5.16\n", "R516-50"),
     # Python (Modal / SkyPilot style images, pip calls, subprocess lists and shell strings)
@@ -257,6 +263,8 @@ REPORTED = [
     ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n", "0.5.16", INFO),
     ("shell", "docker pull lmsysorg/sglang:v0.5.20\n", "0.5.16", INFO),  # newer than --to
     ("yaml", "image:\n  repository: lmsysorg/sglang\n  tag: \"\"\n", "0.5.16", INFO),  # the chart's appVersion
+    ("helm", "kind: Pod\napiVersion: v1\nspec:\n  containers:\n  - name: s\n"
+             "    image: \"lmsysorg/sglang:{{ .Values.image.tag }}\"\n", "0.5.16", INFO),  # read in values.yaml
     # FlashInfer after 0.5.16: only "0.6.14 or newer, never 0.6.15" is known, so never rewritten
     ("shell", "pip install flashinfer-python==0.6.15\n", "0.5.20", MANUAL),
     ("shell", "pip install flashinfer-python==0.6.13\n", "0.5.20", MANUAL),
