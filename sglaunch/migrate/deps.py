@@ -376,6 +376,9 @@ def check_requirement(ref: Ref, rule: Rule, to_release: str):
     problem = _pin_problem(requirement.specifier, rule, to_release)
     if problem is None:
         return []
+    newer = _newer_only(requirement.specifier, rule)
+    if newer is not None:
+        return _newer(ref, rule, newer, to_release)
     reverted, exact = problem
     pinned, shown = ref.display, rule.packages[0]
     if not exact:
@@ -442,6 +445,36 @@ def _pin_problem(specifier, rule: Rule, to_release: str) -> tuple[str, bool] | N
     return reverted, exact
 
 
+def _newer_only(specifier, rule: Rule) -> str | None:
+    """The release a `sglang` pin names when it allows only releases after the target
+    (`==0.5.20` with --to 0.5.16): the file targets a newer release, never downgraded."""
+    from packaging.version import InvalidVersion, Version
+
+    if rule.floor:
+        return None
+    target = Version(rule.version or "0")
+    candidates = []
+    for spec in specifier:
+        try:
+            named = Version(spec.version.rstrip(".*").rstrip("."))
+        except InvalidVersion:
+            continue
+        major, minor, micro = (list(named.release) + [0, 0, 0])[:3]
+        candidates += [named, Version(f"{major}.{minor}.{micro + 1}"), Version(f"{major}.{minor}.{max(micro - 1, 0)}")]
+    major, minor, micro = (list(target.release) + [0, 0, 0])[:3]
+    candidates += [Version(f"{major}.{minor}.{max(micro - 1, 0)}"), Version(f"{major}.{minor}.{micro + 1}")]
+    allowed = sorted(c for c in candidates if _contains(specifier, c))
+    if allowed and all(c.release > target.release for c in allowed):
+        return ".".join(map(str, allowed[0].release[:3]))
+    return None
+
+
+def _newer(ref: Ref, rule: Rule, newer: str, to_release: str):
+    return [(_finding(rule, ref, INFO, (
+        f"{ref.display} ({ref.where}) installs SGLang {newer} or later, newer than --to {to_release}: the file "
+        f"targets a later release, so check it with --to {newer}; it is not downgraded.")), None)]
+
+
 def _fixed(value: str, span: tuple[int, int], rule: Rule) -> str:
     """`value` with its specifier replaced by `==version` (and the old `flashinfer` name by
     the rule's first package name)."""
@@ -485,6 +518,9 @@ def check_poetry(ref: Ref, rule: Rule, to_release: str):
     problem = _pin_problem(specifier, rule, to_release)
     if problem is None:
         return []
+    newer = _newer_only(specifier, rule)
+    if newer is not None:
+        return _newer(ref, rule, newer, to_release)
     reverted, exact = problem
     if not exact or _canonical(name) != rule.packages[0]:
         how = f"write {rule.packages[0]} = \"{rule.version}\"" if exact else "change it by hand"

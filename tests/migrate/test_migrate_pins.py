@@ -261,7 +261,10 @@ REPORTED = [
     ("shell", "docker pull lmsysorg/sglang:latest\n", "0.5.16", INFO),  # a moving tag
     ("shell", "docker pull lmsysorg/sglang:dev\n", "0.5.16", INFO),
     ("k8s", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: s\n    image: lmsysorg/sglang\n", "0.5.16", INFO),
-    ("shell", "docker pull lmsysorg/sglang:v0.5.20\n", "0.5.16", INFO),  # newer than --to
+    ("shell", "docker pull lmsysorg/sglang:v0.5.20\n", "0.5.16", INFO),  # newer than --to: never downgraded
+    ("shell", "pip install sglang==0.5.20\n", "0.5.16", INFO),
+    ("requirements", "sglang>=0.5.18\n", "0.5.16", INFO),
+    ("pyproject", '[tool.poetry.dependencies]\nsglang = "^0.5.20"\n', "0.5.18", INFO),
     ("yaml", "image:\n  repository: lmsysorg/sglang\n  tag: \"\"\n", "0.5.16", INFO),  # the chart's appVersion
     ("helm", "kind: Pod\napiVersion: v1\nspec:\n  containers:\n  - name: s\n"
              "    image: \"lmsysorg/sglang:{{ .Values.image.tag }}\"\n", "0.5.16", INFO),  # read in values.yaml
