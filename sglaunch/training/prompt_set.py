@@ -20,11 +20,14 @@ is chat-form, `{"messages": [...], "kind": ..., "task": ..., "source": ...}`:
   propose     (training only) asks the target to propose a user question; `--from-proposals`
               turns the target's answers to these into second-stage prompts of kind `proposed`
 
-Held-out split, disjoint at the source level: passages and docs paragraphs come from the last
-`--heldout-fraction` of every corpus file (as `sglaunch.training.corpus` does, so `--train-text`
-never reads them either); stdlib functions, topics, code tasks, snippets and math templates are
-split by a stable hash of their name, so a held-out function, topic or template never appears in
-a training prompt, whichever Python's stdlib the corpus was built from. Record i of the training
+Held-out split, disjoint at the source level, by a stable hash: `--heldout-fraction` of the
+literary texts' 4,000-character blocks (an excerpt never leaves its block) and of the docs
+paragraphs, by their text; docs section titles, stdlib functions, topics, code tasks, snippets and
+math templates by their name. So a held-out passage, function, topic or template never appears in
+a training prompt, and the held-out sources spread over every work and every part of the docs.
+(`sglaunch.training.corpus --train-text`, the older recipe's fixed text, takes windows from the
+first 95% of every file, held-out blocks and functions included: keep it out of rounds that are
+evaluated on this split.) Record i of the training
 stream depends only on (seed, i): `--start` and `--train-count` cut fresh slices for later rounds.
 Torch-free and deterministic for a seed and a corpus.
 """
@@ -43,13 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sglaunch.training.corpus import LITERARY, excerpt, split_text, titles
+from sglaunch.training.corpus import LITERARY, excerpt, titles
 
 KINDS = ("chat", "code", "math", "passage", "multi-turn", "propose")
 EVAL_KINDS = ("chat", "code", "math", "passage", "multi-turn")
 TRAIN_WEIGHTS = {"chat": 0.24, "code": 0.26, "math": 0.12, "passage": 0.18, "multi-turn": 0.17, "propose": 0.03}
 HELDOUT_PERMILLE_NAMES = 80   # stdlib functions (thousands of them)
 HELDOUT_PERMILLE_SMALL = 200  # the hand-written catalogues below (tens to a hundred entries)
+TEXT_BLOCK_CHARS = 4000      # the literary texts' held-out units
 MAX_CODE_CHARS = 1400         # keeps prompts well inside train-draft's --max-length 768 tokens
 
 
@@ -812,7 +816,7 @@ def first_sentence(text: str, limit: int = 220) -> str:
 class Pools:
     """Every source of one side ('train' or 'heldout')."""
     side: str
-    literary: list[str] = field(default_factory=list)
+    literary: list[list[str]] = field(default_factory=list)  # per file, its blocks
     paragraphs: list[str] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
     doc_titles: list[str] = field(default_factory=list)
@@ -820,26 +824,47 @@ class Pools:
     catalogue: dict[str, list] = field(default_factory=dict)
 
 
+def text_blocks(text: str, size: int = TEXT_BLOCK_CHARS) -> list[str]:
+    """Consecutive blocks of about `size` characters, cut at line ends: the units of the held-out
+    split of the literary texts (an excerpt never leaves its block)."""
+    out, at = [], 0
+    while at < len(text):
+        end = text.find("\n", at + size)
+        end = len(text) if end < 0 else end + 1
+        out.append(text[at:end])
+        at = end
+    return [b for b in out if b.strip()]
+
+
 def build_pools(corpus: Path, fraction: float = 0.05) -> tuple[Pools, Pools]:
+    """Both sides' sources. `fraction` of the literary blocks and of the docs paragraphs are held
+    out (by a stable hash of their text, so they spread over every work and every part of the
+    docs); docs section titles, stdlib functions and the catalogues are split by name."""
     texts = {f.name: f.read_text(encoding="utf-8", errors="replace") for f in sorted(corpus.glob("*.txt"))}
     if not texts:
         raise SystemExit(f"no corpus files (*.txt) in {corpus}; build it with shared/tools/build_corpus.sh")
+    permille = round(1000 * fraction)
     train, held = Pools("train"), Pools("heldout")
     for name in LITERARY:
         if texts.get(name):
-            head, tail = split_text(texts[name], fraction)
-            train.literary.append(head)
-            held.literary.append(tail)
+            blocks_train, blocks_held = split_names(text_blocks(texts[name]), str, permille)
+            train.literary.append(blocks_train)
+            held.literary.append(blocks_held)
     if texts.get("pydocs.txt"):
-        head, tail = split_text(texts["pydocs.txt"], fraction)
-        train.paragraphs, held.paragraphs = doc_paragraphs(head), doc_paragraphs(tail)
-        seen = set(train.paragraphs)
-        held.paragraphs = [p for p in held.paragraphs if p not in seen]
-        train.sections = doc_sections(head)
-        train_titles = {t for t, _ in train.sections} | set(titles(head))
-        held.sections = [(t, p) for t, p in doc_sections(tail) if t not in train_titles and p not in seen]
-        train.doc_titles = sorted(train_titles)
-        held.doc_titles = [t for t in titles(tail) if t not in train_titles]
+        docs = texts["pydocs.txt"]
+        sections = doc_sections(docs)
+        all_titles = sorted({t for t, _ in sections} | set(titles(docs)))
+        train.doc_titles, held.doc_titles = split_names(all_titles, str, permille)
+        held_titles = set(held.doc_titles)
+        # a section's first paragraph goes with its title; the other paragraphs by their own hash
+        held_first = {p for t, p in sections if t in held_titles}
+        first = {p for _, p in sections}
+        rest_train, rest_held = split_names([p for p in dict.fromkeys(doc_paragraphs(docs)) if p not in first], str,
+                                            permille)
+        held.paragraphs = rest_held + sorted(held_first)
+        train.paragraphs = rest_train + sorted(first - held_first)
+        train.sections = [(t, p) for t, p in sections if t not in held_titles and p not in held_first]
+        held.sections = [(t, p) for t, p in sections if t in held_titles]
     if texts.get("pystdlib.txt"):
         functions = stdlib_functions(texts["pystdlib.txt"])
         train.functions, held.functions = split_names(functions, lambda f: f.name, HELDOUT_PERMILLE_NAMES)
@@ -867,9 +892,9 @@ def _pick(r: random.Random, items: list):
 
 def _passage(r: random.Random, pools: Pools, lo: int = 200, hi: int = 800) -> tuple[str, str]:
     """(text, source) of a literary excerpt or a docs paragraph."""
-    if pools.literary and (not pools.paragraphs or r.random() < 0.65):
-        text = _pick(r, pools.literary)
-        piece = excerpt(text, r, r.randint(lo, hi))
+    files = [blocks for blocks in pools.literary if blocks]
+    if files and (not pools.paragraphs or r.random() < 0.65):
+        piece = excerpt(r.choice(r.choice(files)), r, r.randint(lo, hi))
         if len(piece) < 80:
             raise Skip
         return piece, "literary"
@@ -1118,10 +1143,20 @@ def _mt_clarify(r, pools):
     return [opener.format(**fill), reply.format(**fill), r.choice(CLARIFY_CHOICES)], "clarify", f"topic:{t}"
 
 
+def _summary_sentence(body: str) -> str:
+    """The first sentence of at least 40 characters (an excerpt may start mid-sentence)."""
+    text = " ".join(body.split())
+    for m in re.finditer(r"[^.!?;]+[.!?;]", text):
+        sentence = m.group(0).strip()
+        if len(sentence) >= 40:
+            return sentence if len(sentence) <= 220 else sentence[:220].rsplit(" ", 1)[0] + "..."
+    return first_sentence(text, 220)
+
+
 def _mt_passage(r, pools):
     body, where = _passage(r, pools, 200, 600)
     user = _layout(r, r.choice(SUMMARY_ASKS), body)
-    reply = "In short: " + first_sentence(body, 200)
+    reply = "In short: " + _summary_sentence(body)
     follow = r.choice(PASSAGE_FOLLOWUPS).format(tl=r.choice(TRANSLATE_TO))
     return [user, reply, follow], f"passage-{where}", f"passage:{where}"
 
@@ -1272,7 +1307,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-count", type=int, default=100_000, help="training records to draw (0: none)")
     parser.add_argument("--start", type=int, default=0, help="first record of the training stream (fresh slices per round)")
     parser.add_argument("--heldout-per-kind", type=int, default=150, help="held-out records per kind (0: none)")
-    parser.add_argument("--heldout-fraction", type=float, default=0.05, help="tail of each text file kept for held-out")
+    parser.add_argument("--heldout-fraction", type=float, default=0.05,
+                        help="share of the literary blocks and docs paragraphs held out")
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds of the training stream")
     parser.add_argument("--gzip", action="store_true", help="write train.jsonl.gz")
     parser.add_argument("--from-proposals", type=Path, metavar="RESPONSES",
