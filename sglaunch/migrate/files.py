@@ -56,6 +56,7 @@ class FileReport:
 # Files the launches read or run (`--config FILE`, `./serve.sh`), queued by `process_file` and
 # read by `iter_files` after the paths it was given (each file once).
 _FOLLOW: list[str] = []
+_FOLLOWED: set[str] = set()  # yielded from _FOLLOW: their format is told from their names, never forced
 FOLLOWED_KINDS = (".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch")
 
 
@@ -63,6 +64,7 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
     """(path, named explicitly) for every file under `paths`, in a stable order; then the
     files their launches read or run that were not among them (`follow`)."""
     _FOLLOW.clear()
+    _FOLLOWED.clear()
     seen: set[str] = set()
     for raw in paths:
         if raw == STDIN:
@@ -77,6 +79,7 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
         found = _FOLLOW.pop(0)
         if os.path.realpath(found) not in seen:
             seen.add(os.path.realpath(found))
+            _FOLLOWED.add(found)
             yield found, True
 
 
@@ -138,6 +141,8 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
         report.note = note
         return report if explicit else None
     report.original = report.migrated = text
+    if path in _FOLLOWED:
+        forced_format = None
     fmt = forced_format or detect_format(path if path != STDIN else "", text, loose=explicit)
     if fmt is None:
         if not explicit:

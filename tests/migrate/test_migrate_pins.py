@@ -530,6 +530,15 @@ def test_followed_files_are_fixed_once_and_a_walk_reads_each_file_once(tmp_path,
     assert again.exit_code == 0, again.output
 
 
+def test_a_forced_format_is_not_forced_on_followed_files(tmp_path, monkeypatch):
+    _launch_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Dockerfile.prod").write_text((tmp_path / "Dockerfile").read_text())
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", "--format", "dockerfile", "Dockerfile.prod"])
+    assert "configs/serve.yaml:2: R516-01" in result.output
+    assert "read: 1 config, 1 dockerfile, 1 shell" in result.output
+
+
 def test_paths_inside_a_container_or_outside_the_tree_are_not_followed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "serve.sh").write_text("python3 -m sglang.launch_server --config /etc/sglang/serve.yaml\n"
