@@ -175,6 +175,9 @@ class _Reader:
                 continue
             lead = len(body) - len(body.lstrip())
             if stripped.startswith("-"):
+                include = re.match(r"(-r|--requirement|-c|--constraint)(\s+|=)(\S+)", stripped)
+                if include:
+                    self.refs.append(Ref(SCRIPT, include.group(3), None, start + lead, "requirements"))
                 index = re.match(r"(-i|--index-url|--extra-index-url|-f|--find-links)(\s+|=)(\S+)", stripped)
                 if index and CUDA_INDEX.search(index.group(3)):
                     at = start + lead + index.start(3)
@@ -313,6 +316,9 @@ class _Reader:
             words = requirement_words(values, first)
             for k in words:
                 self._word(script, tokens[k], REQUIREMENT, values[k], 0, shown)
+            for k in range(first, len(values) - 1):
+                if values[k] in ("-r", "--requirement", "-c", "--constraint"):
+                    self.refs.append(Ref(SCRIPT, values[k + 1], None, tokens[k + 1].start, "requirements"))
             if any(_cuda_package(values[k]) for k in words):
                 for k, option, url in index_options(values, first):
                     self._word(script, tokens[k], INDEX, url, len(values[k]) - len(url), f"{shown} {option}")
@@ -343,7 +349,7 @@ class _Reader:
         if os.path.basename(path) in SHELLS and program + 1 < len(values):
             path = values[program + 1]
         if SCRIPT_PATH.fullmatch(path) and ".." not in path.split("/"):
-            self.refs.append(Ref(SCRIPT, path, None, at, "run"))
+            self.refs.append(Ref(SCRIPT, path, None, at, ""))
 
     def _nested(self, script, token, depth: int) -> None:
         from sglaunch.migrate import shell as sh

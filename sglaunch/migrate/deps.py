@@ -29,7 +29,8 @@ DEPENDENCY_FORMATS = ("requirements", "pyproject")
 REQUIREMENT, IMAGE, TAG, INDEX, POETRY = "requirement", "image", "tag", "index", "poetry"
 GITREF = "gitref"  # a git tag or branch of SGLang's repository (`git clone -b v0.5.15`, `git+...@v0.5.15`)
 SGL_GIT = re.compile(r"github\.com[/:]sgl-project/sglang(?:\.git)?@([^#\s&'\"]+)")
-SCRIPT = "script"  # a script this file runs (`./serve.sh`, `bash scripts/start.sh`): no rule, only followed
+SCRIPT = "script"  # a file this one runs or includes (`./serve.sh`, `-r base.txt`): no rule, only followed;
+# its `where` is the format to read it in ("" when its name tells)
 CUDA_INDEX = re.compile(r"(?<![A-Za-z0-9])cu(\d{2,3})(?![0-9])")
 DYNAMIC = re.compile(r"\$|\ue000|\{\{|\{%")  # shell/make variables, masked template directives
 
@@ -62,7 +63,8 @@ class DepResult:
     findings: list = field(default_factory=list)
     error: str | None = None
     refs: int = 0  # places that name a package or image the rules know
-    scripts: tuple[str, ...] = ()  # relative paths of the scripts this file runs (read too: files.follow)
+    scripts: tuple[tuple[str, str], ...] = ()  # (path as written, format or "") of the files this one runs or
+    # includes (read too: files.follow)
 
 
 class DepsUnreadable(Exception):
@@ -85,7 +87,7 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
         from sglaunch.migrate.evaluate import ERROR, Finding
 
         return DepResult(text, [Finding("parse", ERROR, 1, f"cannot parse as {fmt}: {exc}")], error=str(exc))
-    scripts = tuple(dict.fromkeys(r.value for r in refs if r.kind == SCRIPT))
+    scripts = tuple(dict.fromkeys((r.value, r.where) for r in refs if r.kind == SCRIPT))
     planned = []  # (finding, the edits it proposes or None, ref index, new value)
     for index, ref in enumerate(refs):
         ref.line = line_of(text, ref.offset)

@@ -35,7 +35,8 @@ class Result:
     error: str | None = None
     sites: int = 0  # launch commands found
     deps: int = 0  # pins and image references of the rules' packages and images found
-    follow: tuple[str, ...] = ()  # files the launches read or run (`--config FILE`, `./serve.sh`), as written
+    follow: tuple[tuple[str, str], ...] = ()  # (path as written, format or "") of the files the launches read,
+    # run or include (`--config FILE`, `./serve.sh`, `-r base.txt`)
 
 
 def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Site], list[tuple]]:
@@ -207,7 +208,7 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
             seen.add(key)
             findings.append(finding)
 
-    configs = tuple(config_files(sites))
+    configs = tuple((path, "config") for path in config_files(sites))
     identity = list(range(1, text.count("\n") + 2))
     for finding in _problem_findings(problems, text, rules, to_release):
         report(finding, identity)

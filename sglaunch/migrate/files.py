@@ -55,9 +55,11 @@ class FileReport:
 
 # Files the launches read or run (`--config FILE`, `./serve.sh`), queued by `process_file` and
 # read by `iter_files` after the paths it was given (each file once).
-_FOLLOW: list[str] = []
-_FOLLOWED: set[str] = set()  # yielded from _FOLLOW: their format is told from their names, never forced
-FOLLOWED_KINDS = (".yaml", ".yml", ".sh", ".bash", ".slurm", ".sbatch")
+_FOLLOW: list[tuple[str, str]] = []  # (path, format or "" when its name tells)
+_FOLLOWED: dict[str, str] = {}  # yielded from _FOLLOW -> the format to read it in (a --format is not forced)
+_READ: set[str] = set()  # real paths of the files read (reported) since iter_files started
+FOLLOWED_KINDS = {"config": (".yaml", ".yml"), "requirements": (".txt", ".in"),
+                  "": (".sh", ".bash", ".slurm", ".sbatch")}
 
 
 def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
@@ -65,6 +67,7 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
     files their launches read or run that were not among them (`follow`)."""
     _FOLLOW.clear()
     _FOLLOWED.clear()
+    _READ.clear()
     seen: set[str] = set()
     for raw in paths:
         if raw == STDIN:
@@ -76,10 +79,10 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
                 seen.add(os.path.realpath(found))
                 yield found, explicit
     while _FOLLOW:
-        found = _FOLLOW.pop(0)
-        if os.path.realpath(found) not in seen:
-            seen.add(os.path.realpath(found))
-            _FOLLOWED.add(found)
+        found, fmt = _FOLLOW.pop(0)
+        if os.path.realpath(found) not in _READ:  # a walk may have passed it by its name (`base.txt`)
+            _READ.add(os.path.realpath(found))
+            _FOLLOWED[found] = fmt
             yield found, True
 
 
@@ -142,7 +145,7 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
         return report if explicit else None
     report.original = report.migrated = text
     if path in _FOLLOWED:
-        forced_format = None
+        forced_format = _FOLLOWED[path] or None
     fmt = forced_format or detect_format(path if path != STDIN else "", text, loose=explicit)
     if fmt is None:
         if not explicit:
@@ -185,13 +188,15 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
     report.findings = result.findings
     report.error = result.error
     if path != STDIN:
-        for written in result.follow:
+        for written, kind in result.follow:
             target = follow(path, written)
-            if target is not None and target.endswith(FOLLOWED_KINDS):
-                _FOLLOW.append(target)
+            if target is not None and target.endswith(FOLLOWED_KINDS.get(kind, ())):
+                _FOLLOW.append((target, kind))
     if not explicit and not result.sites and not result.deps and not report.findings \
             and fmt not in ("requirements", "pyproject"):
         return None
+    if path != STDIN:
+        _READ.add(os.path.realpath(path))
     return report
 
 

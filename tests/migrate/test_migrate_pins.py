@@ -548,3 +548,18 @@ def test_paths_inside_a_container_or_outside_the_tree_are_not_followed(tmp_path,
     result = CliRunner().invoke(app, ["migrate-flags", "--check", "serve.sh"])
     assert result.exit_code == 0, result.output
     assert "read: 1 shell" in result.output
+
+
+def test_requirement_files_a_file_includes_are_read_as_requirements(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "requirements.txt").write_text("-r base.txt\n-c pins.txt\nnumpy\n")
+    (tmp_path / "base.txt").write_text("sglang==0.5.15\n")  # not a requirements name: read as included
+    (tmp_path / "pins.txt").write_text("flashinfer-python==0.6.15\n")
+    (tmp_path / "Dockerfile").write_text("FROM x\nCOPY . .\nRUN pip install -r deps.txt\n")
+    (tmp_path / "deps.txt").write_text("sglang[all]==0.5.14\n")
+    result = CliRunner().invoke(app, ["migrate-flags", "--write", "--unsafe-fixes", "."])
+    assert result.exit_code == 1, result.output
+    assert (tmp_path / "base.txt").read_text() == "sglang==0.5.16\n"
+    assert (tmp_path / "pins.txt").read_text() == "flashinfer-python==0.6.14\n"
+    assert (tmp_path / "deps.txt").read_text() == "sglang[all]==0.5.16\n"
+    assert "read: 4 requirements" in result.output
