@@ -88,15 +88,19 @@ def iter_files(paths: Sequence[str]) -> Iterator[tuple[str, bool]]:
 
 def follow(origin: str, written: str) -> str | None:
     """The file a launch in `origin` names as `written` (`--config serve.yaml`, `./serve.sh`), looked
-    up next to `origin`, in its parent folders (a workflow runs from the repository root) and in
-    the current folder; None when it is absolute (a path inside a container), outside the tree,
-    or not there."""
-    if os.path.isabs(written) or written.startswith("~") or "$" in written:
+    up next to `origin`, in its parent folders up to its repository's root (a workflow runs from
+    there) and in the current folder; None when it is absolute (a path inside a container), has
+    `..` or a variable, lies outside the repository and the current folder, or is not there."""
+    if os.path.isabs(written) or written.startswith("~") or "$" in written or ".." in Path(written).parts:
         return None
     folder = Path(origin).resolve().parent
-    for base in [folder, *list(folder.parents)[:4], Path.cwd()]:
-        candidate = base / written
-        if candidate.is_file() and Path(written).parts[:1] != ("..",):
+    root = next((p for p in [folder, *folder.parents][:8] if (p / ".git").exists()), None)
+    cwd = Path.cwd().resolve()
+    bases = [folder, *[p for p in folder.parents if root is not None and p.is_relative_to(root)], cwd]
+    for base in bases:
+        candidate = (base / written).resolve()
+        inside = candidate.is_relative_to(cwd) or (root is not None and candidate.is_relative_to(root))
+        if inside and candidate.is_file():
             shown = os.path.relpath(candidate)
             return shown if not shown.startswith("..") else str(candidate)
     return None

@@ -563,3 +563,16 @@ def test_requirement_files_a_file_includes_are_read_as_requirements(tmp_path, mo
     assert (tmp_path / "pins.txt").read_text() == "flashinfer-python==0.6.14\n"
     assert (tmp_path / "deps.txt").read_text() == "sglang[all]==0.5.16\n"
     assert "read: 4 requirements" in result.output
+
+
+def test_only_files_inside_the_repository_or_the_current_folder_are_followed(tmp_path, monkeypatch):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "serve.yaml").write_text("enable-deepep-waterfill: true\n")
+    inner = tmp_path / "work" / "app"
+    inner.mkdir(parents=True)
+    (inner / "serve.sh").write_text("python3 -m sglang.launch_server --config etc/serve.yaml\n")
+    monkeypatch.chdir(inner)
+    assert "read: 1 shell" in CliRunner().invoke(app, ["migrate-flags", "--check", "serve.sh"]).output
+    (tmp_path / ".git").mkdir()  # now tmp_path is the repository: its etc/serve.yaml is the one meant
+    result = CliRunner().invoke(app, ["migrate-flags", "--check", "serve.sh"])
+    assert "1 config" in result.output and "R516-01" in result.output
