@@ -79,7 +79,7 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
     pins = [r for r in rules if r.kind == "pin"]
     if not pins:
         return DepResult(text)
-    known = _Known(pins, to_release, unsafe_fixes)
+    known = _Known(_with_earlier(pins, to_release), to_release, unsafe_fixes)
     variables: dict = {}
     try:
         refs = deps_scan(text, fmt, known.repositories, variables)
@@ -117,6 +117,17 @@ def migrate_deps(text: str, fmt: str, rules: Sequence[Rule], to_release: str, un
         return DepResult(text, kept + [Finding("engine", ERROR, 1, f"pins left unchanged: {problem}")],
                          error=problem, refs=counted, scripts=scripts)
     return DepResult(updated, findings, refs=counted, scripts=scripts)
+
+
+def _with_earlier(pins: Sequence[Rule], to_release: str) -> list[Rule]:
+    """What `to_release` needs installed does not depend on `--from`: the pin rules of earlier
+    releases (FlashInfer's, from 0.5.16) count too, unless a later one of the range replaces them."""
+    from sglaunch.migrate.rules import load_rules
+    from sglaunch.releases import release_key
+
+    shipped = [r for r in load_rules().rules if r.kind == "pin" and release_key(r.release) <= release_key(to_release)]
+    merged = {r.id: r for r in [*shipped, *pins]}
+    return sorted(merged.values(), key=lambda r: release_key(r.release))
 
 
 def _without_conflicts(planned):

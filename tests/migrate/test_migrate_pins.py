@@ -292,6 +292,11 @@ def test_flashinfer_later_targets_pass_any_pin_that_can_be_0_6_14_or_newer():
         assert not [f for f in result.findings if f.rule_id == "R516-51"], (text, found(result))
 
 
+def test_what_the_target_needs_does_not_depend_on_from():
+    result = migrate("pip install flashinfer-python==0.6.15 sglang==0.5.16\n", "shell", "0.5.17", start="0.5.16")
+    assert sorted(found(result)) == [("R516-51", MANUAL, 1), ("R517-50", FIX, 1)]  # 0.6.15 is never right
+
+
 def test_the_rule_of_the_target_release_reports_once():
     result = migrate("pip install sglang==0.5.15\ndocker pull lmsysorg/sglang:v0.5.15\n", "shell", "0.5.22")
     assert found(result) == [("R522-50", FIX, 1), ("R522-50", FIX, 2)]
