@@ -16,6 +16,8 @@ for the order of a row's float32 sum in RMSNorm.
 - `silu_and_mul`: x = [gate | up] -> silu(gate) * up.
 - `rotary`: rotate-half RoPE of q [n, h, d] and k [n, hk, d] with float32 cos/sin tables indexed
   by position (cast to the dtype first, as the eager path does); writes new contiguous tensors.
+- `rotary_store`: the same, but the rotated k and v go straight into the KV pool's rows `slots`
+  (the layer's K/V write fused in: two indexed-copy kernels fewer per layer); returns q only.
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ def rotary_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     cos = cos_table[positions].unsqueeze(1).to(q.dtype)  # [n, 1, d]
     sin = sin_table[positions].unsqueeze(1).to(q.dtype)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rotary_store_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cos_table: torch.Tensor, sin_table: torch.Tensor, k_cache: torch.Tensor,
+                           v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    q, k = rotary_reference(positions, q, k, cos_table, sin_table)
+    k_cache[slots] = k.to(k_cache.dtype)
+    v_cache[slots] = v.to(v_cache.dtype)
+    return q
 
 
 # --------------------------------------------------------------------------- Triton kernels
@@ -122,6 +133,44 @@ if HAS_TRITON:
         tl.store(dst + i, o1, mask=mask)
         tl.store(dst + HALF + i, o2, mask=mask)
 
+    @triton.jit
+    def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                             HQ, HK, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
+                             HALF: tl.constexpr, BLOCK: tl.constexpr):
+        # one program per (token, head) over q's heads, then k's, then v's; the caches are
+        # [slots, HK, 2 * HALF] contiguous
+        n = tl.program_id(0)
+        h = tl.program_id(1)
+        i = tl.arange(0, BLOCK)
+        mask = i < HALF
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        if h < HQ + HK:
+            p = tl.load(pos_ptr + n).to(tl.int64)
+            if h < HQ:
+                src = q_ptr + n * stride_qn + h * stride_qh
+                dst = q_out_ptr + (n * HQ + h) * 2 * HALF
+            else:
+                src = k_ptr + n * stride_kn + (h - HQ) * stride_kh
+                dst = kc_ptr + (slot * HK + (h - HQ)) * 2 * HALF
+            x1 = tl.load(src + i, mask=mask, other=0.0)
+            x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
+            dt = x1.dtype
+            c = tl.load(cos_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+            s = tl.load(sin_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
+            a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+            o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
+            o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
+            tl.store(dst + i, o1.to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty), mask=mask)
+        else:
+            hv = h - HQ - HK
+            src = v_ptr + n * stride_vn + hv * stride_vh
+            dst = vc_ptr + (slot * HK + hv) * 2 * HALF
+            x1 = tl.load(src + i, mask=mask, other=0.0)
+            x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
+            tl.store(dst + i, x1.to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + i, x2.to(dst.dtype.element_ty), mask=mask)
+
     def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:
         """(rows n, heads h, stride_n, stride_h) of a 2-D or 3-D tensor with last stride 1."""
         if x.stride(-1) != 1:
@@ -177,3 +226,21 @@ if HAS_TRITON:
                                          hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                          HALF=half, BLOCK=triton.next_power_of_2(half))
         return q_out, k_out
+
+    def rotary_store_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cos_table: torch.Tensor, sin_table: torch.Tensor, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        n, hq, d = q.shape
+        hk = k.shape[1]
+        if any(t.stride(-1) != 1 for t in (q, k, v)):
+            raise ValueError("q, k and v need a contiguous last dimension")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or tuple(k_cache.shape[1:]) != (hk, d):
+            raise ValueError("the K/V caches must be contiguous [slots, kv_heads, head_dim]")
+        q_out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
+        if n:
+            half = d // 2
+            _rotary_store_kernel[(n, hq + 2 * hk)](
+                q, k, v, q_out, k_cache, v_cache, slots.contiguous(), positions.contiguous(), cos_table, sin_table,
+                hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                HALF=half, BLOCK=triton.next_power_of_2(half))
+        return q_out

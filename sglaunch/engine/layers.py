@@ -203,3 +203,10 @@ class RotaryEmbedding(nn.Module):
         if self.fused and not torch.is_grad_enabled() and positions.dim() == 1:
             return layer_ops.rotary_triton(positions, q, k, self.cos, self.sin)
         return layer_ops.rotary_reference(positions, q, k, self.cos, self.sin)
+
+    def forward_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """RoPE on q and k, with the rotated k and v written to the cache rows `slots` -> q."""
+        if self.fused and not torch.is_grad_enabled() and positions.dim() == 1:
+            return layer_ops.rotary_store_triton(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots)
+        return layer_ops.rotary_store_reference(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots)

@@ -61,8 +61,12 @@ class Attention(nn.Module):
         v = v.view(n, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
-        out = attn.forward(self.layer, q, k, v)  # [num_tokens, local_heads, head_dim]
+        if self.rope.fused:  # NOTE: one kernel rotates q and k and writes k and v to the pool
+            q = self.rope.forward_and_store(positions, q, k, v, *attn.kv_destination(self.layer))
+            out = attn.forward(self.layer, q, None, None)  # [num_tokens, local_heads, head_dim]
+        else:
+            q, k = self.rope(positions, q, k)
+            out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(n, self.heads * d))
 
 

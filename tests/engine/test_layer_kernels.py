@@ -104,6 +104,34 @@ def test_rotary_on_views_of_the_qkv_projection(dtype, n, hq, hk, d):
     assert q_out.is_contiguous() and k_out.is_contiguous()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,hq,hk,d", [(1, 9, 3, 64), (6, 4, 2, 128)])
+def test_rotary_store_writes_the_pool_rows(dtype, n, hq, hk, d):
+    qkv = rand(n, (hq + 2 * hk) * d, dtype=dtype, seed=n + d, scale=2)
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q, k, v = q.view(n, hq, d), k.view(n, hk, d), v.view(n, hk, d)
+    positions = torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    slots = torch.randperm(40, generator=torch.Generator().manual_seed(4))[:n].to(DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.arange(512).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([emb, emb], dim=-1)
+    cos, sin = emb.cos().to(DEVICE), emb.sin().to(DEVICE)
+    caches = {kind: [rand(40, hk, d, dtype=dtype, seed=9), rand(40, hk, d, dtype=dtype, seed=10)]
+              for kind in ("triton", "torch")}
+    q_out = layer_ops.rotary_store_triton(positions, q, k, v, cos, sin, *caches["triton"], slots)
+    q_ref = layer_ops.rotary_store_reference(positions, q, k, v, cos, sin, *caches["torch"], slots)
+    untouched = torch.ones(40, dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    for got, want in zip(caches["triton"], caches["torch"]):
+        assert torch.equal(got[untouched], want[untouched])  # other rows untouched
+        if DEVICE.type == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=0.05, rtol=2 ** -7)
+    torch.testing.assert_close(q_out, q_ref, atol=0.0 if DEVICE.type == "cpu" else 0.05,
+                               rtol=0.0 if DEVICE.type == "cpu" else 2 ** -7)
+
+
 def test_empty_batches():
     x = torch.empty(0, 64, dtype=torch.float32, device=DEVICE)
     w = torch.ones(64, device=DEVICE)

@@ -81,7 +81,12 @@ class AttentionBackend(ABC):
         self.meta = RaggedMetadata.from_step(step, self.kv_pool.page_size, self.device)
         return self.meta
 
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K rows, V rows, this step's slots) of `layer`: where forward() writes the new K/V, for
+        a kernel that writes them itself (then forward() gets k = v = None)."""
+        return self.kv_pool.k[layer], self.kv_pool.v[layer], self.meta.out_slots
+
     @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [num_tokens, heads, head_dim], k/v: [num_tokens, kv_heads, head_dim] ->
-        [num_tokens, heads, head_dim]."""
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        """q: [num_tokens, heads, head_dim], k/v: [num_tokens, kv_heads, head_dim] (None: already
+        written to kv_destination(layer)) -> [num_tokens, heads, head_dim]."""

@@ -149,8 +149,12 @@ class FlashInferAttentionBackend(AttentionBackend):
                          num_qo_heads=self.num_heads, head_dim_qk=self.head_dim, causal=True, **common)
         self.wrapper = wrapper
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.kv_pool.write(layer, self.out_slots, k, v)
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.kv_pool.k[layer], self.kv_pool.v[layer], self.out_slots
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+        if k is not None:
+            self.kv_pool.write(layer, self.out_slots, k, v)
         return self.wrapper.run(q.contiguous(), self.paged[layer])  # [num_tokens, heads, head_dim]
 
     # ---- CUDA graphs (cuda_graph.py) ----------------------------------------------------

@@ -84,7 +84,8 @@ class TorchAttentionBackend(AttentionBackend):
         )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.kv_pool.write(layer, self.meta.out_slots, k, v)
+        if k is not None:
+            self.kv_pool.write(layer, self.meta.out_slots, k, v)
         if len(self.groups) == 1:
             return self._attend(self.groups[0], layer, q)
         out = torch.empty_like(q)
