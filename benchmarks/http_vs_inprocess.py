@@ -2,7 +2,9 @@
 
     python benchmarks/http_vs_inprocess.py [--model CHECKPOINT] [--device cuda|cpu]
         [--concurrency 64] [--requests N] [--prompt-len 64] [--new-tokens 128] [--repeats 1]
-        [--dtype bfloat16] [--out results.json] [--server-arg=--flag=value ...]
+        [--client-processes N] [--dtype bfloat16] [--out results.json] [--server-arg FIELD=JSON ...]
+
+On the H200: python benchmarks/http_vs_inprocess.py --device cuda --model SMOLLM2_DIR
 
 Both sides see the same requests: random token-id prompts of --prompt-len tokens, --new-tokens
 tokens each, EOS ignored, greedy, no radix cache, --concurrency requests in flight (a closed
@@ -10,8 +12,9 @@ loop: a new request starts as soon as one finishes), --requests in all (default 
 concurrency).
   http        `run_server` (as `sglaunch serve` calls it) in a subprocess: the HTTP process, and
               the engine process behind it; the clients stream /v1/completions with token-id
-              prompts through one httpx pool (sglaunch bench's closed loop); output tokens counted
-              from each stream's usage chunk
+              prompts (sglaunch bench's closed loop over httpx, the concurrency shared by
+              --client-processes processes so the client is not what limits); output tokens
+              counted from each stream's usage chunk
   in-process  create_engine in this process, with the same EngineConfig: add_request / step,
               topping the batch up to --concurrency whenever a request finishes
 Each side warms up first (one round of --concurrency short requests), then is timed; with
@@ -56,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--client-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+                        help="HTTP client processes sharing the concurrency (default: cores / 4, 1 to 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--server-arg", action="append", default=[], metavar="FIELD=VALUE",
@@ -152,8 +157,8 @@ class Server:
             return self.process.wait()
 
 
-async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int) -> dict:
-    """Stream every prompt through /v1/completions, `concurrency` at a time; -> tokens, seconds."""
+async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int) -> int:
+    """Stream every prompt through /v1/completions, `concurrency` at a time; -> output tokens."""
     import httpx
 
     from sglaunch.bench.runner import closed_loop
@@ -173,26 +178,48 @@ async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, 
                         if usage:
                             tokens[index] = usage["completion_tokens"]
 
-        steps_before = await engine_steps(client)
-        start = time.perf_counter()
         await closed_loop(one, len(prompts), concurrency)
-        seconds = time.perf_counter() - start
-        steps = await engine_steps(client) - steps_before
-    return {"tokens": sum(tokens), "seconds": seconds, "steps": steps}
-
-
-async def engine_steps(client) -> int:
-    info = (await client.get("/server_info")).json()["internal_states"][0]
-    return int(info["total_steps"])
+    return sum(tokens)
 
 
 def run_http(server: Server, prompts, warm, args) -> dict:
+    """Warm up, then the timed closed loop, split over --client-processes processes (one Python
+    client can fall behind a fast server) that start together; steps from /server_info."""
     asyncio.run(http_closed_loop(server.url, warm, 8, args.concurrency))
-    result = asyncio.run(http_closed_loop(server.url, prompts, args.new_tokens, args.concurrency))
+    steps_before = asyncio.run(steps_of(server.url))
+    clients = max(1, min(args.client_processes, args.concurrency))
+    shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
+               time.time() + 3.0) for i in range(clients)]
+    if clients == 1:
+        parts = [client_part(*shares[0])]
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(clients) as pool:
+            parts = pool.starmap(client_part, shares)
+    seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    result = {"tokens": sum(p["tokens"] for p in parts), "seconds": seconds, "client_processes": clients,
+              "steps": asyncio.run(steps_of(server.url)) - steps_before}
     expected = len(prompts) * args.new_tokens
     if result["tokens"] != expected:
         raise RuntimeError(f"HTTP side produced {result['tokens']} tokens, expected {expected}")
     return result
+
+
+def client_part(url: str, prompts: list, new_tokens: int, concurrency: int, start_at: float) -> dict:
+    """One client process's share of the closed loop, from the shared start time on."""
+    time.sleep(max(0.0, start_at - time.time()))
+    start = time.time()
+    tokens = asyncio.run(http_closed_loop(url, prompts, new_tokens, concurrency))
+    return {"tokens": tokens, "start": start, "end": time.time()}
+
+
+async def steps_of(url: str) -> int:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        info = (await client.get("/server_info")).json()["internal_states"][0]
+    return int(info["total_steps"])
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -275,7 +302,8 @@ def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
         code = server.stop()
     if code != 0:
         raise RuntimeError(f"server exited with {code}:\n{log_path.read_text()}")
-    log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps")
+    log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps, "
+        f"{result['client_processes']} client process(es)")
     return result
 
 

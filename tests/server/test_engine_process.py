@@ -55,19 +55,22 @@ def generate(server: RunningServer, input_ids: list[int], out: dict, key) -> Non
                 out[key] = json.loads(line[6:])["output_ids"]
 
 
-def in_process(function, *args):
-    """Run the engine in this process, then give the thread back its torch settings.
+IN_PROCESS_SNIPPET = (
+    "import json, sys\n"
+    "from sglaunch.config import EngineConfig\n"
+    "from sglaunch.engine.interface import SamplingParams\n"
+    "from sglaunch.engine.launch import generate_batch\n"
+    "config, prompts, sampling = json.loads(sys.argv[1])\n"
+    "print(json.dumps(generate_batch(EngineConfig(**config), prompts, SamplingParams(**sampling))))\n"
+)
 
-    NOTE: a CPU rank flushes denormals in the thread that creates it; later tests in this process
-    (hypothesis's float strategies in test_schema_fuzz) need IEEE floats back."""
-    import torch
 
-    threads = torch.get_num_threads()
-    try:
-        return function(*args)
-    finally:
-        torch.set_flush_denormal(False)
-        torch.set_num_threads(threads)
+def in_process_outputs(config: dict, prompts: list[list[int]]) -> list[list[int]]:
+    """generate_batch, the in-process engine, in a fresh interpreter (this one stays as it was)."""
+    sampling = dict(max_new_tokens=GREEDY["max_new_tokens"], temperature=0.0, ignore_eos=True)
+    result = subprocess.run([sys.executable, "-c", IN_PROCESS_SNIPPET, json.dumps([config, prompts, sampling])],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def kill_all(server: RunningServer) -> None:
@@ -77,10 +80,6 @@ def kill_all(server: RunningServer) -> None:
 
 
 def test_concurrent_streams_match_the_in_process_engine_and_the_server_holds_no_torch(long_llama, tmp_path):
-    from sglaunch.config import EngineConfig
-    from sglaunch.engine.interface import SamplingParams
-    from sglaunch.engine.launch import generate_batch
-
     server = start(long_llama, tmp_path)
     try:
         (engine_pid,) = engine_pids(server)
@@ -97,9 +96,7 @@ def test_concurrent_streams_match_the_in_process_engine_and_the_server_holds_no_
     finally:
         exit_code = stop_server(server)
     assert exit_code == 0, server.log()
-    config = EngineConfig(**{**server.config, "port": 0})
-    expected = in_process(generate_batch, config, PROMPTS, SamplingParams(max_new_tokens=16, temperature=0.0,
-                                                                          ignore_eos=True))
+    expected = in_process_outputs({**server.config, "port": 0}, PROMPTS)
     assert [outputs.get(i) for i in range(len(PROMPTS))] == expected
 
 
