@@ -19,6 +19,7 @@ from sglaunch.migrate.engine import detect_format, migrate_text
 from sglaunch.migrate.evaluate import FIX, INFO, MANUAL, UNSAFE
 from sglaunch.migrate.files import process_file
 from sglaunch.migrate.rules import load_rules, parse_rule
+from sglaunch.releases import release_key
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PINS, EXPECTED = FIXTURES / "pins", FIXTURES / "pins_expected"
@@ -492,7 +493,7 @@ def test_every_release_has_its_sglang_pin_and_0_5_20_on_say_cuda_13():
     assert sorted(pins) == ["0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
     for release, rule in pins.items():
         assert rule.version == release and rule.images == ("lmsysorg/sglang",)
-        assert rule.cuda == ("13" if release >= "0.5.20" else None)
+        assert rule.cuda == ("13" if release_key(release) >= release_key("0.5.20") else None)
     flashinfer = [r for r in load_rules().rules if r.kind == "pin" and "flashinfer-python" in r.packages]
     assert [(r.release, r.version, r.never) for r in flashinfer] == [("0.5.16", "0.6.14", ("0.6.15",))]
 
