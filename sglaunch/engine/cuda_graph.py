@@ -209,6 +209,12 @@ class CudaGraphRunner:
             self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
             self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
             self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
+            # decode graphs end with the LM head and the greedy choice of every row: logits [rows,
+            # vocab] float32, and (token id, its log-probability) per row as float64, so a greedy
+            # step reads both back in one copy (float64 holds every token id exactly)
+            self.logits = torch.zeros(max(plan.decode_sizes), runner.spec.vocab_size, dtype=torch.float32,
+                                      device=device)
+            self.greedy = torch.zeros(2, max(plan.decode_sizes), dtype=torch.float64, device=device)
             self.features = None
             if runner.draft is not None and not self.draft_in_graph:
                 width = len(runner.draft.layer_ids) * runner.spec.hidden_size
@@ -235,11 +241,11 @@ class CudaGraphRunner:
         wrapper = self.attn.graph_wrapper(key.decode, key.batch_size, self.buffers)
         with torch.inference_mode():
             self._load(pad_step(StepInput([], [], [], [], [], []), key, self.padding_page, self.page_size), wrapper)
-            self._body(key.num_tokens)  # warm-up: compiles kernels, sets up cuBLAS outside the capture
+            self._body(key)  # warm-up: compiles kernels, sets up cuBLAS outside the capture
             torch.cuda.synchronize(self.runner.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self._body(key.num_tokens)
+                self._body(key)
         return graph, wrapper
 
     def _load(self, padded: StepInput, wrapper) -> None:
@@ -251,10 +257,16 @@ class CudaGraphRunner:
         self.inputs[:, :n].copy_(rows)
         self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
 
-    def _body(self, n: int) -> None:
-        runner = self.runner
+    def _body(self, key: GraphKey) -> None:
+        torch, runner, n = self.torch, self.runner, key.num_tokens
         hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
         self.hidden[:n].copy_(hidden)
+        if key.decode:  # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them
+            logits = runner.model.compute_logits(hidden).float()
+            self.logits[:n].copy_(logits)
+            tokens = logits.argmax(dim=-1)
+            self.greedy[0, :n].copy_(tokens.double())
+            self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
@@ -269,7 +281,8 @@ class CudaGraphRunner:
     def replay(self, key: GraphKey, step: StepInput):
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
         static buffers, valid until the next replay. features is None without a drafter and when
-        the graph has written the draft context K/V itself (draft_in_graph)."""
+        the graph has written the draft context K/V itself (draft_in_graph). After a decode graph,
+        `logits` and `greedy` hold every row's logits and greedy choice."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
         graph.replay()

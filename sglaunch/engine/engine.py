@@ -208,6 +208,12 @@ class LLMEngine:
         if not plain:
             return
         params = [chunks[i].req.sampling for i in plain]
+        if all(is_greedy(p) for p in params):  # a decode graph may have chosen them already
+            chosen = self.runner.greedy_host([rows[i] for i in plain])
+            if chosen is not None:
+                for i, token, logprob in zip(plain, *chosen):
+                    sampled[i], logprobs[i] = token, logprob
+                return
         generators = [self.generators.get(chunks[i].req.rid) for i in plain]
         failures: dict[int, Exception] = {}  # NOTE: a row that cannot be sampled fails its request only
         tokens, token_logprobs = sample(logits[[rows[i] for i in plain]], params, generators, failures)

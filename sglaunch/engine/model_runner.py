@@ -75,6 +75,7 @@ class ModelRunner:
         heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
         self.attn.set_query_dtype(self.model_dtype)
+        self.step_greedy = None  # set by forward() after a decode graph (see greedy_host)
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
         if self.graphs is not None and self.draft is not None:
             from sglaunch.speculative.draft_graphs import enabled_from_env
@@ -128,8 +129,11 @@ class ModelRunner:
         """Run one ragged step (a CUDA graph when one fits); returns logits [len(step.sample_indices),
         vocab] in float32 (identical on every rank)."""
         key = self.graphs.pick(step) if self.graphs is not None else None
+        self.step_greedy = None
         if key is not None:
             hidden, features, positions, out_slots = self.graphs.replay(key, step)
+            if key.decode:  # the graph computed the logits and the greedy choice of every row
+                return self._graph_logits(step, features, positions, out_slots)
         else:
             input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
             meta = self.attn.prepare(step)
@@ -141,6 +145,26 @@ class ModelRunner:
             return torch.empty(0, self.spec.vocab_size, device=self.device)
         rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[rows]).float()  # [num_samples, vocab]
+
+    def _graph_logits(self, step: StepInput, features, positions, out_slots) -> torch.Tensor:
+        if features is not None:
+            self.draft.write_context(features, positions, out_slots)
+        rows, b = step.sample_indices, step.batch_size
+        self.step_greedy = (self.graphs.greedy[:, :b], rows)
+        if rows == list(range(b)):  # NOTE: every request samples (decode): no gather at all
+            return self.graphs.logits[:b]
+        return self.graphs.logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
+
+    def greedy_host(self, logit_rows: list[int]) -> tuple[list[int], list[float]] | None:
+        """The greedy (token, log-probability) of these rows of the last forward's logits, read
+        back in one copy, when that forward replayed a decode graph (which computed them); else
+        None (sample from the logits)."""
+        if self.step_greedy is None:
+            return None
+        greedy, rows = self.step_greedy
+        host = greedy.tolist()  # NOTE: the step's one device-to-host copy
+        picked = [rows[r] for r in logit_rows]
+        return [int(host[0][i]) for i in picked], [host[1][i] for i in picked]
 
     def model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor):
         """The decoder on prepared attention state -> (hidden [num_tokens, hidden], DSpark's target

@@ -263,3 +263,21 @@ def test_padded_step_gives_the_same_logits(checkpoints, decode):
         torch.testing.assert_close(runner.forward(padded), runner.forward(tail), atol=1e-5, rtol=1e-5)
     finally:
         cluster.stop(engine)
+
+
+def test_greedy_choices_of_a_decode_graph_map_logit_rows_to_token_rows():
+    """After a decode-graph replay the engine reads the graph's greedy choices for the rows it
+    samples (sample_indices order); a step that replayed no decode graph has none."""
+    import torch
+
+    from sglaunch.engine.model_runner import ModelRunner
+
+    runner = object.__new__(ModelRunner)
+    runner.step_greedy = None
+    assert runner.greedy_host([0]) is None
+    # 4 requests; requests 0, 2 and 3 sample (request 1 is a 1-token partial prefill chunk)
+    greedy = torch.tensor([[11.0, 12.0, 13.0, 14.0], [-0.5, -1.5, -2.5, -3.5]], dtype=torch.float64)
+    runner.step_greedy = (greedy, [0, 2, 3])
+    tokens, logprobs = runner.greedy_host([2, 0])  # logit rows 2 and 0 are token rows 3 and 0
+    assert tokens == [14, 11] and logprobs == [-3.5, -0.5]
+    assert all(isinstance(t, int) for t in tokens)
