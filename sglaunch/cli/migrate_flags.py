@@ -181,7 +181,10 @@ def exit_code(reports: list[FileReport]) -> int:
     """2 when any input was unreadable, 1 when anything changed or needs action, else 0."""
     if any(r.error for r in reports):
         return EXIT_USAGE
-    if any(r.changed for r in reports) or any(f.level in (FIX, UNSAFE, MANUAL) for r in reports for f in r.findings):
+    # NOTE: an `error` finding (a launch whose arguments cannot be read) fails too: --check never
+    # passes what it could not check
+    if any(r.changed for r in reports) or any(f.level in (FIX, UNSAFE, MANUAL, ERROR) for r in reports
+                                              for f in r.findings):
         return EXIT_FINDINGS
     return 0
 

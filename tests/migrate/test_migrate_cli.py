@@ -190,3 +190,30 @@ def test_walk_summary_counts_kinds_read_and_skipped(tmp_path):
     assert "read: 1 shell, 1 workflow; skipped: 1 not launch files" in " ".join(result.output.split())
     data = json.loads(invoke("migrate-flags", "--check", "--json", str(tmp_path)).output)
     assert data["read"] == {"shell": 1, "workflow": 1} and data["skipped"]["not_launch_files"] == 1
+
+
+def test_check_fails_on_a_launch_whose_arguments_cannot_be_read(tmp_path):
+    """`--tp` with no value: the tool cannot tell what the launch will do on the target release,
+    so --check must not pass it (it reported the error and exited 0 before)."""
+    script = tmp_path / "serve.sh"
+    script.write_text("python -m sglang.launch_server --model-path m --tp\n")
+    result = invoke("migrate-flags", "--check", str(script))
+    assert result.exit_code == 1, result.output
+    assert "cannot read the launch arguments" in result.output
+    assert script.read_text() == "python -m sglang.launch_server --model-path m --tp\n"
+
+
+def test_the_pre_commit_hook_selects_every_file_kind_the_walk_reads():
+    import re
+
+    from ruamel.yaml import YAML
+
+    root = Path(__file__).resolve().parents[2]
+    hook = YAML(typ="safe").load((root / ".pre-commit-hooks.yaml").read_text())[0]
+    pattern = re.compile(hook["files"])
+    for name in ("serve.sh", "deploy/k8s.yaml", "Dockerfile.gpu", "Makefile", ".env.prod", "unit.service",
+                 "requirements.txt", "requirements-gpu.txt", "constraints.txt", "requirements/serve.txt",
+                 "pyproject.toml", "launch.py"):
+        assert pattern.search(name), name
+    for name in ("README.md", "notes.txt", "model.safetensors"):
+        assert not pattern.search(name), name
