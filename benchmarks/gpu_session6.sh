@@ -110,6 +110,18 @@ pipeline7() {  # session 7, run 1: fused layer kernels + engine process + the st
   touch "$W/all.done"
 }
 
+pipeline8() {  # session 7, run 2 (no model upload): the GPU tests of this session's graph changes, then
+  # random-weight profiles: plain at c=1 and c=64, and a random drafter's compact mode (it accepts
+  # nothing, so the planner steps aside: the cost of a DSpark engine's plain step against plain's)
+  part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/engine/test_layer_kernels.py \
+    tests/gpu/test_cuda_graph_gpu.py
+  for c in 1 64; do
+    part "profile$c" 90 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --drafter random --modes compact --concurrency $c --steps 30 --json "$W/profile$c.json"
+  done
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -156,7 +168,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
