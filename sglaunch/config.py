@@ -12,6 +12,20 @@ from typing import Any, Literal
 
 RaggedVerifyMode = Literal["static", "cap-accept", "compact"]
 
+# The defaults of the values below, shared by the front end (checks/resolve.py, which fills them
+# in and logs why) and the engine (for an EngineConfig built directly, as benchmarks and tests do
+# it), so both boot the same engine.
+GPU_MEM_FRACTION = 0.88  # --mem-fraction-static on GPUs: weights + KV pool
+CPU_KV_TOKENS = 16384  # KV pool of a CPU rank in tokens
+CUDA_GRAPH_MAX_BS = 256  # largest decode batch captured (never above --max-running-requests)
+
+
+def default_max_running_requests(device: str, speculative: bool) -> int:
+    """--max-running-requests when not given: DSpark's 48 (as SGLang), else by device."""
+    if speculative:
+        return 48
+    return 256 if device == "cuda" else 64
+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
@@ -70,6 +84,16 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # free-form record of how each `auto` was resolved, for logs and /server_info
     resolutions: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def running_cap(self) -> int:
+        """max_running_requests, or its default for this device and algorithm."""
+        return self.max_running_requests or default_max_running_requests(self.device, self.speculative is not None)
+
+    @property
+    def graph_batch_cap(self) -> int:
+        """The largest decode batch a CUDA graph is captured for."""
+        return min(self.cuda_graph_max_bs or CUDA_GRAPH_MAX_BS, self.running_cap)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

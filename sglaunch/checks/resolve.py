@@ -13,8 +13,7 @@ DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", 
                "float32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ENGINE_ATTENTION = {"torch": "torch", "torch_native": "torch", "flashinfer": "flashinfer"}
 DEFAULT_DSPARK_GAMMA = 7  # upstream's fallback when nothing names the block size
-CPU_KV_TOKENS = 16384
-GPU_MEM_FRACTION = 0.88
+from sglaunch.config import CPU_KV_TOKENS, CUDA_GRAPH_MAX_BS, GPU_MEM_FRACTION, default_max_running_requests
 
 
 def resolve_device(ctx: LaunchContext) -> None:
@@ -139,12 +138,10 @@ def resolve_memory(ctx: LaunchContext) -> None:
     if ctx.get("chunked_prefill_size") is None:
         ctx.resolve("chunked_prefill_size", 8192 if on_gpu else 4096, "default for the device")
     if ctx.get("max_running_requests") is None:
-        if ctx.dspark:
-            ctx.resolve("max_running_requests", 48, "DSpark's default (as SGLang)")
-        else:
-            ctx.resolve("max_running_requests", 256 if on_gpu else 64, "default for the device")
+        ctx.resolve("max_running_requests", default_max_running_requests(ctx.get("device"), bool(ctx.dspark)),
+                    "DSpark's default (as SGLang)" if ctx.dspark else "default for the device")
     if on_gpu and not _graphs_off(ctx) and ctx.get("cuda_graph_max_bs_decode") is None:
-        ctx.resolve("cuda_graph_max_bs_decode", min(256, ctx.get("max_running_requests")),
+        ctx.resolve("cuda_graph_max_bs_decode", min(CUDA_GRAPH_MAX_BS, ctx.get("max_running_requests")),
                     "largest batch that can run")
 
 

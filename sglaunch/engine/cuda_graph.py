@@ -36,7 +36,6 @@ from sglaunch.engine.step import StepInput
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BS = 160
 FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"

@@ -28,14 +28,12 @@ from sglaunch.engine.step import build_step_input, sample_rows
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_RUNNING_REQUESTS = 256
-
 
 def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimits:
     chunk = config.chunked_prefill_size
     return SchedulerLimits(
         page_size=config.page_size,
-        max_running_requests=config.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
+        max_running_requests=config.running_cap,
         chunked_prefill_size=chunk if chunk and chunk > 0 else None,
         context_length=runner.context_length,
         eos_token_ids=runner.spec.eos_token_ids,

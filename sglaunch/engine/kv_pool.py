@@ -14,12 +14,10 @@ import logging
 
 import torch
 
-from sglaunch.config import EngineConfig
+from sglaunch.config import CPU_KV_TOKENS, GPU_MEM_FRACTION, EngineConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_TOKENS = 16384
-DEFAULT_MEM_FRACTION_STATIC = 0.85
 # NOTE: the page allocator is a Python list; tiny models on big GPUs would otherwise ask for
 # hundreds of millions of slots
 MAX_KV_TOKENS = 1 << 22
@@ -53,9 +51,9 @@ def plan_kv_tokens(config: EngineConfig, bytes_per_token: int, device: torch.dev
     """KV slots this rank can hold: `max_total_tokens` (default on CPU), or what fits in
     `mem_fraction_static` of the GPU after the weights are loaded."""
     if device.type != "cuda":
-        return config.max_total_tokens or DEFAULT_CPU_KV_TOKENS
+        return config.max_total_tokens or CPU_KV_TOKENS
     free, total = torch.cuda.mem_get_info(device)
-    fraction = config.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+    fraction = config.mem_fraction_static or GPU_MEM_FRACTION
     # NOTE: the static budget covers weights (already resident) and the KV pool
     budget = total * fraction - (total - free)
     tokens = int(budget // bytes_per_token)

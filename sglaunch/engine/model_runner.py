@@ -15,7 +15,6 @@ import torch
 from sglaunch.config import EngineConfig
 from sglaunch.engine.attention import attention_backend_class
 from sglaunch.engine.cuda_graph import (
-    DEFAULT_MAX_BS,
     CudaGraphRunner,
     GraphPlan,
     extra_tiers_from_env,
@@ -89,11 +88,8 @@ class ModelRunner:
         return DraftRunner(self.config, self.model, self.tp, DTYPES[self.config.dtype], self.device, max_positions)
 
     def _capture_graphs(self, show_progress: bool) -> CudaGraphRunner:
-        from sglaunch.engine.engine import DEFAULT_MAX_RUNNING_REQUESTS
-
-        max_running = self.config.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
         # NOTE: a bucket above max_running_requests could never be replayed
-        max_bs = min(self.config.cuda_graph_max_bs or DEFAULT_MAX_BS, max_running)
+        max_bs = self.config.graph_batch_cap
         # NOTE: without a drafter, `sglaunch profile-sps` names the verify window it will time,
         # so its verify-shaped steps replay the same total-token tier graphs as DSpark serving
         window = self.draft.block_size + 1 if self.draft is not None else int(os.environ.get(VERIFY_WINDOW_ENV, "0"))
