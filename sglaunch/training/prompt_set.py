@@ -128,8 +128,8 @@ TOPIC_ASKS = [
 PREFACES = ["", "", "", "", "", "", "I'm a nurse. ", "My son asked me this and I didn't know: ", "For a presentation at work: ",
             "Hi! ", "Hello, ", "I've always wondered: ", "Settle an argument for us. ", "As a complete beginner: ",
             "Please help. ", "For my blog: ", "I'm studying for a test. "]
-MODIFIERS = ["", "", "", " Keep it under 100 words.", " Keep it short.", " Write it for a general audience.", " Use bullet points.", " Please be concise.", " Include an example.",
-             " Answer in two short paragraphs.", " Avoid jargon.", " Be detailed.", " Use a friendly tone."]
+MODIFIERS = ["", "", "", " Keep it under 100 words.", " Keep it short.", " Write it for a general audience.",
+             " Use bullet points.", " Please be concise.", " Include an example.", " Answer in two short paragraphs.", " Avoid jargon.", " Be detailed.", " Use a friendly tone."]
 FORMS = ["a haiku", "a short poem", "a limerick", "a four-line rhyme", "the opening paragraph of a short story",
          "a short fable with a moral", "a product description", "a motivational message", "a short wedding toast",
          "a one-minute speech", "a diary entry", "a song chorus", "a riddle", "a bedtime story", "a sonnet",
