@@ -307,6 +307,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "cap-accept caps acceptance (a lossless test harness), compact packs only planned tokens "
            "(the fast path).", choices=("static", "cap-accept", "compact"), default="static",
            added="0.5.16"),
+    EnvVar("SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS", "DSpark: how many steps old the confidences are "
+           "that size a step's verify budget.", default="2", added="0.5.16"),
+    EnvVar("SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS", "DSpark: extra total-token tiers of the captured "
+           "ragged verify graphs, comma-separated (e.g. 12,20,48).", added="0.5.16"),
     EnvVar("SGLANG_ENABLE_UNIFIED_RADIX_TREE", "Opt into UnifiedRadixTree (default for SWA, Mamba "
            "and DSA models since 0.5.16, for all models since 0.5.19).", noop_since="0.5.19",
            removed="0.5.21"),
@@ -334,6 +338,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
            "rotary embedding, SiLU-and-multiply): auto (on GPUs), torch, or triton.",
            choices=("auto", "torch", "triton"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_VERIFY_GRAPH_WINDOW", "Without a drafter, capture verify graphs for this window "
+           "(set by `sglaunch profile-sps`).", sglaunch_only=True),
+    EnvVar("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "Debugging aid: seconds the engine waits before "
+           "loading the model (exercises stops that arrive during start-up).", sglaunch_only=True),
+    EnvVar("SGLAUNCH_NO_PROGRESS", "Hide progress bars (1).", sglaunch_only=True),
+    EnvVar("SGLAUNCH_BENCH_API_KEY", "`sglaunch bench`: the API key sent to the server.", sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_KERNELS", "DSpark's device kernels: Triton, the torch references, or auto "
            "(Triton on GPUs).", choices=("auto", "torch", "triton"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_RECORD_PATH", "Record drafted blocks to this JSONL file for `sglaunch fit-sts`.",
