@@ -98,6 +98,7 @@ class EngineClient:
         self._checker = None
         self._stopping = False
         self._failure: str | None = None
+        self._failure_reported = False
         self._exited = asyncio.Event()  # the engine process has ended
         self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
 
@@ -155,11 +156,10 @@ class EngineClient:
 
     async def shutdown(self) -> None:
         """Let the engine stop its ranks and exit; kill it if it does not within the timeout.
-        Raises RuntimeError when it fails while shutting down (not when it had died before)."""
+        Raises RuntimeError when it failed, unless wait_failed() has already reported that."""
         if self._stopping:
             return
         self._stopping = True
-        died_before = self._failure is not None
         try:
             if not self._exited.is_set():
                 self._send((ipc.SHUTDOWN,))
@@ -172,7 +172,7 @@ class EngineClient:
         finally:
             self._close()
         code = self._process.exitcode
-        if not died_before and (self._failure is not None or code != 0):
+        if not self._failure_reported and (self._failure is not None or code != 0):
             raise RuntimeError(self._failure or f"the engine process exited with code {code} while shutting down")
 
     def _close(self) -> None:
@@ -184,7 +184,9 @@ class EngineClient:
 
     async def wait_failed(self) -> str:
         """Returns why, once the engine process has died (never, after a clean shutdown)."""
-        return await asyncio.shield(self._failed)
+        message = await asyncio.shield(self._failed)
+        self._failure_reported = True
+        return message
 
     # ---- AsyncEngine --------------------------------------------------------------------
     def check_request(self, request: GenerateRequest) -> None:

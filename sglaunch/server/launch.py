@@ -269,6 +269,9 @@ async def _shutdown_engine(engine) -> int:
     except asyncio.TimeoutError:
         logger.error("The engine did not shut down within %ss.", ENGINE_SHUTDOWN_SECONDS)
         return 1
+    except RuntimeError as exc:  # the engine process failed (e.g. it died while requests drained)
+        logger.error("The engine failed: %s", exc)
+        return 1
     except Exception:  # noqa: BLE001 - report, and exit non-zero
         logger.exception("Engine shutdown failed")
         return 1

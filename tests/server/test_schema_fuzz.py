@@ -21,6 +21,19 @@ from .conftest import running_server  # noqa: E402
 EXAMPLES_PER_ROUTE = 30
 
 
+@pytest.fixture(autouse=True)
+def no_constants_from_loaded_modules(monkeypatch):
+    """Hypothesis also draws the literals of every local module loaded in this process, so the
+    bodies (and whether any gets a 200) would change with the sglaunch modules earlier tests
+    happened to import, and with every edit to them; draw only hypothesis's own constants."""
+    from hypothesis.internal.conjecture import providers
+
+    none = providers.Constants(integers=providers.SortedSet(), floats=providers.SortedSet(key=providers.float_to_int),
+                               bytes=providers.SortedSet(), strings=providers.SortedSet())
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: none)
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ieee_floats():
     """Hypothesis draws subnormal floats; an in-process CPU engine earlier in this process (other
