@@ -208,12 +208,12 @@ class CudaGraphRunner:
             self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
             self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
             self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
-            # decode graphs end with the LM head and the greedy choice of every row: logits [rows,
-            # vocab] float32, and (token id, its log-probability) per row as float64, so a greedy
-            # step reads both back in one copy (float64 holds every token id exactly)
+            # every graph ends with the LM head and the greedy choice of every row, (token id, its
+            # log-probability) as float64 (which holds every token id exactly), so a greedy step
+            # reads both back in one copy; decode graphs keep the logits [rows, vocab] float32 too
             self.logits = torch.zeros(max(plan.decode_sizes), runner.spec.vocab_size, dtype=torch.float32,
                                       device=device)
-            self.greedy = torch.zeros(2, max(plan.decode_sizes), dtype=torch.float64, device=device)
+            self.greedy = torch.zeros(2, plan.max_tokens, dtype=torch.float64, device=device)
             self.features = None
             if runner.draft is not None and not self.draft_in_graph:
                 width = len(runner.draft.layer_ids) * runner.spec.hidden_size
@@ -260,12 +260,15 @@ class CudaGraphRunner:
         torch, runner, n = self.torch, self.runner, key.num_tokens
         hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
         self.hidden[:n].copy_(hidden)
-        if key.decode:  # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them
-            logits = runner.model.compute_logits(hidden).float()
+        # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
+        # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
+        # DSpark step accepts from those alone; other steps compute their logits after the replay)
+        logits = runner.model.compute_logits(hidden).float()
+        if key.decode:
             self.logits[:n].copy_(logits)
-            tokens = logits.argmax(dim=-1)
-            self.greedy[0, :n].copy_(tokens.double())
-            self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
+        tokens = logits.argmax(dim=-1)
+        self.greedy[0, :n].copy_(tokens.double())
+        self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
@@ -281,7 +284,7 @@ class CudaGraphRunner:
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
         static buffers, valid until the next replay. features is None without a drafter and when
         the graph has written the draft context K/V itself (draft_in_graph). After a decode graph,
-        `logits` and `greedy` hold every row's logits and greedy choice."""
+        `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
         graph.replay()

@@ -157,6 +157,8 @@ class LLMEngine:
         if chunks:
             proposal = self._propose(chunks)
             step = build_step_input(chunks, self.config.page_size)
+            # NOTE: an all-greedy step needs no logits, only each row's greedy choice
+            step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead)
             start = time.perf_counter()
             logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
             rows = sample_rows(chunks)
@@ -239,7 +241,13 @@ class LLMEngine:
                 verify_seconds: float) -> None:
         index = {id(c): i for i, c in enumerate(chunks)}
         spec_rows = [rows[index[id(c)]] for c in proposal.chunks]
-        for chunk, accepted in zip(proposal.chunks, self.spec.accept(proposal, logits, spec_rows, verify_seconds)):
+        greedy = logits is None or (self.runner.step_greedy is not None and
+                                    all(is_greedy(c.req.sampling) for c in proposal.chunks))
+        if greedy:  # the forward chose every row greedily: accept on the host
+            results = self.spec.accept_greedy(proposal, spec_rows, self.runner.greedy_host, verify_seconds)
+        else:
+            results = self.spec.accept(proposal, logits, spec_rows, verify_seconds)
+        for chunk, accepted in zip(proposal.chunks, results):
             i = index[id(chunk)]
             sampled[i], logprobs[i] = accepted.tokens, accepted.logprobs
 

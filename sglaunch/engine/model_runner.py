@@ -74,7 +74,7 @@ class ModelRunner:
         heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
         self.attn.set_query_dtype(self.model_dtype)
-        self.step_greedy = None  # set by forward() after a decode graph (see greedy_host)
+        self.step_greedy, self._greedy_read = None, None  # set by forward() (see greedy_host)
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
         if self.graphs is not None and self.draft is not None:
             from sglaunch.speculative.draft_graphs import enabled_from_env
@@ -121,44 +121,55 @@ class ModelRunner:
         return self.kv_pool.num_pages
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> torch.Tensor:
+    def forward(self, step: StepInput) -> torch.Tensor | None:
         """Run one ragged step (a CUDA graph when one fits); returns logits [len(step.sample_indices),
-        vocab] in float32 (identical on every rank)."""
+        vocab] in float32 (identical on every rank), or None when `step.logits` is False and a
+        verify graph has already chosen every row greedily (greedy_host has them)."""
         key = self.graphs.pick(step) if self.graphs is not None else None
-        self.step_greedy = None
+        self.step_greedy, self._greedy_read = None, None
         if key is not None:
             hidden, features, positions, out_slots = self.graphs.replay(key, step)
-            if key.decode:  # the graph computed the logits and the greedy choice of every row
-                return self._graph_logits(step, features, positions, out_slots)
+            if features is not None:  # None after a graph that wrote the draft context itself
+                self.draft.write_context(features, positions, out_slots)
+            t = step.num_tokens
+            if not step.sample_indices:
+                return torch.empty(0, self.spec.vocab_size, device=self.device)
+            self.step_greedy = (self.graphs.greedy[:, :t], step.sample_indices)
+            if key.decode:  # the graph computed every row's logits too
+                if step.sample_indices == list(range(step.batch_size)):  # NOTE: all sample: no gather
+                    return self.graphs.logits[: step.batch_size]
+                return self.graphs.logits[self._rows(step)]
+            if not step.logits:
+                return None
         else:
             input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
             meta = self.attn.prepare(step)
             positions, out_slots = meta.positions, meta.out_slots
             hidden, features = self.model_forward(input_ids, positions)
-        if features is not None:  # None after a graph that wrote the draft context itself
-            self.draft.write_context(features, positions, out_slots)
-        if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
-            return torch.empty(0, self.spec.vocab_size, device=self.device)
-        rows = torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden[rows]).float()  # [num_samples, vocab]
+            if features is not None:
+                self.draft.write_context(features, positions, out_slots)
+            if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
+                return torch.empty(0, self.spec.vocab_size, device=self.device)
+        logits = self.model.compute_logits(hidden[self._rows(step)]).float()  # [num_samples, vocab]
+        if key is None and not step.logits:  # an all-greedy eager step: its choices, as a graph gives them
+            tokens = logits.argmax(dim=-1)
+            lp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            self.step_greedy = (torch.stack([tokens.double(), lp.double()]), list(range(len(step.sample_indices))))
+        return logits
 
-    def _graph_logits(self, step: StepInput, features, positions, out_slots) -> torch.Tensor:
-        if features is not None:
-            self.draft.write_context(features, positions, out_slots)
-        rows, b = step.sample_indices, step.batch_size
-        self.step_greedy = (self.graphs.greedy[:, :b], rows)
-        if rows == list(range(b)):  # NOTE: every request samples (decode): no gather at all
-            return self.graphs.logits[:b]
-        return self.graphs.logits[torch.tensor(rows, dtype=torch.int64, device=self.device)]
+    def _rows(self, step: StepInput) -> torch.Tensor:
+        return torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
 
     def greedy_host(self, logit_rows: list[int]) -> tuple[list[int], list[float]] | None:
         """The greedy (token, log-probability) of these rows of the last forward's logits, read
-        back in one copy, when that forward replayed a decode graph (which computed them); else
-        None (sample from the logits)."""
+        back in one copy per step, when that forward chose them (any graph replay, or an eager
+        step with `logits=False`); else None (sample from the logits)."""
         if self.step_greedy is None:
             return None
         greedy, rows = self.step_greedy
-        host = greedy.tolist()  # NOTE: the step's one device-to-host copy
+        if self._greedy_read is None:
+            self._greedy_read = greedy.tolist()  # NOTE: the step's one device-to-host copy
+        host = self._greedy_read
         picked = [rows[r] for r in logit_rows]
         return [int(host[0][i]) for i in picked], [host[1][i] for i in picked]
 

@@ -20,6 +20,9 @@ class StepInput:
     kv_lens: list[int]  # [batch], context per request after this step (cached + new)
     page_tables: list[list[int]]  # [batch][ceil(kv_len / page_size)] KV page ids
     sample_indices: list[int]  # rows of the flat token list whose logits are wanted
+    # False: every sampled row is greedy, so the forward may skip the logits and give only each
+    # row's greedy (token, log-probability) (ModelRunner.greedy_host); the same on every rank
+    logits: bool = True
 
     @property
     def num_tokens(self) -> int:

@@ -179,7 +179,27 @@ class DSparkDecoder:
         logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
         # NOTE: the step's one device-to-host copy after accepting
         host = pack_flat([result.num_accepted, committed, logprobs]).tolist()
-        out = self._unpack(host, proposal.planned_accepts)
+        return self._finish(proposal, self._unpack(host, proposal.planned_accepts), verify_seconds)
+
+    def accept_greedy(self, proposal: Proposal, row_starts: list[int], greedy_host: Callable,
+                      verify_seconds: float) -> list[Accepted]:
+        """accept() for an all-greedy step whose forward gave every row's greedy choice (token,
+        log-probability): the same rule on the host, with no device work. Request r accepts its
+        drafts while each equals the target's choice at the row before it (at most its planned
+        accept length L), then commits the target's choice at the row after the last accepted."""
+        eligible = proposal.planned_accepts
+        logit_rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
+        tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
+        out, offset = [], 0
+        for chunk, a in zip(proposal.chunks, eligible):
+            drafts, n = chunk.draft_tokens, 0
+            while n < a and drafts[n] == tokens[offset + n]:
+                n += 1
+            out.append(Accepted(list(drafts[:n]) + [tokens[offset + n]], values[offset: offset + n + 1], n + 1))
+            offset += a + 1
+        return self._finish(proposal, out, verify_seconds)
+
+    def _finish(self, proposal: Proposal, out: list[Accepted], verify_seconds: float) -> list[Accepted]:
         self._record(proposal, [a.accept_length - 1 for a in out])
         self.stats.record_step([a.accept_length for a in out], sum(1 + v for v in proposal.verify_lens),
                                proposal.draft_seconds, verify_seconds)

@@ -273,7 +273,7 @@ def test_greedy_choices_of_a_decode_graph_map_logit_rows_to_token_rows():
     from sglaunch.engine.model_runner import ModelRunner
 
     runner = object.__new__(ModelRunner)
-    runner.step_greedy = None
+    runner.step_greedy, runner._greedy_read = None, None
     assert runner.greedy_host([0]) is None
     # 4 requests; requests 0, 2 and 3 sample (request 1 is a 1-token partial prefill chunk)
     greedy = torch.tensor([[11.0, 12.0, 13.0, 14.0], [-0.5, -1.5, -2.5, -3.5]], dtype=torch.float64)
