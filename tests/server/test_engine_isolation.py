@@ -67,7 +67,7 @@ def test_a_request_that_cannot_be_sampled_fails_alone(engine):
 
 
 def test_a_failed_step_fails_the_requests_it_ran_and_frees_their_pages(engine):
-    """What ThreadedEngine does when a step fails with no single request to blame (one rank)."""
+    """What the engine process does when a step fails with no single request to blame (one rank)."""
     alone = run(engine, healthy_requests("clean"))
     free_before = engine.allocator.num_free + (engine.scheduler.radix.evictable_pages
                                                if engine.scheduler.radix else 0)
