@@ -154,7 +154,17 @@ def _problem_findings(problems, text: str, rules: Sequence[Rule], release: str) 
     launch_file = mentions(text)
     for problem in _unique(problems):
         if len(problem) == 2:
-            out.append(Finding("parse", INFO, problem[0], problem[1]))
+            # a parse error on a line that names a launcher or a rule's flag: that launch may be misread
+            lines = text.split("\n")
+            source = lines[problem[0] - 1] if 0 < problem[0] <= len(lines) else ""
+            flag = suspicious(source, rules, release)
+            if launch_file and (flag or mentions(source)):
+                detail = f" ({flag})" if flag else ""
+                out.append(Finding("unread", MANUAL, problem[0],
+                                   "shell syntax tree-sitter could not parse; a launch there is neither checked "
+                                   "nor fixed" + detail, token=flag))
+            else:
+                out.append(Finding("parse", INFO, problem[0], problem[1]))
             continue
         line, message, source, kind = problem
         flag = suspicious(source, rules, release)

@@ -200,7 +200,7 @@ def _call_env(call: ast.Call) -> dict[str, str]:
 
 def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
     strings = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    if not strings or not (any(v.startswith("--") for v in strings) or shell.LAUNCH_MODULE in strings
+    if not strings or not (any(v.startswith("--") for v in strings) or any(m in strings for m in shell.LAUNCH_MODULES)
                            or "sglang" in strings):
         return None
     values, dynamic, spans, literal = [], [], [], []

@@ -22,6 +22,9 @@ from typing import Callable, Iterator, Sequence
 from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, shell_quote
 
 LAUNCH_MODULE = "sglang.launch_server"
+# The router's launcher starts SGLang servers: it takes every server flag (and its own `--router-*`).
+ROUTER_MODULE = "sglang_router.launch_server"
+LAUNCH_MODULES = (LAUNCH_MODULE, ROUTER_MODULE)
 
 # Programs that run the command given after their own options. Anything else in front of a
 # launcher (echo, printf, grep, ...) means the launcher text is just data.
@@ -264,6 +267,7 @@ def _deletion_span(text: str, start: int, end: int) -> tuple[int, int]:
 @dataclass
 class _Array:
     tokens: list[tuple[ShellContainer, int]]
+    used: bool = False
 
 
 @dataclass
@@ -315,6 +319,7 @@ class _Script:
         self.sites: list[Site] = []
         self.errors: list[int] = []
         self.suspects: list[tuple[int, str, str]] = []
+        self.shadowed: list[tuple[str, "_WordVar"]] = []  # word variables replaced before any use
 
     def pos(self, byte: int) -> int:
         return byte if self.char_at is None else self.char_at[byte]
@@ -361,10 +366,14 @@ class _Script:
                         state.functions[self.src(function)] = built[0].launcher
                 else:
                     self._nested_strings(node, state)
-        for name, var in state.words.items():
+        unused = list(state.words.items()) + [(n, v) for n, v in self.shadowed
+                                            if all(v is not w for w in state.words.values())]
+        unused = [(n, v) for n, v in unused if isinstance(v, _WordVar) or not v.used]
+        for name, var in unused:
             if not var.used and var.tokens and id(var) not in inherited:
                 first = var.tokens[0]
-                self.suspects.append((first[0].tokens[first[1]].line, var.source, "variable " + name))
+                source = var.source if isinstance(var, _WordVar) else " ".join(c.tokens[i].value for c, i in var.tokens)
+                self.suspects.append((first[0].tokens[first[1]].line, source, "variable " + name))
         return ParsedScript(tuple(self.commands), tuple(self.sites), tuple(sorted(set(self.errors))),
                             tuple(self.suspects))
 
@@ -489,7 +498,7 @@ class _Script:
         if prog == "alias":
             self._aliases(words, state)
             return
-        if LAUNCH_MODULE in values[1:] and "--" in " ".join(values):
+        if any(m in values[1:] for m in LAUNCH_MODULES) and "--" in " ".join(values):
             # `-m sglang.launch_server --x` after something the tool does not know as a launcher
             self.suspects.append((self.line(node), " ".join(values), "launcher " + prog))
         elif LAUNCHER_NAME.search(prog) and not prog.startswith("python") and len(words) > 1:
@@ -602,6 +611,10 @@ class _Script:
                 refs.append((container, index))
         if appending and previous is not None:
             refs = previous.tokens + refs
+        elif previous is not None and not previous.used and refs[:1] != previous.tokens[:1]:
+            # `A="--x"` replaced before any launch used it (another branch of an if or a case):
+            # the launch may still get it, so it is reported unless something uses it
+            self.shadowed.append((name, previous))
         source = token.value if previous is None or not (appending or refs[:1] == previous.tokens[:1]) \
             else previous.source + " " + token.value
         state.words[name] = _WordVar(refs, source, used=False)
@@ -613,6 +626,10 @@ class _Script:
         if appending and name in state.arrays:
             state.arrays[name].tokens.extend(refs)
         else:
+            previous = state.arrays.get(name)
+            if previous is not None and not previous.used and previous.tokens:
+                # `A=(--x)` in one branch, `A=(--y)` in another: the launch may get either
+                self.shadowed.append((name, previous))
             state.arrays[name] = _Array(refs)
 
     def _record_unset(self, node, state: _State) -> None:
@@ -723,6 +740,7 @@ class _Script:
                 passthrough = True
             elif array and array.group(1) in state.arrays:
                 refs.extend(state.arrays[array.group(1)].tokens)
+                state.arrays[array.group(1)].used = True
             elif (var := VAR_USE.match(raw)) and var.group(1) in state.words \
                     and not _takes_value(arg_tokens[index - 1].value if index else ""):
                 state.words[var.group(1)].used = True  # unquoted $ARGS: its words, where they are written
@@ -812,7 +830,7 @@ def _command_words(node) -> list:
 
 def mentions(text: str) -> bool:
     """The text holds an SGLang launcher name."""
-    return LAUNCH_MODULE in text or "sglang/launch_server.py" in text or bool(SERVE.search(text))
+    return any(m in text for m in LAUNCH_MODULES) or "sglang/launch_server.py" in text or bool(SERVE.search(text))
 
 
 _mentions = mentions
@@ -925,12 +943,12 @@ def _find_launcher(values: Sequence[str]) -> tuple[int, int, str] | None:
         return None
     for k, value in enumerate(values):
         base = os.path.basename(value)
-        if value in ("-m", "--module") and k + 1 < len(values) and values[k + 1] == LAUNCH_MODULE:
+        if value in ("-m", "--module") and k + 1 < len(values) and values[k + 1] in LAUNCH_MODULES:
             prog = _program_index(values, k)
-            return prog, k + 2, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
-        if value == "-m" + LAUNCH_MODULE:
+            return prog, k + 2, f"{os.path.basename(values[prog])} -m {values[k + 1]}"
+        if value.startswith("-m") and value[2:] in LAUNCH_MODULES:
             prog = _program_index(values, k)
-            return prog, k + 1, f"{os.path.basename(values[prog])} -m {LAUNCH_MODULE}"
+            return prog, k + 1, f"{os.path.basename(values[prog])} -m {value[2:]}"
         if base == "sglang" and k + 1 < len(values) and values[k + 1] == "serve":
             return k, k + 2, "sglang serve"
         if value.endswith("sglang/launch_server.py") and k > 0 and \

@@ -21,6 +21,11 @@ MAKE_VAR = re.compile(r"\$([({])([A-Za-z_][A-Za-z0-9_.-]*)([)}])")
 MAKE_ASSIGN = re.compile(r"^(?:export\s+|override\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*(\?=|:=|::=|\+=|!=|=)\s*(.*)$")
 
 
+# `serve: EP_FLAGS += --x` (a target-specific variable)
+MAKE_TARGET_VAR = re.compile(r"^[^\s#=:][^=:]*:\s*(?:export\s+|override\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*"
+                             r"(?:\?=|:=|::=|\+=|!=|=)(.*)$")
+
+
 def _blank(line: str) -> str:
     return " " * len(line)
 
@@ -53,9 +58,28 @@ def read_makefile(text: str) -> Document:
     in_recipe = continued = False
     assignments: list[tuple[int, str, str, str, int]] = []  # line, name, operator, value, offset
     offset = 0
+    unfollowed: list[tuple[int, str, str]] = []  # define blocks, target-specific variables
+    define: tuple[int, str, list[str]] | None = None
     for number, line in enumerate(lines, 1):
         start = offset
         offset += len(line) + 1
+        if define is not None:
+            if re.match(r"^\s*endef\b", line):
+                unfollowed.append((define[0], define[1], "\n".join(define[2])))
+                define = None
+            else:
+                define[2].append(line)
+            out.append(_blank(line))
+            continue
+        opened = re.match(r"^(?:export\s+|override\s+)?define\s+([A-Za-z_][A-Za-z0-9_.-]*)", line)
+        if opened and not line.startswith("\t"):
+            define = (number, opened.group(1), [])
+            out.append(_blank(line))
+            in_recipe = continued = False
+            continue
+        target_var = MAKE_TARGET_VAR.match(line)
+        if target_var and not continued:
+            unfollowed.append((number, target_var.group(1), target_var.group(2)))
         if continued and in_recipe:
             out.append(_mask_make(line))
         elif line.startswith("\t") and in_recipe:
@@ -79,6 +103,10 @@ def read_makefile(text: str) -> Document:
         _make_words(text, state, number, name, op, value, at)
     parsed = shell.parse_script(masked, _guard("$#"), fmt="makefile", state=state)
     doc = Document(sites=list(parsed.sites), errors=_problems(parsed))
+    for number, name, value in unfollowed:
+        doc.errors.append((number, f"${{{name}}} holds what looks like SGLang launch flags in a make construct "
+                           "the tool does not follow (a define block or a target-specific variable): check and "
+                           "fix it by hand", value, "variable"))
     for number, name, op, value, at in assignments:
         var = state.words.get(name)
         if ("-" in value or shell.mentions(value)) and (var is None or not var.used):
@@ -124,6 +152,9 @@ def _mask_make(line: str) -> str:
 EXEC_KEYS = ("ExecStart", "ExecStartPre", "ExecStartPost", "ExecReload")
 
 
+SUPERVISOR_EXPANSION = re.compile(r"%\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
 def read_supervisor(text: str, origin: str | None = None) -> Document:
     """supervisord `[program:x]` sections: `command=` is a command line (supervisor splits it
     like a shell, without running one); `environment=A="1",B="2"` gives the environment. One
@@ -134,7 +165,10 @@ def read_supervisor(text: str, origin: str | None = None) -> Document:
     for line in lines:
         match = re.match(r"^(\s*)(command|environment)\s*=\s*", line)
         if match and match.group(2) == "command":
-            out.append(" " * match.end() + line[match.end():])
+            # `%(process_num)02d` (supervisor's expansions) as `${process_num}02d`: the same length,
+            # a value the rules cannot know; `%%` is a literal percent sign
+            command = SUPERVISOR_EXPANSION.sub(lambda m: "${" + m.group(1) + "}", line[match.end():])
+            out.append(" " * match.end() + command)
             continue
         if match:
             for name, value in re.findall(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*("[^"]*"|\'[^\']*\'|[^,]*)', line[match.end():]):

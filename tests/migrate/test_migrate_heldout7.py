@@ -1,0 +1,84 @@
+"""Issue 17, held-out check 7: launch files written outside the project in forms the earlier
+fixtures did not have. Each fixture breaks on 0.5.16 (or holds a decoy that must stay as it
+is); `--check` must fail with the expected findings, `--write --unsafe-fixes` must fix what is
+fixable, keep the rest byte for byte and change nothing on a second run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sglaunch.cli.migrate_flags import exit_code
+from sglaunch.migrate.evaluate import FIX, MANUAL, UNSAFE
+from sglaunch.migrate.files import process_file, write_atomic
+from sglaunch.migrate.rules import load_rules
+
+DIR = Path(__file__).parent / "fixtures" / "heldout7"
+RULES = load_rules().between("0.5.15", "0.5.16")
+TO = "0.5.16"
+
+# fixture -> (format, {(rule, line)} reported, text kept by --write, text --write produces)
+EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
+    # QUANT_ARGS is set in two case branches; only the last assignment used to be read
+    "case_branches.sh": ("shell", {("unread", 6)}, ['QUANT_ARGS="--quantization modelopt_fp4 --fp4-gemm-backend cutlass"'],
+                         []),
+    # the same with arrays in an if/else
+    "if_arrays.sh": ("shell", {("unread", 3)}, ["--fp4-gemm-backend cutlass)"], []),
+    # the router's launcher takes every server flag
+    "router.sh": ("shell", {("R516-01", 6)}, [], ["--enable-waterfill --moe-a2a-backend deepep \\\n"]),
+    # supervisor's %(process_num)02d used to break the shell parse (an info notice only)
+    "supervisord-numprocs.conf": ("supervisor", {("R516-02", 4)}, ["--port=300%(process_num)02d"],
+                                  ["--optimistic-prefill-attempts 4\n"]),
+    # a define block and a target-specific variable holding rule flags
+    "serving.mk": ("makefile", {("unread", 3), ("R516-02", 16)},
+                   ["python3 -m sglang.launch_server --model-path /models/m --fp4-gemm-backend cutlass\nendef"],
+                   ["--optimistic-prefill-attempts=2\n"]),
+    "Makefile": ("makefile", {("unread", 9), ("R516-04", 7)}, ["serve-ep: EP_FLAGS += --enable-deepep-waterfill"], []),
+}
+PASSES: set[str] = set()
+
+
+def test_every_fixture_has_expectations():
+    assert sorted(EXPECT) == sorted(str(p.relative_to(DIR)) for p in DIR.rglob("*") if p.is_file())
+
+
+def run(path: Path, unsafe: bool = False):
+    report = process_file(str(path), True, RULES, TO, unsafe)
+    assert report is not None
+    return report
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_check_fails_with_the_expected_findings(name):
+    fmt, expected, _, _ = EXPECT[name]
+    report = run(DIR / name)
+    assert report.fmt == fmt
+    assert report.error is None, report.error
+    found = {(f.rule_id, f.line) for f in report.findings}
+    assert expected <= found, sorted(found)
+    assert exit_code([report]) == (0 if name in PASSES else 1)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_write_fixes_keeps_decoys_and_is_idempotent(name, tmp_path):
+    _, _, kept, produced = EXPECT[name]
+    shutil.copytree(DIR, tmp_path / "repo")
+    target = tmp_path / "repo" / name
+    first = run(target, unsafe=True)
+    if first.changed:
+        write_atomic(str(target), first.migrated)
+    text = target.read_text()
+    for snippet in kept:
+        assert snippet in text, snippet
+    for snippet in produced:
+        assert snippet in text, (snippet, text)
+    second = run(target, unsafe=True)
+    assert not second.changed, second.diff()
+    assert not [f for f in second.findings if f.level in (FIX, UNSAFE)]
+    manual_before = {(f.rule_id, f.token) for f in first.findings if f.level == MANUAL}
+    manual_after = {(f.rule_id, f.token) for f in second.findings if f.level == MANUAL}
+    assert manual_before <= manual_after | {(r, t) for r, t in manual_before if r.startswith("R")}
+    if name not in PASSES:
+        assert exit_code([second]) == 1 or not manual_before
