@@ -614,7 +614,7 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
                 or lower in ("action.yml", "action.yaml") or ".gitlab" in parts or ".circleci" in parts \
                 or lower.endswith(".gitlab-ci.yml"):
             return "workflow"
-        if "{{" in text and ("templates" in parts[:-1] or _not_yaml(text)):
+        if "{{" in text and ("templates" in parts[:-1] or HELM_DIRECTIVE.search(text) or _not_yaml(text)):
             return "helm"
         if lower.endswith(".tpl"):
             return None
@@ -641,6 +641,12 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     if sniffed is None and text.startswith("#!") and "python" in text.split("\n", 1)[0]:
         return "python"
     return sniffed
+
+
+# `{{ .Values.x }}`, `{{- include "x" . }}`, `{{ if }}`: a Helm template wherever it is kept (a
+# template can also be valid YAML as it stands, and then read as a plain manifest)
+HELM_DIRECTIVE = re.compile(r"\{\{-?\s*(?:\.Values|\.Release|\.Chart|\$\.Values|include\s|template\s|if\s|range\s|"
+                            r"with\s|end\s*-?\}\}|toYaml\s|define\s|tpl\s)")
 
 
 def _not_yaml(text: str) -> bool:

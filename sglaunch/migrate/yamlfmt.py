@@ -602,6 +602,7 @@ class _Part:
 def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: str | None = None,
                      doc: "Document | None" = None) -> list[Site]:
     parts: list[_Part] = []
+    taken: set[int] = set()
     for key in ("entrypoint", "command", "args"):
         _, node = get(mapping, key)
         if node is None:
@@ -609,8 +610,9 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
         part = _part(text, node)
         if part is None:
             return []
-        consumed.update(id(n) for n in _nodes(node))
+        taken.update(id(n) for n in _nodes(node))
         parts.append(part)
+    consumed.update(taken)
     values = [v for p in parts for v in p.values]
     env, env_dynamic = _container_env(mapping)
     file_env = _env_files(mapping, origin, doc)
@@ -633,9 +635,13 @@ def _container_sites(text: str, mapping, fmt: str, consumed: set[int], origin: s
         if sglang_image and doc is not None and any(v.startswith("--") for v in values) \
                 and not os.path.basename(values[0]).startswith(("python", "pypy")):  # another module: its own flags
             # `command: ["/scripts/start.sh"]` + flags: handed to a script the tool does not follow
+            # (another image's `args:` are that program's own: a decoy)
             doc.errors.append((mapping.start_mark.line + 1, f"the flags given to {values[0]!r} look like SGLang "
                                "launch flags, which the tool does not follow into a launch; check and fix them "
                                "by hand", " ".join(values), "variable"))
+        if image is None:
+            # no container here (a chart's values: `sglang: {args: [--x]}`): read as any other YAML
+            consumed.difference_update(taken)
         return []
     _, end, launcher = found
     refs: list[TokenRef] = []

@@ -36,6 +36,13 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                    ["python3 -m sglang.launch_server --model-path /models/m --fp4-gemm-backend cutlass\nendef"],
                    ["--optimistic-prefill-attempts=2\n"]),
     "Makefile": ("makefile", {("unread", 9), ("R516-04", 7)}, ["serve-ep: EP_FLAGS += --enable-deepep-waterfill"], []),
+    # a chart's values: a flag list under a key named `args` (not a container: no image)
+    "values-args.yaml": ("yaml", {("R516-01", 11), ("unread", 12)},
+                         ['extraArgs: "--optimistic-prefill-retries 1 --trust-remote-code"'],
+                         ["    - --enable-waterfill   # EP balance\n    - --moe-a2a-backend\n    - deepep\n"]),
+    # a Helm template kept outside templates/ that parses as YAML: read as a template all the same
+    "chart-lws/lws.yaml": ("helm", {("R516-01", 22), ("R516-04", 24)}, ["{{- if .Values.waterfill }}"],
+                           ["--enable-waterfill --moe-a2a-backend deepep \\\n"]),
 }
 PASSES: set[str] = set()
 
