@@ -31,7 +31,8 @@ from sglaunch.migrate.tokens import TextEdit, align, scalar_mapper
 
 IMAGES = ("lmsysorg/sglang",)  # replaced by the rules' repositories for each scan
 PIP_PROGRAM = re.compile(r"pip(\d+(\.\d+)?)?")
-PIP_HINT = re.compile(r"\bpip[0-9.]*\s+install\b|\buv\s+(pip\s+install|add)\b")
+PIP_HINT = re.compile(r"\bpip[0-9.]*\s+install\b|\buv\s+(pip\s+install|add)\b|\buvx\s|\buv\s.*\s--(with|from)\b|"
+                      r"\bpipx\s+run\b")
 RUNNERS = frozenset({"sudo", "env", "time", "exec", "command", "nohup", "nice", "stdbuf", "doas"})
 CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "singularity", "apptainer", "enroot",
                              "skopeo", "crane", "ctr", "srun", "sbatch", "salloc", "kubectl", "oc", "sky", "buildah"})
@@ -292,6 +293,7 @@ class _Reader:
         words = sh._command_words(node)
         if not words:
             return
+        nodes = list(words)
         tokens = [script._token(w) for w in words]
         values = [t.value for t in tokens]
         program = _program(values)
@@ -322,6 +324,9 @@ class _Reader:
             if any(_cuda_package(values[k]) for k in words):
                 for k, option, url in index_options(values, first):
                     self._word(script, tokens[k], INDEX, url, len(values[k]) - len(url), f"{shown} {option}")
+        for k, skip in run_with_requirements(values, program):
+            # `uv run --with "sglang==0.5.15" python -m sglang.launch_server`, `uvx --from sglang==X`
+            self._word(script, tokens[k], REQUIREMENT, values[k][skip:], skip, f"{name} {values[k][:skip] or values[k - 1]}")
         if name in CONTAINER_TOOLS or os.path.basename(values[0]) in CONTAINER_TOOLS:
             for k, value in enumerate(values[1:], 1):
                 skip = _image_prefix(value)
@@ -331,6 +336,12 @@ class _Reader:
             if os.path.basename(value) in SHELLS and SHELL_C.fullmatch(values[k + 1]):
                 self._nested(script, tokens[k + 2], depth)
                 break
+        else:
+            # `ssh host "pip install ... && uv run --with sglang==X ..."`, `tmux new -d "..."`: a
+            # quoted command line given to a runner (echo, printf and other data programs returned above)
+            for k, word in enumerate(nodes[1:], 1):
+                if word.type in ("string", "raw_string") and k > program and re.search(r"\s", values[k]):
+                    self._nested(script, tokens[k], depth)
 
     def _git_clone(self, script, tokens, values: Sequence[str], program: int) -> None:
         """`git clone -b v0.5.15 https://github.com/sgl-project/sglang.git`: the branch is the pin."""
@@ -713,6 +724,49 @@ def pip_arguments(values: Sequence[str], program: int) -> int | None:
     while k < len(values) and values[k].startswith("-"):
         k += 1
     return k + 1 if values[k:k + 1] == ["install"] else None
+
+
+RUN_WITH_OPTIONS = ("--with", "--from", "--with-editable", "--spec")
+
+
+def run_with_requirements(values: Sequence[str], program: int) -> list[tuple[int, int]]:
+    """(word index, characters to skip) of the requirements a runner installs for the command it
+    runs: `uv run --with X`, `uv tool run --from X`, `uvx --from X --with Y`, `pipx run --spec X`
+    (`--with=X` too). A comma list (`--with a,b`) is one word per requirement to uv: its words
+    are skipped, not guessed."""
+    if program >= len(values):
+        return []
+    base = os.path.basename(values[program])
+    k = program + 1
+    if base == "uv":
+        while k < len(values) and values[k].startswith("-"):
+            k += 1
+        if values[k:k + 1] == ["run"]:
+            k += 1
+        elif values[k:k + 2] == ["tool", "run"]:
+            k += 2
+        else:
+            return []
+    elif base in ("uvx", "pipx"):
+        if base == "pipx":
+            if values[k:k + 1] != ["run"]:
+                return []
+            k += 1
+    else:
+        return []
+    found = []
+    while k < len(values) and values[k].startswith("-"):
+        option, eq, _ = values[k].partition("=")
+        if option in RUN_WITH_OPTIONS and option != "--with-editable":
+            if eq:
+                found.append((k, len(option) + 1))
+            elif k + 1 < len(values):
+                found.append((k + 1, 0))
+                k += 1
+        elif not eq and values[k] in VALUE_OPTIONS | {"--with-requirements", "--python", "-p", "--env-file"}:
+            k += 1
+        k += 1
+    return [(i, skip) for i, skip in found if "," not in values[i][skip:]]
 
 
 def requirement_words(values: Sequence[str], first: int) -> list[int]:

@@ -43,6 +43,13 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # a Helm template kept outside templates/ that parses as YAML: read as a template all the same
     "chart-lws/lws.yaml": ("helm", {("R516-01", 22), ("R516-04", 24)}, ["{{- if .Values.waterfill }}"],
                            ["--enable-waterfill --moe-a2a-backend deepep \\\n"]),
+    # the packages a runner installs for the launch it runs (`uv run --with`, `uvx --from`)
+    "uv_run.sh": ("shell", {("R516-01", 2), ("R516-50", 2), ("R516-50", 3), ("R516-51", 3),
+                                      ("R516-50", 4)},
+                  ['echo "uv run --with sglang==0.5.15"'],
+                  ['uv run --with "sglang[all]==0.5.16" python -m sglang.launch_server',
+                   "uvx --from sglang==0.5.16 --with=flashinfer-python==0.6.14 sglang serve",
+                   'ssh h "uv run --with sglang==0.5.16 python']),
 }
 PASSES: set[str] = set()
 
