@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from array import array
 from dataclasses import dataclass
 
 from sglaunch.engine.progress import step_bar
@@ -162,7 +163,7 @@ def pad_step(step: StepInput, key: GraphKey, padding_page: int, page_size: int) 
         out.positions.extend(i % page_size for i in range(n))
         out.query_lens.append(n)
         out.kv_lens.append(max(n, 1))
-        out.page_tables.append([padding_page] * _pages(n, page_size))
+        out.page_tables.append(array("i", [padding_page]) * _pages(n, page_size))
     return out
 
 

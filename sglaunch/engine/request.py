@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 
 from sglaunch.engine.interface import FinishReason, SamplingParams
 from sglaunch.engine.radix_cache import RadixNode
@@ -29,7 +30,9 @@ class Req:
         self.arrival = arrival  # admission order; preemption picks the newest
         self.token_ids = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
-        self.pages: list[int] = []  # KV page ids covering token_ids, in order
+        # KV page ids covering token_ids, in order; int32 at C speed: a step copies every running
+        # request's table (page_size 1: one id per token), so slices and joins are memcpys
+        self.pages: array = array("i")
         self.num_computed = 0
         self.prefix_node: RadixNode | None = None  # locked radix node of the borrowed prefix
         self.num_borrowed_pages = 0  # leading pages owned by the radix tree

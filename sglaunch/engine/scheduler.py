@@ -10,6 +10,7 @@ generated tokens intact; on resume it recomputes whatever KV the cache no longer
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 
 from sglaunch.engine.allocator import PageAllocator
@@ -287,7 +288,7 @@ class Scheduler:
         match = self.radix.match_prefix(req.token_ids[:-1])
         self.radix.lock(match.node)
         req.prefix_node = match.node
-        req.pages = list(match.pages)
+        req.pages = array("i", match.pages)
         req.num_borrowed_pages = match.num_pages
         req.num_computed = match.num_pages * self.limits.page_size
         if req.num_preemptions == 0:
@@ -306,7 +307,7 @@ class Scheduler:
             self.allocator.free(req.pages[full:])
             if req.prefix_node is not None:
                 self.radix.unlock(req.prefix_node)
-        req.pages, req.prefix_node = [], None
+        req.pages, req.prefix_node = array("i"), None
         req.num_borrowed_pages = req.num_computed = 0
 
     # ---- stats --------------------------------------------------------------------------

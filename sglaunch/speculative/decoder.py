@@ -145,9 +145,12 @@ class DSparkDecoder:
     def _uniforms(self, reqs, greedy: list[bool], generators: dict):
         """Per request 2G + 1 uniforms from its own generator (zeros for greedy rows)."""
         G = self.gamma
-        rows = [torch.zeros(2 * G + 1, device=self.device) if g else
-                torch.rand(2 * G + 1, generator=generators[r.rid], device=self.device) for r, g in zip(reqs, greedy)]
-        u = torch.stack(rows)  # [R, 2G + 1]
+        if all(greedy):  # NOTE: one allocation, not one small tensor (a kernel launch on GPUs) per request
+            u = torch.zeros(len(reqs), 2 * G + 1, device=self.device)
+        else:
+            u = torch.stack([torch.zeros(2 * G + 1, device=self.device) if g else
+                             torch.rand(2 * G + 1, generator=generators[r.rid], device=self.device)
+                             for r, g in zip(reqs, greedy)])  # [R, 2G + 1]
         return u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
 
     def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,

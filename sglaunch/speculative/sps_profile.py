@@ -16,6 +16,8 @@ DSpark takes when it steps aside: a plain decode step of R requests (forward and
 
 from __future__ import annotations
 
+from array import array
+
 import math
 import random
 import statistics
@@ -114,7 +116,7 @@ def _profile_chunks(engine, tables: list[list[int]], plan: ProfilePlan, rng: ran
     for i, pages in enumerate(tables):
         req = Req(f"__profile-{i}", [rng.randrange(vocab) for _ in range(plan.context_len + 1)],
                   SamplingParams(max_new_tokens=gamma + 2, temperature=0.0, ignore_eos=True), arrival=0)
-        req.pages = pages
+        req.pages = array("i", pages)
         chunks.append(Chunk(req, plan.context_len, plan.context_len + 1, lookahead=gamma))
     return chunks
 
