@@ -157,6 +157,17 @@ def read_python(text: str) -> Document:
                     doc.errors.append((keyword.lineno, f"the keyword argument {keyword.arg}= names the SGLang flag "
                                        f"{flag} (Engine / ServerArgs take the flags as keywords); rename or remove it "
                                        "by hand", flag, "variable"))
+        if isinstance(node, ast.Dict):
+            # SERVER_ARGS = {"enable-deepep-waterfill": True, "quantization": "qoq"} turned into flags
+            # by the launcher's own code: reported when a key names a rule's flag
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and FLAG_KEY.fullmatch(key.value):
+                    flag = "--" + key.value.replace("_", "-")
+                    shown = f"{flag} {value.value}" if isinstance(value, ast.Constant) and \
+                        isinstance(value.value, str) else flag
+                    doc.errors.append((key.lineno, f"the key {key.value!r} names the SGLang flag {flag}, in a mapping "
+                                       "the launcher turns into arguments the tool cannot read; check it by hand",
+                                       shown, "variable"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in covered:
             if id(node) in quiet:
                 continue
@@ -171,6 +182,7 @@ def read_python(text: str) -> Document:
     return doc
 
 
+FLAG_KEY = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 SGLANG_CALLS = frozenset({"Engine", "ServerArgs", "Runtime", "launch_server", "EngineArgs", "RuntimeEndpoint"})
 
 

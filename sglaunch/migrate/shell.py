@@ -494,6 +494,9 @@ class _Script:
         values = [self._token(w).value for w in words]
         prog = os.path.basename(values[0])
         if prog in DATA_PROGRAMS:
+            if prog in ("echo", "printf") and _in_substitution(node) and _mentions(" ".join(values)):
+                # `CMD=$(printf '%s ' python -m sglang.launch_server --x)`: a launch built as text
+                self.suspects.append((self.line(node), " ".join(values), "built"))
             return  # echo, printf, grep ...: the text is data
         if prog == "alias":
             self._aliases(words, state)
@@ -905,6 +908,15 @@ def _words_container(script: "_Script", node, token: ShellToken) -> "_WordsConta
         return None if any(ch in edit.text for ch in forbidden) else outer(edit)
 
     return _WordsContainer(script.text, words, guarded)
+
+
+def _in_substitution(node) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent.type in ("command_substitution", "process_substitution"):
+            return True
+        parent = parent.parent
+    return False
 
 
 def _continues(text: str, line_start: int) -> bool:

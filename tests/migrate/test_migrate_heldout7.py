@@ -50,6 +50,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                   ['uv run --with "sglang[all]==0.5.16" python -m sglang.launch_server',
                    "uvx --from sglang==0.5.16 --with=flashinfer-python==0.6.14 sglang serve",
                    'ssh h "uv run --with sglang==0.5.16 python']),
+    # a launch built as text by printf inside $(...), then run with eval
+    "printf_eval.sh": ("shell", {("unread", 2)}, ["--enable-deepep-waterfill)"], []),
+    # flags kept as the keys of a dict the launcher turns into arguments
+    "dict_flags.py": ("python", {("unread", 7)}, ['"enable-deepep-waterfill": True,'], []),
 }
 PASSES: set[str] = set()
 
