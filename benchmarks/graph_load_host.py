@@ -2,7 +2,8 @@
 RaggedMetadata's torch operators (what `CudaGraphRunner._load` did up to session 6) against
 `cuda_graph.static_rows` over plain lists (what it does now); and of FlashInfer's page-index
 array (`PlanArrays.page_indices`): torch.tensor over a flattened list against
-`flashinfer_backend.flat_int32` (array.array). Host work only, so it runs on any
+`flashinfer_backend.flat_int32` (the tables are int32 arrays since session 7, as `Req.pages` is:
+one join of their buffers). Host work only, so it runs on any
 machine; the ratio is what matters (the H200 machine's host is another CPU).
 
     python benchmarks/graph_load_host.py [--repeats 2000]
@@ -15,6 +16,7 @@ both producing the [3, tokens] int64 CPU tensor `_load` copies to the device.
 from __future__ import annotations
 
 import argparse
+from array import array
 import statistics
 import sys
 import time
@@ -41,7 +43,7 @@ def layout(query_lens: list[int], seed: int) -> StepInput:
         step.positions += list(range(kv - q, kv))
         step.query_lens.append(q)
         step.kv_lens.append(kv)
-        step.page_tables.append(list(range(next_page, next_page + kv)))
+        step.page_tables.append(array("i", range(next_page, next_page + kv)))  # as Req.pages
         next_page += kv
         step.sample_indices += list(range(len(step.input_ids) - q, len(step.input_ids)))
     return step
@@ -57,7 +59,7 @@ def new_rows(step: StepInput) -> torch.Tensor:
 
 
 def old_page_indices(step: StepInput) -> torch.Tensor:
-    """PlanArrays' page_indices up to session 6."""
+    """PlanArrays' page_indices up to session 6 (over list tables)."""
     return torch.tensor([p for table in step.page_tables for p in table], dtype=torch.int32)
 
 
