@@ -621,6 +621,14 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         from sglaunch.migrate.yamlfmt import detect_yaml
 
         return detect_yaml(text)
+    if lower.endswith(".json") and (loose or _json_launch(text)):
+        # JSON is YAML: ECS task definitions, VS Code launch configs, k8s manifests as JSON. A walk
+        # reads only those that name a launcher or an SGLang image (package.json and data stay out);
+        # SGLang's --config takes YAML only, so a JSON mapping of flags is not read as one
+        from sglaunch.migrate.yamlfmt import detect_yaml
+
+        inner = detect_yaml(text)
+        return "yaml" if inner == "config" else inner
     if lower.endswith(SCRIPT_NAMES):
         return "shell"
     if lower in MAKEFILES or lower.endswith(".mk") or lower.startswith("makefile."):
@@ -647,6 +655,12 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
 # template can also be valid YAML as it stands, and then read as a plain manifest)
 HELM_DIRECTIVE = re.compile(r"\{\{-?\s*(?:\.Values|\.Release|\.Chart|\$\.Values|include\s|template\s|if\s|range\s|"
                             r"with\s|end\s*-?\}\}|toYaml\s|define\s|tpl\s)")
+
+
+def _json_launch(text: str) -> bool:
+    from sglaunch.migrate.shell import mentions
+
+    return mentions(text) or "lmsysorg/sglang" in text
 
 
 def _not_yaml(text: str) -> bool:

@@ -54,8 +54,21 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "printf_eval.sh": ("shell", {("unread", 2)}, ["--enable-deepep-waterfill)"], []),
     # flags kept as the keys of a dict the launcher turns into arguments
     "dict_flags.py": ("python", {("unread", 7)}, ['"enable-deepep-waterfill": True,'], []),
+    # JSON is YAML: an ECS task definition holding the launch
+    "ecs-task.json": ("yaml", {("R516-01", 9)}, ['"environment": [{"name": "HF_HOME", "value": "/cache"}]'],
+                      ['"--enable-waterfill", "--moe-a2a-backend", "deepep"\n']),
 }
 PASSES: set[str] = set()
+
+
+def test_a_walk_reads_json_only_when_it_names_a_launch(tmp_path):
+    from sglaunch.migrate.files import iter_files
+
+    (tmp_path / "package.json").write_text('{"name": "x", "dependencies": {"left-pad": "1.0"}}\n')
+    shutil.copy(DIR / "ecs-task.json", tmp_path / "task.json")
+    reports = [process_file(p, e, RULES, TO, False) for p, e in iter_files([str(tmp_path)])]
+    read = {Path(r.path).name: r.fmt for r in reports if r is not None and r.fmt}
+    assert read.get("task.json") == "yaml" and "package.json" not in read
 
 
 def test_every_fixture_has_expectations():
