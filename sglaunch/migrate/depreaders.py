@@ -39,6 +39,7 @@ CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "si
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
 RUNS_SCRIPT = re.compile(r"(^|\s)(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash)(\s|$)")
+ENV_PATH = re.compile(r"(\./)?([A-Za-z0-9_.-]+/)*([A-Za-z0-9_.-]*\.env|\.env\.[A-Za-z0-9_-]+)")
 SCRIPT_PATH = re.compile(r"(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash|slurm|sbatch)")  # relative paths only
 INDEX_OPTIONS = frozenset({"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--index", "--default-index"})
 # a CUDA wheel index given with these matters for the target's CUDA version
@@ -357,6 +358,13 @@ class _Reader:
     def _script(self, values: Sequence[str], program: int, at: int) -> None:
         """`./serve.sh --x`, `bash scripts/start.sh`: a script of the repository this file runs."""
         path = values[program]
+        if path in ("source", ".") and program + 1 < len(values):
+            # `source ./.env`, `. deploy/prod.env`: the variables the launch reads come from there
+            sourced = values[program + 1]
+            if ENV_PATH.fullmatch(sourced) and ".." not in sourced.split("/"):
+                self.refs.append(Ref(SCRIPT, sourced, None, at, "env"))
+                return
+            path = sourced
         if os.path.basename(path) in SHELLS and program + 1 < len(values):
             path = values[program + 1]
         if SCRIPT_PATH.fullmatch(path) and ".." not in path.split("/"):

@@ -58,7 +58,7 @@ class FileReport:
 _FOLLOW: list[tuple[str, str]] = []  # (path, format or "" when its name tells)
 _FOLLOWED: dict[str, str] = {}  # yielded from _FOLLOW -> the format to read it in (a --format is not forced)
 _READ: set[str] = set()  # real paths of the files read (reported) since iter_files started
-FOLLOWED_KINDS = {"config": (".yaml", ".yml"), "requirements": (".txt", ".in"),
+FOLLOWED_KINDS = {"config": (".yaml", ".yml"), "requirements": (".txt", ".in"), "env": ("",),
                   "": (".sh", ".bash", ".slurm", ".sbatch")}
 
 

@@ -57,8 +57,19 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # JSON is YAML: an ECS task definition holding the launch
     "ecs-task.json": ("yaml", {("R516-01", 9)}, ['"environment": [{"name": "HF_HOME", "value": "/cache"}]'],
                       ['"--enable-waterfill", "--moe-a2a-backend", "deepep"\n']),
+    # an env file the script sources: read with it (its flags are reported there)
+    "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
+    "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = set()
+PASSES: set[str] = {"sourced/serve.sh"}  # on its own; its sourced .env fails (below)
+
+
+def test_a_sourced_env_file_is_read_with_the_script():
+    from sglaunch.migrate.files import iter_files
+
+    reports = [process_file(p, e, RULES, TO, False) for p, e in iter_files([str(DIR / "sourced" / "serve.sh")])]
+    assert [Path(r.path).name for r in reports] == ["serve.sh", ".env"]
+    assert exit_code(reports) == 1
 
 
 def test_a_walk_reads_json_only_when_it_names_a_launch(tmp_path):
