@@ -190,6 +190,13 @@ class ConfidenceRelay:
         fallback = list(default) if default is not None else [1.0] * self.block_size
         return [old.get(rid, fallback) for rid in request_ids]
 
+    def knows_all(self, request_ids: Sequence[Any]) -> bool:
+        """Whether lagged() has a row of its own for every one of these requests."""
+        if len(self.history) != self.lag:
+            return False
+        old = self._materialise(0)
+        return all(rid in old for rid in request_ids)
+
     def forget(self, request_id: Any) -> None:
         """A finished request's id may be reused: drop its rows so a newcomer starts at survival 1."""
         for i in range(len(self.history)):
@@ -247,11 +254,15 @@ class DSparkPlanner:
         if not self.can_step_aside:
             return self.budget(request_ids, extra_tokens)
         R, scale = len(request_ids), self.calibration.scale if self.calibration else {"draft": 1.0, "plain": 1.0}
-        lagged = [a for row in self.relay.lagged(request_ids, self.prior) for a in row]
+        rows = self.relay.lagged(request_ids, self.prior)
+        lagged = [a for row in rows for a in row]
         budget = None
-        if drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"],
-                         plain_scale=scale["plain"]) is not None:
-            budget = self.budget(request_ids, extra_tokens) or None
+        k = drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"], plain_scale=scale["plain"])
+        if k is not None:
+            # NOTE: budget() prices unknown requests at 1.0, not at the prior: when every request is
+            # known its K is the one just computed (the same survivals), so it is not computed again
+            known = self.mode != "static" and self.relay.knows_all(request_ids)
+            budget = (k if known else self.budget(request_ids, extra_tokens)) or None
         if self.calibration is not None:
             self.calibration.expect(*(("plain", self.sps.plain_step_seconds(R, extra_tokens)) if budget is None else
                                       ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))))

@@ -40,7 +40,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 INTERPOLATIONS = ("step", "linear")
@@ -55,6 +55,9 @@ class SpsTable:
     draft_seconds_at: tuple[float, ...] = ()  # non-decreasing after forcing
     decode_requests: tuple[int, ...] = ()  # strictly increasing; empty: plain steps priced by SPS
     decode_seconds_at: tuple[float, ...] = ()  # non-decreasing after forcing
+    # step_seconds by (tokens, requests): the planner prices every candidate budget of every step,
+    # hundreds of lookups at 64 requests (a fresh table, e.g. from dataclasses.replace, starts empty)
+    _step_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def with_draft_costs(self, points: dict[int, float]) -> SpsTable:
         """This table plus the draft stage's seconds per step by request count."""
@@ -72,7 +75,13 @@ class SpsTable:
 
     def step_seconds(self, tokens: int, requests: int) -> float:
         """A whole DSpark step: the target's forward over `tokens` plus the draft stage for `requests`."""
-        return 1.0 / self.sps(tokens) + self.draft_seconds(requests)
+        key = (tokens, requests)
+        seconds = self._step_cache.get(key)
+        if seconds is None:
+            if len(self._step_cache) > 1 << 16:
+                self._step_cache.clear()
+            seconds = self._step_cache[key] = 1.0 / self.sps(tokens) + self.draft_seconds(requests)
+        return seconds
 
     def plain_step_seconds(self, requests: int, extra_tokens: int = 0) -> float:
         """The step DSpark takes when it steps aside: `requests` decodes of one token each (plus

@@ -174,3 +174,28 @@ def test_algorithm1_and_production_planner_stay_lossless():
         budget = choose_budget(lagged, 1, SPS_A)
         prod = lambda surv: int(topk_windows_reference(torch.tensor([surv]), torch.tensor([True]), budget)[0])  # noqa: E731
         assert abs(first_token_frequency(prod) - 0.7) < 5 * sigma
+
+
+def test_plan_drafts_budget_is_the_one_budget_gives_known_requests_or_not():
+    """plan_drafts reuses its own K when every request has lagged survivals (the same inputs as
+    budget()), and asks budget() (unknown requests at 1.0) otherwise: either way the K budget()
+    gives, and the memoised step costs are the table's."""
+    import random
+
+    from sglaunch.speculative.planner import DSparkPlanner, drafting_pays
+    from sglaunch.speculative.sps import SpsTable
+
+    table = SpsTable.from_points({1: 700.0, 8: 620.0, 64: 560.0, 256: 400.0}).with_draft_costs(
+        {1: 0.0004, 64: 0.0009}).with_decode_costs({1: 0.0015, 64: 0.0021})
+    rng = random.Random(5)
+    for trial in range(20):
+        planner = DSparkPlanner(7, "compact", table, None, 2, has_confidence_head=True, step_aside=True)
+        known = [f"k{i}" for i in range(rng.randint(1, 40))]
+        for _ in range(2):
+            planner.observe(known, [[rng.random() ** 0.3 for _ in range(7)] for _ in known])
+        rids = known + ([f"new{trial}"] if trial % 2 else [])
+        got = planner.plan_drafts(rids, 0)
+        lagged = [a for row in planner.relay.lagged(rids, planner.prior) for a in row]
+        pays = drafting_pays(lagged, len(rids), table, 0)
+        assert got == (planner.budget(rids, 0) or None if pays is not None else None)
+    assert table.step_seconds(37, 5) == 1.0 / table.sps(37) + table.draft_seconds(5)
