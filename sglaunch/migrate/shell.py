@@ -355,6 +355,8 @@ class _Script:
                 self._unset(node, state)
             elif node.type == "heredoc_redirect":
                 self._heredoc(node, state)
+            elif node.type == "herestring_redirect":
+                self._herestring(node, state)
             elif node.type == "command":
                 self._record_unset(node, state)
                 built = self._launch(node, state)
@@ -537,6 +539,35 @@ class _Script:
                     if any(v == "--env-file" or v.startswith("--env-file=") for v in values[docker:]):
                         inner_state.export_dynamic.add("*")
             self._inner(token.value, offset_of, mapper, inner_state)
+
+    def _herestring(self, node, state: "_State") -> None:
+        """`bash <<< "python -m sglang.launch_server ..."`, `ssh host bash <<< '...'`: the string is
+        the script a shell reads."""
+        command = node.parent
+        if command is None or command.type != "command":
+            return
+        values = [self._token(w).value for w in _command_words(command)]
+        if not values or not any(os.path.basename(v) in SHELLS | REMOTE for v in values):
+            return
+        string = next((c for c in node.children if c.type in ("string", "raw_string", "word", "concatenation")), None)
+        if string is None:
+            return
+        token = self._token(string)
+        if not _mentions(token.value):
+            return
+        container = ShellContainer(self.text, [token], self.mapper)
+        mapper, positions = word_mapper(container, 0)
+        if positions is None:
+            self.suspects.append((token.line, token.value, "shell string"))
+            return
+
+        def offset_of(off: int, at=positions, end=token.end) -> int:
+            return at[off] if off < len(at) else end
+
+        inner_state = state.copy(expanded=self.src(string)[:1] != "'")
+        if any(os.path.basename(v) in REMOTE for v in values):
+            inner_state.exports, inner_state.export_dynamic = {}, set()
+        self._inner(token.value, offset_of, mapper, inner_state)
 
     # -- assignments -------------------------------------------------------------
 

@@ -57,6 +57,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # JSON is YAML: an ECS task definition holding the launch
     "ecs-task.json": ("yaml", {("R516-01", 9)}, ['"environment": [{"name": "HF_HOME", "value": "/cache"}]'],
                       ['"--enable-waterfill", "--moe-a2a-backend", "deepep"\n']),
+    # here-strings read by a shell (a grep's here-string is data)
+    "herestring.sh": ("shell", {("R516-01", 2), ("R516-02", 3)},
+                      ['grep -c x <<< "python3 -m sglang.launch_server --enable-deepep-waterfill"'],
+                      ["--enable-waterfill --moe-a2a-backend deepep\"", "--optimistic-prefill-attempts 2'"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
