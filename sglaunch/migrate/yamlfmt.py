@@ -455,8 +455,9 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
         for mapping in _mappings(root):
             if _has_command_keys(mapping):
                 doc.sites.extend(_container_sites(text, mapping, fmt, consumed, origin, doc))
+        prose = _prose(root)
         for node, env in _nodes_with_env(root, {}):
-            if id(node) not in consumed:
+            if id(node) not in consumed and id(node) not in prose:
                 for site in _loose_sites(text, node, fmt, doc):
                     site.env = {**env, **site.env}
                     doc.sites.append(site)
@@ -470,15 +471,33 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
 STRAY_FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]+")
 
 
+PROSE_KEYS = frozenset({"labels", "annotations", "description", "summary", "title", "help", "notes", "note",
+                        "comment", "comments", "changelog"})
+
+
+def _prose(root) -> set[int]:
+    """Nodes under labels, annotations and descriptions: text for people, never run."""
+    prose: set[int] = set()
+    for node in _nodes(root):
+        if is_map(node):
+            for key, value in node.value:
+                if is_scalar(key) and str(key.value).lower() in PROSE_KEYS:
+                    prose.update(id(n) for n in _nodes(value))
+    return prose
+
+
 def _stray_flags(root, consumed: set[int]) -> list:
     """String values outside any launch the reader found that hold launch flags (an env var
     `SGLANG_ARGS: "--x"`, a chart value): reported by the engine when a rule is about one of
     them, since nothing here can be checked or fixed."""
     found = []
+    prose = _prose(root)
     for node in _nodes(root):
-        if not is_map(node):
+        if not is_map(node) or id(node) in prose:
             continue
         for key, value in node.value:
+            if id(value) in prose:
+                continue
             items = value.value if is_seq(value) else [value]
             for item in items:
                 if not is_scalar(item) or item.tag != STR_TAG or id(item) in consumed:

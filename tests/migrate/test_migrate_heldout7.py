@@ -61,11 +61,14 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "herestring.sh": ("shell", {("R516-01", 2), ("R516-02", 3)},
                       ['grep -c x <<< "python3 -m sglang.launch_server --enable-deepep-waterfill"'],
                       ["--enable-waterfill --moe-a2a-backend deepep\"", "--optimistic-prefill-attempts 2'"]),
+    # labels and annotations are text for people: never edited, never reported
+    "annotations.yaml": ("k8s", set(), ['how-to-run: "python3 -m sglang.launch_server --enable-deepep-waterfill"',
+                                        'note: "migrated from --enable-deepep-waterfill (0.5.16)"'], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = {"sourced/serve.sh"}  # on its own; its sourced .env fails (below)
+PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml"}  # on its own; its sourced .env fails (below)
 
 
 def test_a_sourced_env_file_is_read_with_the_script():
