@@ -629,8 +629,13 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
 
         inner = detect_yaml(text)
         return "yaml" if inner == "config" else inner
-    if lower.endswith(SCRIPT_NAMES):
-        return "shell"
+    if lower.endswith(SCRIPT_NAMES) or lower in ("singularity", "apptainer") or \
+            lower.endswith((".def", ".singularity")) and re.search(r"(?mi)^bootstrap:", text):
+        return "shell"  # Singularity/Apptainer definitions: %runscript and %post sections are shell
+    if lower == "procfile" or lower.startswith("procfile."):
+        return "yaml"  # `web: python -m sglang.launch_server ...`: one command string per process type
+    if lower in ("justfile", ".justfile") or lower.endswith(".just"):
+        return "shell+jinja"  # recipes are shell lines; `{{model}}` interpolations are masked
     if lower in MAKEFILES or lower.endswith(".mk") or lower.startswith("makefile."):
         return "makefile"
     if lower.endswith(SYSTEMD) or lower.endswith(".service.in"):

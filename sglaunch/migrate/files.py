@@ -151,8 +151,10 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
     if path in _FOLLOWED:
         forced_format = _FOLLOWED[path] or None
     fmt = forced_format or detect_format(path if path != STDIN else "", text, loose=explicit)
+    # read as shell for want of a better reader (a Nomad job, tox.ini, a file with no telling name)
+    unknown_kind = fmt is None or (fmt == "shell" and not forced_format and not _told_shell(path, text))
     if fmt is None:
-        if not explicit:
+        if not explicit and not _launch_in_unknown_kind(path, text):
             return None
         fmt = "shell"
     report.fmt = fmt
@@ -190,6 +192,19 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
     report.migrated = (BOM if bom else "") + migrated
 
     report.findings = result.findings
+    if unknown_kind:
+        report.findings += _unread_launches(work, result.findings, rules, to_release)
+        if not explicit:
+            # found by a walk in a file of a kind it does not know: reported, never rewritten
+            # (name the file to have it read as shell, fixes included)
+            import dataclasses
+
+            from sglaunch.migrate.evaluate import FIX, MANUAL, UNSAFE
+
+            report.migrated = report.original
+            report.findings = [dataclasses.replace(f, level=MANUAL, ops=(), message=f.message + " (a file of a "
+                                                   "kind the walk does not rewrite: name it to fix it as shell)")
+                               if f.level in (FIX, UNSAFE) else f for f in report.findings]
     report.error = result.error
     if path != STDIN:
         for written, kind in result.follow:
@@ -202,6 +217,55 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
     if path != STDIN:
         _READ.add(os.path.realpath(path))
     return report
+
+
+# documents and data: a launch mentioned there is an example, not a launch
+DOCUMENT_SUFFIXES = (".md", ".rst", ".txt", ".adoc", ".html", ".htm", ".ipynb", ".csv", ".tsv", ".log", ".json",
+                     ".jsonl", ".lock", ".svg", ".xml", ".tex", ".org", ".patch", ".diff")
+
+
+def _launch_in_unknown_kind(path: str, text: str) -> bool:
+    """A file of a kind the walk does not know (a Nomad job, tox.ini, a Jenkinsfile) that names
+    an SGLang launcher: read as shell, and what cannot be read there is reported."""
+    from sglaunch.migrate.shell import mentions
+
+    return not path.lower().endswith(DOCUMENT_SUFFIXES) and mentions(text)
+
+
+def _told_shell(path: str, text: str) -> bool:
+    from sglaunch.migrate.engine import SCRIPT_NAMES
+
+    name = os.path.basename(path).lower()
+    first = text.lstrip("\ufeff").split("\n", 1)[0]
+    return name.endswith(SCRIPT_NAMES) or name in ("singularity", "apptainer") or name.endswith((".def", ".singularity")) \
+        or (first.startswith("#!") and any(s in first for s in ("sh", "bash", "zsh", "ksh")))
+
+
+def _unread_launches(text: str, findings: list, rules: Sequence[Rule], release: str) -> list:
+    """In a file whose kind the tool does not know (read as shell at best): a line naming a
+    launcher, with a rule's flag on it or on the lines after it up to a blank line, where no
+    finding was reported, is `manual`: the tool could not read that launch."""
+    from sglaunch.migrate.engine import suspicious
+    from sglaunch.migrate.evaluate import MANUAL
+    from sglaunch.migrate.shell import mentions
+
+    reported = {f.line for f in findings}
+    lines = text.split("\n")
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not mentions(line) or line.lstrip().startswith(("#", "//")):
+            continue
+        block = []
+        for k in range(number - 1, min(number + 14, len(lines))):
+            if k > number - 1 and not lines[k].strip():
+                break
+            block.append(k + 1)
+        flag = suspicious(" ".join(lines[k - 1] for k in block), rules, release)
+        if flag and not reported & set(block):
+            out.append(Finding("unread", MANUAL, number, "an SGLang launch in a file whose kind the tool does not "
+                               f"read ({flag}); check and fix it by hand", token=flag))
+            reported.update(block)
+    return out
 
 
 # Undecodable bytes arrive as lone surrogates (U+DC80-U+DCFF, from surrogateescape). The

@@ -64,11 +64,34 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # labels and annotations are text for people: never edited, never reported
     "annotations.yaml": ("k8s", set(), ['how-to-run: "python3 -m sglang.launch_server --enable-deepep-waterfill"',
                                         'note: "migrated from --enable-deepep-waterfill (0.5.16)"'], []),
+    # kinds read by name: Procfile (process: command), justfile recipes, Singularity definitions
+    "kinds/Procfile": ("yaml", {("R516-01", 1)}, ["worker: python worker.py"],
+                       ["--port $PORT --enable-waterfill --moe-a2a-backend deepep\n"]),
+    "kinds/justfile": ("shell+jinja", {("R516-04", 4)}, ["{{model}}"], []),
+    "kinds/sglang.def": ("shell", {("R516-01", 8)}, ["%runscript"], ['--enable-waterfill --moe-a2a-backend deepep "$@"']),
+    # kinds the tool does not know, named explicitly: read as shell, and a launch it cannot read is manual
+    "kinds/job.nomad.hcl": ("shell", {("unread", 8)}, ['"--enable-deepep-waterfill"]'], []),
+    "kinds/Jenkinsfile": ("shell", {("R516-01", 7)}, [], ["--enable-waterfill --moe-a2a-backend deepep --ep-size 8 &"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
 PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml"}  # on its own; its sourced .env fails (below)
+
+
+def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
+    from sglaunch.migrate.files import iter_files
+
+    shutil.copytree(DIR / "kinds", tmp_path / "kinds")
+    (tmp_path / "kinds" / "README.md").write_text("# Serving\n\n    python -m sglang.launch_server --enable-deepep-waterfill\n")
+    reports = {Path(p).name: process_file(p, e, RULES, TO, True) for p, e in iter_files([str(tmp_path)])}
+    reports = {name: r for name, r in reports.items() if r is not None}
+    assert "README.md" not in reports  # documents are not read
+    for name in ("job.nomad.hcl", "Jenkinsfile"):
+        report = reports[name]
+        assert not report.changed and exit_code([report]) == 1
+        assert all(f.level not in (FIX, UNSAFE) for f in report.findings)
+    assert reports["Procfile"].changed  # a kind the walk knows by name is fixed
 
 
 def test_a_sourced_env_file_is_read_with_the_script():
