@@ -135,6 +135,11 @@ def read_dockerfile(text: str) -> Document:
     for stage in _stages(_attach_heredocs(text, _instructions(text))):
         doc.sites.extend(_stage_sites(text, stage))
         doc.errors.extend(_heredoc_sites(text, stage, doc.sites))
+        for instruction in stage:
+            if instruction.keyword == "ONBUILD" and shell.mentions(instruction.value):
+                # `ONBUILD CMD [...]`: the launch of the images built FROM this one, not read
+                doc.errors.append((instruction.line, "an ONBUILD instruction holds an SGLang launch the tool "
+                                   "does not read; check it by hand", instruction.value, "variable"))
         for instruction in stage:  # `ENV SGLANG_ARGS="--x"`, `ARG EXTRA=--x`: not read as a launch
             if instruction.keyword in ("ENV", "ARG") and "--" in instruction.value \
                     and not shell.mentions(instruction.value):

@@ -370,6 +370,8 @@ def validate(site: Site, release: str) -> list[Finding]:
         spelling = token.split("=", 1)[0]
         if spelling.startswith("--router-") and "sglang_router" in site.launcher:
             continue  # the router's own arguments
+        if spelling in ("--help", "-h"):
+            continue  # argparse's own: prints the usage
         if not _known_spelling(spelling):
             message = unknown_flag_error(spelling, SCHEMA, release).message
             findings.append(Finding("validate", MANUAL, site.token_line(index),

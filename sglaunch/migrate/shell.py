@@ -51,6 +51,7 @@ VAR_USE = re.compile(r'^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$')
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 LAUNCHER_NAME = re.compile(r"(?i)(sglang|launch|serve|server)")  # ./launch_server.sh, start_sglang
 DATA_PROGRAMS = frozenset({
+    "pkill", "pgrep", "killall",  # a process pattern, not a command to run
     "echo", "printf", "logger", "cat", "grep", "egrep", "fgrep", "rg", "sed", "awk", "gawk", "tee", "jq",
     "yq", "git", "notify-send", "wall", "curl", "wget", "read", ":", "true", "false", "test", "[", "[[",
     "print", "die", "fail", "log", "info", "warn", "error", "debug", "note", "say", "msg", "usage",

@@ -72,11 +72,15 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # kinds the tool does not know, named explicitly: read as shell, and a launch it cannot read is manual
     "kinds/job.nomad.hcl": ("shell", {("unread", 8)}, ['"--enable-deepep-waterfill"]'], []),
     "kinds/Jenkinsfile": ("shell", {("R516-01", 7)}, [], ["--enable-waterfill --moe-a2a-backend deepep --ep-size 8 &"]),
+    # the launch of images built FROM this one
+    "Dockerfile.onbuild": ("dockerfile", {("unread", 2)}, ['"--enable-deepep-waterfill"]'], []),
+    # process patterns (pkill, pgrep) and a --help run are not launches to check
+    "process_patterns.sh": ("shell", set(), ['pkill -f "sglang.launch_server --enable-deepep-waterfill"'], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml"}  # on its own; its sourced .env fails (below)
+PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml", "process_patterns.sh"}  # on its own; its sourced .env fails (below)
 
 
 def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
