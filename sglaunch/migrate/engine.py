@@ -134,10 +134,16 @@ def suspicious(text: str, rules: Sequence[Rule], release: str) -> str:
 
     words = set(re.findall(r"[A-Za-z0-9_.:/-]+", text))
     for token in re.findall(r"--[A-Za-z0-9][A-Za-z0-9_-]*", text):
+        # an abbreviation (`--enable-deepep-water`, argparse expands unique prefixes) counts too
+        abbreviation = SCHEMA.lookup(token) is None and len(token) >= 8
+
+        def names(flag: str) -> bool:
+            return token == flag or (abbreviation and flag.startswith(token))
+
         for rule in rules:
-            if rule.kind in ("rename-flag", "remove-flag") and token == rule.old:
+            if rule.kind in ("rename-flag", "remove-flag") and names(rule.old):
                 return token
-            if rule.kind in ("remove-value", "replace-value") and token == rule.flag and rule.old in words:
+            if rule.kind in ("remove-value", "replace-value") and names(rule.flag) and rule.old in words:
                 return f"{token} {rule.old}"
         flag = SCHEMA.lookup(token)
         if flag is not None and flag.status_at(release) is Status.REMOVED:

@@ -792,7 +792,7 @@ def flag_list(values: Sequence[str]) -> bool:
     if not values or not values[0].startswith("--"):
         return False
     if not any(v.startswith("--") and v.split("=", 1)[0] not in GENERIC_FLAGS
-               and SCHEMA.lookup(v.split("=", 1)[0]) is not None for v in values):
+               and _sglang_spelling(v.split("=", 1)[0]) for v in values):
         return False
     from sglaunch.errors import SglaunchError
     from sglaunch.flags.argv import split_argv
@@ -802,6 +802,14 @@ def flag_list(values: Sequence[str]) -> bool:
     except SglaunchError:
         return False
     return True
+
+
+def _sglang_spelling(spelling: str) -> bool:
+    """A flag of some SGLang release, or an abbreviation argparse expanded to one
+    (`--enable-deepep-water`)."""
+    if SCHEMA.lookup(spelling) is not None:
+        return True
+    return len(spelling) >= 8 and bool(SCHEMA.prefix_expansions(spelling, None))
 
 
 # flags many programs share: a list of only these is not taken for an SGLang argument list

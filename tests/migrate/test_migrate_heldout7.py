@@ -76,6 +76,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "Dockerfile.onbuild": ("dockerfile", {("unread", 2)}, ['"--enable-deepep-waterfill"]'], []),
     # process patterns (pkill, pgrep) and a --help run are not launches to check
     "process_patterns.sh": ("shell", set(), ['pkill -f "sglang.launch_server --enable-deepep-waterfill"'], []),
+    # `args:` alone for the sglang image, made of abbreviations (argparse expands unique prefixes)
+    "k8s_abbrev_args.yaml": ("k8s", {("R516-03", 8), ("validate", 8)}, ['"--enable-deepep-w"'], ['"--fp4-gemm=auto"']),
+    "compose_abbrev.yaml": ("compose", {("validate", 4)}, ['"--enable-deepep-water"'], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
