@@ -130,7 +130,10 @@ def read_python(text: str) -> Document:
                     arg._sglaunch_env = _call_env(node)  # type: ignore[attr-defined]
             target = run if name in RUNNERS else quiet if name in QUIET else None
             if target is not None:
-                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                # add_argument's default= becomes the program's value (`default="--x --tp 8"`): not quiet
+                keywords = [k.value for k in node.keywords
+                            if not (name == "add_argument" and k.arg in ("default", "const"))]
+                for arg in [*node.args, *keywords]:
                     target.update(id(n) for n in ast.walk(arg))
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             run.update(id(n) for n in ast.walk(node.value) if isinstance(n, (ast.Constant, ast.JoinedStr)))
@@ -179,6 +182,10 @@ def read_python(text: str) -> Document:
             elif FLAG_LITERAL.fullmatch(node.value):
                 doc.errors.append((node.lineno, f"the string {node.value!r} is an SGLang launch flag outside any "
                                    "argument list the tool can read; check it by hand", node.value, "variable"))
+            elif node.value.lstrip().startswith("--") and " " in node.value.strip():
+                # `EXTRA = "--quantization qoq --port 1"`, `default="--x --tp 8"`: split into a launch later
+                doc.errors.append((node.lineno, "a Python string holds what look like SGLang launch flags outside "
+                                   "any argument list the tool can read; check it by hand", node.value, "variable"))
     return doc
 
 

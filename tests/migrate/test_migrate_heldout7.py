@@ -79,11 +79,16 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # `args:` alone for the sglang image, made of abbreviations (argparse expands unique prefixes)
     "k8s_abbrev_args.yaml": ("k8s", {("R516-03", 8), ("validate", 8)}, ['"--enable-deepep-w"'], ['"--fp4-gemm=auto"']),
     "compose_abbrev.yaml": ("compose", {("validate", 4)}, ['"--enable-deepep-water"'], []),
+    # strings of several flags split into the launch at run time (an argparse default, a constant)
+    "flag_strings.py": ("python", {("unread", 3), ("unread", 4), ("R516-02", 8)},
+                        ['default="--enable-deepep-waterfill --tp 8"'], ['"--optimistic-prefill-attempts", "2"']),
+    # a program's own argparse flag of the same name: a decoy
+    "own_argparse.py": ("python", set(), ['p.add_argument("--enable-deepep-waterfill"'], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml", "process_patterns.sh"}  # on its own; its sourced .env fails (below)
+PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml", "process_patterns.sh", "own_argparse.py"}  # on its own; its sourced .env fails (below)
 
 
 def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
