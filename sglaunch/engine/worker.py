@@ -18,8 +18,12 @@ from sglaunch.config import EngineConfig
 
 def worker_main(config: EngineConfig, rank: int, host: str, port: int) -> None:
     """Entry point of a spawned worker process."""
-    # NOTE: Ctrl+C reaches the whole process group; rank 0 orchestrates the shutdown
+    # NOTE: Ctrl+C, and a SIGTERM to the whole group (systemd's default, `kill -- -PGID`), reach
+    # every rank at once; the server drains and rank 0 orchestrates the shutdown. A no-op handler,
+    # not SIG_IGN, which processes started from here would inherit. A rank whose rank 0 is gone
+    # ends itself (WorkerHeartbeat); SIGKILL still ends it at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     from sglaunch.engine.watchdog import fatal
 
     try:

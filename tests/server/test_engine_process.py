@@ -162,6 +162,27 @@ def test_ctrl_c_to_the_process_group_drains_and_leaves_no_process(long_llama, tm
     assert not [pid for pid in engines + ranks if alive(pid)], "a process outlived the server"
 
 
+def test_sigterm_to_the_process_group_drains_with_tensor_parallel_ranks(long_llama, tmp_path):
+    """systemd's default stop (SIGTERM to every process of the unit) with TP 2: the rank must not
+    die of it (that ended the server through the dead-rank path, cutting the stream); the server
+    drains, then shuts the engine and its rank down."""
+    server = start(long_llama, tmp_path, tp_size=2, graceful_shutdown_timeout=300)
+    try:
+        engines, ranks = engine_pids(server), rank_pids(server)
+        assert len(engines) == 1 and len(ranks) == 1
+        stream = Stream(server.base_url, max_tokens=200)
+        assert stream.started.wait(120)
+        os.killpg(server.process.pid, signal.SIGTERM)
+        stream.join()
+        exit_code = server.process.wait(120)
+    finally:
+        kill_all(server)
+    assert exit_code == 0, server.log()
+    assert stream.finish_reasons == ["length"] and stream.completion_tokens == 200
+    time.sleep(0.5)
+    assert not [pid for pid in engines + ranks if alive(pid)], "a process outlived the server"
+
+
 def test_the_engine_process_does_not_outlive_a_killed_server(long_llama, tmp_path):
     server = start(long_llama, tmp_path, tp_size=2)
     try:
