@@ -1,7 +1,7 @@
 """Rank 0's engine: scheduler + model runner + sampler, driving the other ranks every step.
 
-Synchronous and single-threaded on purpose; ThreadedEngine runs it on a background thread for
-the asyncio server, and generate_batch calls it directly.
+Synchronous and single-threaded on purpose; the engine process (engine_process.py) runs it for
+the HTTP server, and generate_batch calls it directly.
 """
 
 from __future__ import annotations
