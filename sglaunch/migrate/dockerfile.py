@@ -132,8 +132,11 @@ def _embedded(parsed, to_line) -> list:
 def read_dockerfile(text: str) -> Document:
     doc = Document()
     _PROBLEMS.clear()
+    named: dict[str, list[_Instruction]] = {}  # stage name -> what a `FROM name` stage inherits
     for stage in _stages(_attach_heredocs(text, _instructions(text))):
-        doc.sites.extend(_stage_sites(text, stage))
+        inherited = _inherited(stage, named)
+        doc.sites.extend(_run_sites(text, stage))
+        doc.sites.extend(_command_sites(text, inherited + stage))
         doc.errors.extend(_heredoc_sites(text, stage, doc.sites))
         for instruction in stage:
             if instruction.keyword == "ONBUILD" and shell.mentions(instruction.value):
@@ -273,6 +276,19 @@ def _env_pairs(value: str) -> list[tuple[str, str]]:
     if words and "=" not in words[0]:
         return [(words[0], " ".join(words[1:]))]  # legacy `ENV NAME value`
     return [tuple(w.split("=", 1)) for w in words if "=" in w]  # type: ignore[misc]
+
+
+def _inherited(stage: list[_Instruction], named: dict[str, list[_Instruction]]) -> list[_Instruction]:
+    """`FROM base AS prod` after `FROM ... AS base`: the ENV, ENTRYPOINT and CMD of `base` are
+    prod's until it sets its own (an ENTRYPOINT of prod's drops the CMD it inherits)."""
+    words = stage[0].value.split() if stage and stage[0].keyword == "FROM" else []
+    words = [w for w in words if not w.startswith("--")]
+    parent = named.get(words[0].lower(), []) if words else []
+    if any(i.keyword == "ENTRYPOINT" for i in stage):
+        parent = [i for i in parent if i.keyword != "CMD"]
+    if len(words) >= 3 and words[1].upper() == "AS":
+        named[words[2].lower()] = parent + [i for i in stage if i.keyword in ("ENV", "ENTRYPOINT", "CMD")]
+    return parent
 
 
 def _stage_sites(text: str, stage: list[_Instruction]) -> list[Site]:

@@ -84,6 +84,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                         ['default="--enable-deepep-waterfill --tp 8"'], ['"--optimistic-prefill-attempts", "2"']),
     # a program's own argparse flag of the same name: a decoy
     "own_argparse.py": ("python", set(), ['p.add_argument("--enable-deepep-waterfill"'], []),
+    # a stage FROM an earlier stage inherits its ENTRYPOINT: its CMD of flags is the launch
+    "Dockerfile.stages": ("dockerfile", {("R516-01", 6)}, ['ENTRYPOINT ["python3", "-m", "sglang.launch_server"]'],
+                          ['"--enable-waterfill", "--moe-a2a-backend", "deepep"]']),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
