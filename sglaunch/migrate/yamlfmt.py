@@ -921,6 +921,8 @@ def _container_env(mapping) -> tuple[dict[str, str], set[str]]:
         elif is_seq(node):
             for item in node.value:
                 _env_item(item, env, dynamic)
+    # `${MODE:-static}` (compose interpolation), `$(MODE)` (Kubernetes): a value the file does not fix
+    dynamic.update(name for name, value in env.items() if "${" in value or "$(" in value or MASK in value)
     return env, dynamic
 
 

@@ -87,11 +87,13 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # a stage FROM an earlier stage inherits its ENTRYPOINT: its CMD of flags is the launch
     "Dockerfile.stages": ("dockerfile", {("R516-01", 6)}, ['ENTRYPOINT ["python3", "-m", "sglang.launch_server"]'],
                           ['"--enable-waterfill", "--moe-a2a-backend", "deepep"]']),
+    # an interpolated verify mode (${VERIFY_MODE:-static}) is a value the file does not fix: a notice
+    "compose_env_interpolated.yaml": ("compose", {("R516-07", 6)}, ["${VERIFY_MODE:-static}"], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = {"sourced/serve.sh", "annotations.yaml", "process_patterns.sh", "own_argparse.py"}  # on its own; its sourced .env fails (below)
+PASSES: set[str] = {"compose_env_interpolated.yaml", "sourced/serve.sh", "annotations.yaml", "process_patterns.sh", "own_argparse.py"}  # on its own; its sourced .env fails (below)
 
 
 def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
