@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from sglaunch.errors import SglaunchError
 from sglaunch.flags.argv import Occurrence, split_argv, unknown_flag_error
+from sglaunch.migrate.shell import SERVER_ARGS_TOOLS
 from sglaunch.flags.registry import SCHEMA
 from sglaunch.flags.spec import Flag, Kind, Status
 from sglaunch.flags.timeline import config_refused
@@ -370,6 +371,8 @@ def validate(site: Site, release: str) -> list[Finding]:
         spelling = token.split("=", 1)[0]
         if spelling.startswith("--router-") and "sglang_router" in site.launcher:
             continue  # the router's own arguments
+        if any(site.launcher.endswith(tool) for tool in SERVER_ARGS_TOOLS):
+            continue  # bench_one_batch, compile_deep_gemm, ...: their own flags beside the server's
         if spelling in ("--help", "-h"):
             continue  # argparse's own: prints the usage
         if not _known_spelling(spelling):

@@ -24,7 +24,9 @@ from sglaunch.migrate.tokens import Site, TextEdit, TokenRef, shell_quote
 LAUNCH_MODULE = "sglang.launch_server"
 # The router's launcher starts SGLang servers: it takes every server flag (and its own `--router-*`).
 ROUTER_MODULE = "sglang_router.launch_server"
-LAUNCH_MODULES = (LAUNCH_MODULE, ROUTER_MODULE)
+# Tools that build ServerArgs from their command line (an engine in-process) next to flags of their own
+SERVER_ARGS_TOOLS = ("sglang.bench_one_batch", "sglang.bench_offline_throughput", "sglang.compile_deep_gemm")
+LAUNCH_MODULES = (LAUNCH_MODULE, ROUTER_MODULE) + SERVER_ARGS_TOOLS
 
 # Programs that run the command given after their own options. Anything else in front of a
 # launcher (echo, printf, grep, ...) means the launcher text is just data.

@@ -89,6 +89,12 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                           ['"--enable-waterfill", "--moe-a2a-backend", "deepep"]']),
     # an interpolated verify mode (${VERIFY_MODE:-static}) is a value the file does not fix: a notice
     "compose_env_interpolated.yaml": ("compose", {("R516-07", 6)}, ["${VERIFY_MODE:-static}"], []),
+    # tools that read ServerArgs from their command line beside flags of their own (bench_serving
+    # is a client with its own flags: a decoy)
+    "server_args_tools.sh": ("shell", {("R516-04", 2), ("R516-01", 3), ("R516-03", 4)},
+                             ["--num-prompts 10 --enable-deepep-waterfill\n", "--batch-size 32 --input-len 256"],
+                             ["--trust-remote-code --enable-waterfill --moe-a2a-backend deepep\n",
+                              "--num-prompts 10 --fp4-gemm-backend auto\n"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
