@@ -14,7 +14,8 @@ ignored), warms up, then measures `--steps` steps three ways:
 - `cProfile`: the Python functions with the most cumulative time per step;
 - phases: the time (device-synchronised at both ends) and the operators dispatched in each part
   of the step (the drafter's forward, `sample_block`, the rest of `propose`, the target forward,
-  `accept`), and how many target forwards replayed a CUDA graph.
+  `accept`: the device accept, or the host one of an all-greedy batch), and how many target
+  forwards replayed a CUDA graph.
 
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
@@ -174,7 +175,7 @@ def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
     undo = [wrap(runner, "forward", "target forward"), wrap(runner, "draft_block", "draft forward")]
     if decoder is not None:
         undo += [wrap(decoder, "propose", "propose (all)"), wrap(decoder.drafter, "sample_block", "sample_block"),
-                 wrap(decoder, "accept", "accept")]
+                 wrap(decoder, "accept", "accept"), wrap(decoder, "accept_greedy", "accept")]
     graphs = getattr(runner, "graphs", None)
     before = dict(graphs.replays) if graphs is not None else {}
     try:
