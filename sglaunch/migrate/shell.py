@@ -713,6 +713,15 @@ class _Script:
         if found is None:
             return self._launch_from_variable(node, state, words, tokens, prefixes)
         prog, end, launcher = found
+        if any(os.path.basename(t.value) == "srun" for t in tokens[:prog]):
+            # `srun --het-group=0 python -m sglang.launch_server ... : --het-group=1 other`: the
+            # launch ends at the component separator
+            stop = next((k for k in range(end, len(tokens)) if tokens[k].value == ":" and not tokens[k].dynamic), None)
+            if stop is not None:
+                rest = " ".join(t.value for t in tokens[stop + 1:])
+                if _mentions(rest):
+                    self.suspects.append((tokens[stop].line, rest, "launcher srun"))
+                tokens, words = tokens[:stop], words[:stop]
         docker_run = _docker_run_index([t.value for t in tokens[:prog]])
         env: dict[str, str] = {}
         env_dynamic: set[str] = set()
@@ -1042,8 +1051,14 @@ def _docker_run_index(values: Sequence[str]) -> int | None:
 
 
 def _wrapper_env(values: Sequence[str], docker_run: int | None, env: dict[str, str]) -> None:
-    """`env X=1 ...` assignments and `docker run -e X=1 / --env X=1 / --env=X=1`."""
+    """`env X=1 ...` assignments, `srun --export=ALL,X=1` and `docker run -e X=1 / --env X=1 / --env=X=1`."""
     for k, value in enumerate(values):
+        if value.startswith("--export=") and any(os.path.basename(v) in ("srun", "sbatch", "salloc")
+                                                 for v in values[:k]):
+            for item in value[len("--export="):].split(","):
+                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item):
+                    name, _, val = item.partition("=")
+                    env[name] = val
         if os.path.basename(value) == "env":
             for item in values[k + 1:]:
                 if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item):

@@ -471,6 +471,7 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
 STRAY_FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]+")
 
 
+FLAG_KEY = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 PROSE_KEYS = frozenset({"labels", "annotations", "description", "summary", "title", "help", "notes", "note",
                         "comment", "comments", "changelog"})
 
@@ -498,6 +499,14 @@ def _stray_flags(root, consumed: set[int]) -> list:
         for key, value in node.value:
             if id(value) in prose:
                 continue
+            if is_scalar(key) and is_scalar(value) and id(key) not in consumed and FLAG_KEY.fullmatch(str(key.value)) \
+                    and SCHEMA.lookup("--" + str(key.value).replace("_", "-")) is not None \
+                    and str(value.value).lower() not in ("false", "none", "null", ""):
+                # `sglang: {flags: {enable-deepep-waterfill: true}}`: a chart turns the map into flags
+                flag = "--" + str(key.value).replace("_", "-")
+                shown = flag if str(value.value).lower() == "true" else f"{flag} {value.value}"
+                found.append((key.start_mark.line + 1, f"`{key.value}` names the SGLang flag {flag} in a mapping the "
+                              "tool does not read as a launch; check and fix it by hand", shown, "variable"))
             items = value.value if is_seq(value) else [value]
             for item in items:
                 if not is_scalar(item) or item.tag != STR_TAG or id(item) in consumed:

@@ -95,6 +95,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                              ["--num-prompts 10 --enable-deepep-waterfill\n", "--batch-size 32 --input-len 256"],
                              ["--trust-remote-code --enable-waterfill --moe-a2a-backend deepep\n",
                               "--num-prompts 10 --fp4-gemm-backend auto\n"]),
+    # a chart value mapping flag names to values (the template turns it into flags)
+    "values-flag-map.yaml": ("yaml", {("unread", 7), ("unread", 8)}, ["    enable-deepep-waterfill: true\n"], []),
+    # srun --export=...,X=static is the launch's env; a het-job `:` ends the launch
+    "srun_het_export.sh": ("shell", {("R516-07", 3), ("R516-01", 4)}, ["srun --export=ALL,SGLANG_RAGGED_VERIFY_MODE=static python3"],
+                           ["--enable-waterfill --moe-a2a-backend deepep : --het-group=1"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
