@@ -927,6 +927,8 @@ def _container_env(mapping) -> tuple[dict[str, str], set[str]]:
             for k, v in node.value:
                 if is_scalar(k):
                     env[str(k.value)] = "" if not is_scalar(v) or v.value is None else str(v.value)
+                    if not is_scalar(v) or v.value is None:
+                        dynamic.add(str(k.value))  # `NAME:` with no value: passed through from the host
         elif is_seq(node):
             for item in node.value:
                 _env_item(item, env, dynamic)
@@ -937,8 +939,10 @@ def _container_env(mapping) -> tuple[dict[str, str], set[str]]:
 
 def _env_item(item, env: dict[str, str], dynamic: set[str]) -> None:
     if is_scalar(item):  # compose list form NAME=VALUE
-        name, _, value = str(item.value).partition("=")
+        name, eq, value = str(item.value).partition("=")
         env[name] = value
+        if not eq:
+            dynamic.add(name)  # `- NAME`: passed through from the host, value unknown
         return
     if not is_map(item):
         return

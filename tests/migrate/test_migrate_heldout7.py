@@ -100,11 +100,13 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # srun --export=...,X=static is the launch's env; a het-job `:` ends the launch
     "srun_het_export.sh": ("shell", {("R516-07", 3), ("R516-01", 4)}, ["srun --export=ALL,SGLANG_RAGGED_VERIFY_MODE=static python3"],
                            ["--enable-waterfill --moe-a2a-backend deepep : --het-group=1"]),
+    # `- SGLANG_RAGGED_VERIFY_MODE` passes the host's value through: unknown, so a notice and nothing added
+    "compose_env_passthrough.yaml": ("compose", {("R516-07", 13)}, ["      - SGLANG_RAGGED_VERIFY_MODE\n      - HF_TOKEN\n"], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
 }
-PASSES: set[str] = {"compose_env_interpolated.yaml", "sourced/serve.sh", "annotations.yaml", "process_patterns.sh", "own_argparse.py"}  # on its own; its sourced .env fails (below)
+PASSES: set[str] = {"compose_env_passthrough.yaml", "compose_env_interpolated.yaml", "sourced/serve.sh", "annotations.yaml", "process_patterns.sh", "own_argparse.py"}  # on its own; its sourced .env fails (below)
 
 
 def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
