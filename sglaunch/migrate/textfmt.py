@@ -59,6 +59,8 @@ def read_makefile(text: str) -> Document:
     assignments: list[tuple[int, str, str, str, int]] = []  # line, name, operator, value, offset
     offset = 0
     unfollowed: list[tuple[int, str, str]] = []  # define blocks, target-specific variables
+    # `export NAME` lines: make passes these variables to the recipes' environment
+    exported = set(re.findall(r"(?m)^export\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", text))
     define: tuple[int, str, list[str]] | None = None
     for number, line in enumerate(lines, 1):
         start = offset
@@ -100,13 +102,20 @@ def read_makefile(text: str) -> Document:
     masked = "\n".join(out)
     state = shell._State()
     for number, name, op, value, at in assignments:
+        previous = state.words.get(name)
+        if previous is not None and op in ("=", ":=", "::="):
+            # `ifeq (...)` / `else` branches set it twice: the recipes may get either value
+            first = previous.tokens[0] if previous.tokens else None
+            unfollowed.append((first[0].tokens[first[1]].line if first else number, name, previous.source))
         _make_words(text, state, number, name, op, value, at)
+        if re.match(r"^\s*export\s", lines[number - 1]) or name in exported:
+            shell._set_export(state, name, _mask_make(value).strip(), "$" in value)
     parsed = shell.parse_script(masked, _guard("$#"), fmt="makefile", state=state)
     doc = Document(sites=list(parsed.sites), errors=_problems(parsed))
     for number, name, value in unfollowed:
         doc.errors.append((number, f"${{{name}}} holds what looks like SGLang launch flags in a make construct "
-                           "the tool does not follow (a define block or a target-specific variable): check and "
-                           "fix it by hand", value, "variable"))
+                           "the tool does not follow (a define block, a target-specific variable, or an assignment "
+                           "a later one replaces, as in ifeq/else branches): check and fix it by hand", value, "variable"))
     for number, name, op, value, at in assignments:
         var = state.words.get(name)
         if ("-" in value or shell.mentions(value)) and (var is None or not var.used):

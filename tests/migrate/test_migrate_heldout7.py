@@ -102,6 +102,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                            ["--enable-waterfill --moe-a2a-backend deepep : --het-group=1"]),
     # `- SGLANG_RAGGED_VERIFY_MODE` passes the host's value through: unknown, so a notice and nothing added
     "compose_env_passthrough.yaml": ("compose", {("R516-07", 13)}, ["      - SGLANG_RAGGED_VERIFY_MODE\n      - HF_TOKEN\n"], []),
+    # ifeq/else branches setting a variable twice; a make-level export of an explicit static mode
+    "Makefile.ifeq": ("makefile", {("unread", 4), ("R516-07", 13)},
+                      ["QUANT := --quantization modelopt_fp4 --fp4-gemm-backend cutlass",
+                       "\tpython3 -m sglang.launch_server --model-path /m --speculative-algorithm DSPARK"], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
