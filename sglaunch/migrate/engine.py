@@ -54,6 +54,7 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
         return sites, problems
     if fmt in DEPENDENCY_FORMATS:
         return [], []  # requirements files and pyproject.toml hold pins only (module deps)
+    shell.ORIGIN[:] = [origin] if origin else []  # for the env files a script sources
     try:
         if fmt == "shell":
             parsed = shell.parse_script(text)

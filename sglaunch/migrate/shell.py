@@ -25,6 +25,7 @@ LAUNCH_MODULE = "sglang.launch_server"
 # The router's launcher starts SGLang servers: it takes every server flag (and its own `--router-*`).
 ROUTER_MODULE = "sglang_router.launch_server"
 # Tools that build ServerArgs from their command line (an engine in-process) next to flags of their own
+ORIGIN: list[str] = []  # the path of the file being read (engine.read_sites), for `source FILE`
 SERVER_ARGS_TOOLS = ("sglang.bench_one_batch", "sglang.bench_offline_throughput", "sglang.compile_deep_gemm")
 LAUNCH_MODULES = (LAUNCH_MODULE, ROUTER_MODULE) + SERVER_ARGS_TOOLS
 
@@ -362,6 +363,7 @@ class _Script:
                 self._herestring(node, state)
             elif node.type == "command":
                 self._record_unset(node, state)
+                self._record_source(node, state)
                 built = self._launch(node, state)
                 if built is not None:
                     self.commands.append(built[0])
@@ -542,6 +544,26 @@ class _Script:
                     if any(v == "--env-file" or v.startswith("--env-file=") for v in values[docker:]):
                         inner_state.export_dynamic.add("*")
             self._inner(token.value, offset_of, mapper, inner_state)
+
+    def _record_source(self, node, state: "_State") -> None:
+        """`source ./.env` / `. prod.env` (an env file next to this one): its variables are set
+        from here on. Exported unless the script did not `set -a` and the file does not export:
+        then whether the launch sees them is not known (values the rules cannot rely on)."""
+        words = _command_words(node)
+        if len(words) < 2 or self.src(words[0]) not in ("source", ".") or not ORIGIN:
+            return
+        path = self._token(words[1]).value
+        if "$" in path or ".." in path.split("/") or os.path.isabs(path):
+            return
+        from sglaunch.migrate.textfmt import read_env_file
+
+        values = read_env_file(path, ORIGIN[0])
+        if not values:
+            return
+        all_export = bool(re.search(r"(?m)^\s*set\s+(-[a-z]*a|-o\s+allexport)", self.text[:self.pos(node.start_byte)]))
+        for name, value in values.items():
+            state.shell_vars[name] = (value, False)
+            _set_export(state, name, value, dynamic=not all_export)
 
     def _herestring(self, node, state: "_State") -> None:
         """`bash <<< "python -m sglang.launch_server ..."`, `ssh host bash <<< '...'`: the string is
