@@ -272,6 +272,7 @@ def _deletion_span(text: str, start: int, end: int) -> tuple[int, int]:
 class _Array:
     tokens: list[tuple[ShellContainer, int]]
     used: bool = False
+    passthrough: bool = False  # `set -- --x "$@"`: the script's own arguments follow
 
 
 @dataclass
@@ -364,6 +365,7 @@ class _Script:
             elif node.type == "command":
                 self._record_unset(node, state)
                 self._record_source(node, state)
+                self._record_set_positional(node, state)
                 built = self._launch(node, state)
                 if built is not None:
                     self.commands.append(built[0])
@@ -508,7 +510,7 @@ class _Script:
         if prog == "alias":
             self._aliases(words, state)
             return
-        if any(m in values[1:] for m in LAUNCH_MODULES) and "--" in " ".join(values):
+        if any(m in values[1:] for m in LAUNCH_MODULES) and "--" in " ".join(values) and values[:2] != ["set", "--"]:
             # `-m sglang.launch_server --x` after something the tool does not know as a launcher
             self.suspects.append((self.line(node), " ".join(values), "launcher " + prog))
         elif LAUNCHER_NAME.search(prog) and not prog.startswith("python") and len(words) > 1:
@@ -544,6 +546,25 @@ class _Script:
                     if any(v == "--env-file" or v.startswith("--env-file=") for v in values[docker:]):
                         inner_state.export_dynamic.add("*")
             self._inner(token.value, offset_of, mapper, inner_state)
+
+    def _record_set_positional(self, node, state: "_State") -> None:
+        """`set -- --model-path m --x "$@"` (entrypoint scripts): the positional parameters, as an
+        array named `@`, for a later `"$@"` (an argument of a launch, or `exec "$@"`)."""
+        words = _command_words(node)
+        if len(words) < 2 or self.src(words[0]) != "set" or self.src(words[1]) != "--":
+            return
+        tokens, passthrough = [], False
+        for word in words[2:]:
+            if PASSTHROUGH.match(self.src(word)):
+                passthrough = True
+                continue
+            tokens.append(self._token(word))
+        container = ShellContainer(self.text, tokens, self.mapper)
+        previous = state.arrays.get("@")
+        refs = [(container, i) for i in range(len(tokens))]
+        if passthrough and previous is not None:
+            refs = previous.tokens + refs  # `set -- "$@" --x`: a rough order, the words are what matters
+        state.arrays["@"] = _Array(refs, passthrough=passthrough)
 
     def _record_source(self, node, state: "_State") -> None:
         """`source ./.env` / `. prod.env` (an env file next to this one): its variables are set
@@ -760,11 +781,18 @@ class _Script:
 
     def _launch_from_variable(self, node, state: _State, words, tokens, prefixes):
         """`"${CMD[@]}" --port 1` / `$CMD` where the array or variable holds the launcher."""
+        if len(words) > 1 and self.src(words[0]) in ("exec", "nohup") and PASSTHROUGH.match(self.src(words[1])):
+            words, tokens = words[1:], tokens[1:]  # `exec "$@"` after `set -- python -m sglang.launch_server ...`
         head = self.src(words[0])
-        match = ARRAY_USE.match(head) or VAR_USE.match(head.strip('"'))
-        if match is None:
-            return None
-        var = state.arrays.get(match.group(1)) if ARRAY_USE.match(head) else state.words.get(match.group(1))
+        if PASSTHROUGH.match(head) and "@" in state.arrays:
+            var = state.arrays["@"]
+            var.used = True
+            match = None
+        else:
+            match = ARRAY_USE.match(head) or VAR_USE.match(head.strip('"'))
+            if match is None:
+                return None
+            var = state.arrays.get(match.group(1)) if ARRAY_USE.match(head) else state.words.get(match.group(1))
         if var is None or not var.tokens:
             rest = " ".join(self.src(w) for w in words[1:])
             if "--" in rest:  # `$SERVE --enable-x`: a launcher the tool cannot see, with flags
@@ -804,7 +832,12 @@ class _Script:
                 # `$( [ -n "$X" ] && echo --enable-x )`: flags the shell builds at run time
                 self.suspects.append((token.line, raw, "built"))
             array = ARRAY_USE.match(raw)
-            if PASSTHROUGH.match(raw):
+            if PASSTHROUGH.match(raw) and "@" in state.arrays:
+                # `set -- --x "$@"` earlier: the positional parameters hold those words
+                refs.extend(state.arrays["@"].tokens)
+                state.arrays["@"].used = True
+                passthrough = passthrough or state.arrays["@"].passthrough
+            elif PASSTHROUGH.match(raw):
                 passthrough = True
             elif array and array.group(1) in state.arrays:
                 refs.extend(state.arrays[array.group(1)].tokens)

@@ -106,6 +106,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "Makefile.ifeq": ("makefile", {("unread", 4), ("R516-07", 13)},
                       ["QUANT := --quantization modelopt_fp4 --fp4-gemm-backend cutlass",
                        "\tpython3 -m sglang.launch_server --model-path /m --speculative-algorithm DSPARK"], []),
+    # `set -- ...` then "$@": the positional parameters of entrypoint scripts
+    "set_positional.sh": ("shell", {("R516-01", 2)}, ['exec python3 -m sglang.launch_server "$@"'],
+                          ['set -- --model-path /m --enable-waterfill --moe-a2a-backend deepep "$@"']),
+    "docker-entrypoint.sh": ("shell", {("R516-04", 4)}, ['exec "$@"'], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
