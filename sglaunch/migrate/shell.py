@@ -410,10 +410,16 @@ class _Script:
         if body is None or start is None or parent is None:
             return
         text = self.src(body)
-        if not _mentions(text):
-            return
         command = next((c for c in parent.children if c.type == "command"), None)
         words = [] if command is None else [self._token(w).value for w in _command_words(command)]
+        if not _mentions(text):
+            # `cat > config.yaml <<EOF` holding an SGLang --config mapping: its keys as flags
+            as_flags = " ".join(f"--{m.group(1)} {m.group(2).strip()}" for m in
+                                re.finditer(r"(?m)^\s*([a-z][a-z0-9_-]*):[ \t]*(.*)$", text))
+            if as_flags and any(w.endswith((".yaml", ".yml")) for w in words + [self.src(c) for c in parent.children
+                                                                              if c.type == "file_redirect"]):
+                self.suspects.append((self.line(body), as_flags, "heredoc written to a config file"))
+            return
         target = None
         for child in parent.children:
             if child.type == "file_redirect" and any(c.type in (">", ">>", ">|") for c in child.children):
@@ -424,7 +430,9 @@ class _Script:
         if prog == "tee" and len(words) > 1:
             target = next((w for w in words[1:] if not w.startswith("-")), target)
         piped = self._piped_into(parent, node)
-        runs = prog in SHELLS or prog in REMOTE or prog in ("read", "mapfile") or \
+        # `kubectl apply -f - <<EOF`: a manifest, not a script (`kubectl exec ... bash <<EOF` runs one)
+        manifest = prog in ("kubectl", "oc") and not any(os.path.basename(w) in SHELLS for w in words)
+        runs = prog in SHELLS or (prog in REMOTE and not manifest) or prog in ("read", "mapfile") or \
             (prog in WRAPPERS and any(os.path.basename(w) in SHELLS for w in words)) or \
             (piped is not None and (piped in SHELLS or piped == "ssh"))
         written_script = prog in ("cat", "tee") and target is not None and (

@@ -110,6 +110,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "set_positional.sh": ("shell", {("R516-01", 2)}, ['exec python3 -m sglang.launch_server "$@"'],
                           ['set -- --model-path /m --enable-waterfill --moe-a2a-backend deepep "$@"']),
     "docker-entrypoint.sh": ("shell", {("R516-04", 4)}, ['exec "$@"'], []),
+    # heredocs: a unit file (tee), a manifest (kubectl apply), a script (tee start.sh), a --config file
+    "heredoc_targets.sh": ("shell", {("unread", 3), ("unread", 7), ("R516-02", 18), ("unread", 21)},
+                           ['"--quantization", "qoq"]', "fp4-gemm-backend: cutlass"],
+                           ["--optimistic-prefill-attempts 2\nEOF"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
