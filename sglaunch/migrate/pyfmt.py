@@ -160,6 +160,17 @@ def read_python(text: str) -> Document:
                     doc.errors.append((keyword.lineno, f"the keyword argument {keyword.arg}= names the SGLang flag "
                                        f"{flag} (Engine / ServerArgs take the flags as keywords); rename or remove it "
                                        "by hand", flag, "variable"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+            # opts = dict(tp_size=8, enable_deepep_waterfill=True), turned into flags by the launcher
+            for keyword in node.keywords:
+                if keyword.arg and FLAG_KEY.fullmatch(keyword.arg):
+                    flag = "--" + keyword.arg.replace("_", "-")
+                    value = keyword.value
+                    shown = f"{flag} {value.value}" if isinstance(value, ast.Constant) and \
+                        isinstance(value.value, str) else flag
+                    doc.errors.append((keyword.lineno, f"the key {keyword.arg}= names the SGLang flag {flag}, in a "
+                                       "mapping the launcher turns into arguments the tool cannot read; check it "
+                                       "by hand", shown, "variable"))
         if isinstance(node, ast.Dict):
             # SERVER_ARGS = {"enable-deepep-waterfill": True, "quantization": "qoq"} turned into flags
             # by the launcher's own code: reported when a key names a rule's flag

@@ -114,6 +114,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "heredoc_targets.sh": ("shell", {("unread", 3), ("unread", 7), ("R516-02", 18), ("unread", 21)},
                            ['"--quantization", "qoq"]', "fp4-gemm-backend: cutlass"],
                            ["--optimistic-prefill-attempts 2\nEOF"]),
+    # dict(...) keywords naming flags, and a conditional list of flags
+    "dict_call_flags.py": ("python", {("R516-01", 4), ("unread", 5)}, ['quantization="qoq"'],
+                           ['cmd += ["--enable-waterfill", "--moe-a2a-backend", "deepep"] if ep else []']),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
