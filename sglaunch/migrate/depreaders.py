@@ -551,6 +551,11 @@ class _Reader:
 
         pairs = {str(k.value): v for k, v in node.value if yf.is_scalar(k)}
         repository, tag = pairs.get("repository"), pairs.get("tag")
+        if repository is None and "newTag" in pairs and "name" in pairs:
+            # kustomization `images: [{name: lmsysorg/sglang, newName: ..., newTag: v0.5.15}]`
+            new_name = pairs.get("newName")
+            repository, tag = (new_name if new_name is not None else pairs["name"]), pairs["newTag"]
+            seen.add(id(pairs["name"]))
         if repository is not None:
             seen.add(id(repository))  # Helm `repository:` is read with its `tag:` (or not at all)
         if repository is not None and tag is not None and yf.is_scalar(repository) and yf.is_scalar(tag):

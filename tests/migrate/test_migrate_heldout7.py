@@ -117,6 +117,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # dict(...) keywords naming flags, and a conditional list of flags
     "dict_call_flags.py": ("python", {("R516-01", 4), ("unread", 5)}, ['quantization="qoq"'],
                            ['cmd += ["--enable-waterfill", "--moe-a2a-backend", "deepep"] if ep else []']),
+    # kustomize: a patch adding a rule's flag (manual) and an images: newTag (the image's release)
+    "kustomization.yaml": ("k8s", {("unread", 9), ("R516-50", 15)}, ["value: --enable-deepep-waterfill"],
+                           ["    newTag: v0.5.16-cu129\n"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
