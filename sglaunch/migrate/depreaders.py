@@ -39,6 +39,7 @@ CONTAINER_TOOLS = frozenset({"docker", "podman", "nerdctl", "nvidia-docker", "si
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 SHELL_C = re.compile(r"-[a-z]*c[a-z]*")
 RUNS_SCRIPT = re.compile(r"(^|\s)(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash)(\s|$)")
+SBATCH_IMAGE = re.compile(r"(?m)^#SBATCH[ \t]+(?:.*[ \t])?--container-image[= ]([^\s\"']+)")
 ENV_PATH = re.compile(r"(\./)?([A-Za-z0-9_.-]+/)*([A-Za-z0-9_.-]*\.env|\.env\.[A-Za-z0-9_-]+)")
 SCRIPT_PATH = re.compile(r"(\./)?[A-Za-z0-9_.][A-Za-z0-9_./-]*\.(sh|bash|slurm|sbatch)")  # relative paths only
 INDEX_OPTIONS = frozenset({"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--index", "--default-index"})
@@ -247,6 +248,13 @@ class _Reader:
 
     def shell_file(self, text: str, _fmt: str) -> None:
         self.shell(text, lambda e: e, depth=0)
+        # `#SBATCH --container-image=lmsysorg/sglang:v0.5.15` (pyxis): the image the whole job runs in
+        for match in SBATCH_IMAGE.finditer(text):
+            value = match.group(1)
+            skip = _image_prefix(value)
+            if self.is_image(value[skip:]):
+                self.add(IMAGE, value[skip:], _offset(match.start(1) + skip), match.start(1) + skip,
+                         "#SBATCH --container-image")
 
     def shell(self, text: str, mapper: Mapper, depth: int, where: str = "") -> None:
         """Pins and images in a shell script whose edits `mapper` moves into the file."""

@@ -120,6 +120,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # kustomize: a patch adding a rule's flag (manual) and an images: newTag (the image's release)
     "kustomization.yaml": ("k8s", {("unread", 9), ("R516-50", 15)}, ["value: --enable-deepep-waterfill"],
                            ["    newTag: v0.5.16-cu129\n"]),
+    # `#SBATCH --container-image=` (pyxis) is the job's image; apptainer/singularity run launches
+    "pyxis.sbatch": ("shell", {("R516-50", 3), ("R516-01", 5), ("R516-50", 5), ("R516-04", 6), ("R516-02", 7)},
+                     ["#SBATCH --container-mounts=/models:/models"],
+                     ["#SBATCH --container-image=lmsysorg/sglang:v0.5.16-cu129\n",
+                      "docker://lmsysorg/sglang:v0.5.16 python3"]),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
