@@ -487,6 +487,27 @@ def _prose(root) -> set[int]:
     return prose
 
 
+def _embedded_config(item, text: str, key) -> list:
+    """A ConfigMap's `server.yaml: |` holding an SGLang --config mapping: each key of a rule's flag
+    is reported (the block is mounted and read by `--config`, which the tool does not follow)."""
+    try:
+        docs = compose(text)
+    except YamlError:
+        return []
+    found = []
+    for doc in docs:
+        if not is_map(doc) or not _looks_like_config(doc):
+            continue
+        first = item.start_mark.line + (1 if item.style in ("|", ">") else 0)
+        for k, v in doc.value:
+            if is_scalar(k) and is_scalar(v) and str(v.value).lower() not in ("false", "none", "null", ""):
+                flag = "--" + str(k.value)
+                shown = flag if str(v.value).lower() == "true" else f"{flag} {v.value}"
+                found.append((first + k.start_mark.line + 1, f"`{key.value}` holds an SGLang --config mapping the "
+                              f"tool does not read as one ({flag}); check and fix it by hand", shown, "variable"))
+    return found
+
+
 def _stray_flags(root, consumed: set[int]) -> list:
     """String values outside any launch the reader found that hold launch flags (an env var
     `SGLANG_ARGS: "--x"`, a chart value): reported by the engine when a rule is about one of
@@ -512,6 +533,8 @@ def _stray_flags(root, consumed: set[int]) -> list:
                 if not is_scalar(item) or item.tag != STR_TAG or id(item) in consumed:
                     continue
                 text = str(item.value)
+                if "\n" in text.strip() and ":" in text and not _mentions_launch(text):
+                    found.extend(_embedded_config(item, text, key))
                 if STRAY_FLAG.search(text) and not _mentions_launch(text):
                     found.append((item.start_mark.line + 1, f"`{key.value}` holds what looks like SGLang launch "
                                   "flags in a place the tool does not read as a launch; check and fix it by hand",

@@ -125,6 +125,8 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                      ["#SBATCH --container-mounts=/models:/models"],
                      ["#SBATCH --container-image=lmsysorg/sglang:v0.5.16-cu129\n",
                       "docker://lmsysorg/sglang:v0.5.16 python3"]),
+    # a ConfigMap holding the --config file the launch mounts
+    "configmap_config.yaml": ("k8s", {("unread", 9), ("unread", 10)}, ["    quantization: qoq\n"], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
