@@ -528,6 +528,9 @@ class _Reader:
         seen: set[int] = set()
         for root in roots:
             self._yaml_node(source, root, seen)
+        if fmt == "compose" and "${" in text:
+            # compose interpolates `${X}` from the .env file of the project folder: read it too
+            self.refs.append(Ref(SCRIPT, ".env", None, 0, "env"))
 
     def _yaml_node(self, text: str, root, seen: set[int]) -> None:
         from sglaunch.migrate import yamlfmt as yf

@@ -127,6 +127,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                       "docker://lmsysorg/sglang:v0.5.16 python3"]),
     # a ConfigMap holding the --config file the launch mounts
     "configmap_config.yaml": ("k8s", {("unread", 9), ("unread", 10)}, ["    quantization: qoq\n"], []),
+    # compose interpolates ${X} from the project's .env: it is read with the compose file
+    "compose_dotenv/compose.yaml": ("compose", {("R516-50", 3)}, ["${COMMAND_ARGS}"], []),
+    "compose_dotenv/.env": ("env", {("unread", 1)}, ["COMMAND_ARGS=--enable-deepep-waterfill --ep-size 8"], []),
     # an env file the script sources: read with it (its flags are reported there)
     "sourced/.env": ("env", {("unread", 3), ("R516-04", 4)}, ['SGLANG_EXTRA_ARGS="--enable-deepep-waterfill'], []),
     "sourced/serve.sh": ("shell", {("unread", 3)}, ["$SGLANG_EXTRA_ARGS"], []),
@@ -152,6 +155,13 @@ def test_a_walk_reports_launches_in_unknown_kinds_and_rewrites_none(tmp_path):
         assert not report.changed and exit_code([report]) == 1
         assert all(f.level not in (FIX, UNSAFE) for f in report.findings)
     assert reports["Procfile"].changed  # a kind the walk knows by name is fixed
+
+
+def test_compose_reads_the_project_env_file():
+    from sglaunch.migrate.files import iter_files
+
+    reports = [process_file(p, e, RULES, TO, False) for p, e in iter_files([str(DIR / "compose_dotenv" / "compose.yaml")])]
+    assert [Path(r.path).name for r in reports] == ["compose.yaml", ".env"]
 
 
 def test_a_sourced_env_file_is_read_with_the_script():
