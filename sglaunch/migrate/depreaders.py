@@ -335,7 +335,8 @@ class _Reader:
                     self._word(script, tokens[k], INDEX, url, len(values[k]) - len(url), f"{shown} {option}")
         for k, skip in run_with_requirements(values, program):
             # `uv run --with "sglang==0.5.15" python -m sglang.launch_server`, `uvx --from sglang==X`
-            self._word(script, tokens[k], REQUIREMENT, values[k][skip:], skip, f"{name} {values[k][:skip] or values[k - 1]}")
+            shown = f"{name} {values[k][:skip] or values[k - 1]}"
+            self._word(script, tokens[k], REQUIREMENT, values[k][skip:], skip, shown)
         if name in CONTAINER_TOOLS or os.path.basename(values[0]) in CONTAINER_TOOLS:
             for k, value in enumerate(values[1:], 1):
                 skip = _image_prefix(value)

@@ -237,7 +237,8 @@ def _told_shell(path: str, text: str) -> bool:
 
     name = os.path.basename(path).lower()
     first = text.lstrip("\ufeff").split("\n", 1)[0]
-    return name.endswith(SCRIPT_NAMES) or name in ("singularity", "apptainer") or name.endswith((".def", ".singularity")) \
+    return name.endswith(SCRIPT_NAMES) or name in ("singularity", "apptainer") \
+        or name.endswith((".def", ".singularity")) \
         or (first.startswith("#!") and any(s in first for s in ("sh", "bash", "zsh", "ksh")))
 
 

@@ -115,7 +115,8 @@ def read_makefile(text: str) -> Document:
     for number, name, value in unfollowed:
         doc.errors.append((number, f"${{{name}}} holds what looks like SGLang launch flags in a make construct "
                            "the tool does not follow (a define block, a target-specific variable, or an assignment "
-                           "a later one replaces, as in ifeq/else branches): check and fix it by hand", value, "variable"))
+                           "a later one replaces, as in ifeq/else branches): check and fix it by hand",
+                           value, "variable"))
     for number, name, op, value, at in assignments:
         var = state.words.get(name)
         if ("-" in value or shell.mentions(value)) and (var is None or not var.used):
