@@ -213,7 +213,7 @@ def test_the_pre_commit_hook_selects_every_file_kind_the_walk_reads():
     pattern = re.compile(hook["files"])
     for name in ("serve.sh", "deploy/k8s.yaml", "Dockerfile.gpu", "Makefile", ".env.prod", "unit.service",
                  "requirements.txt", "requirements-gpu.txt", "constraints.txt", "requirements/serve.txt",
-                 "pyproject.toml", "launch.py"):
+                 "pyproject.toml", "launch.py", "Procfile", "justfile", "sglang.def", "deploy/ecs-task.json"):
         assert pattern.search(name), name
     for name in ("README.md", "notes.txt", "model.safetensors"):
         assert not pattern.search(name), name
