@@ -105,21 +105,11 @@ if HAS_TRITON:
         tl.store(out_ptr + n * I + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
 
     @triton.jit
-    def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
-                       HQ, HK, stride_qn, stride_qh, stride_kn, stride_kh,
-                       HALF: tl.constexpr, BLOCK: tl.constexpr):
-        # one program per (token, head) over q's heads then k's
-        n = tl.program_id(0)
-        h = tl.program_id(1)
+    def _rotate_head(src, dst, p, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        """dst = src * cos + rotate_half(src) * sin for one head at position p, each product and
+        the sum rounded to the input dtype as eager torch rounds them (stored in dst's dtype)."""
         i = tl.arange(0, BLOCK)
         mask = i < HALF
-        p = tl.load(pos_ptr + n).to(tl.int64)
-        if h < HQ:
-            src = q_ptr + n * stride_qn + h * stride_qh
-            dst = q_out_ptr + (n * HQ + h) * 2 * HALF
-        else:
-            src = k_ptr + n * stride_kn + (h - HQ) * stride_kh
-            dst = k_out_ptr + (n * HK + (h - HQ)) * 2 * HALF
         x1 = tl.load(src + i, mask=mask, other=0.0)
         x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
         dt = x1.dtype
@@ -127,11 +117,25 @@ if HAS_TRITON:
         c = tl.load(cos_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
         s = tl.load(sin_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
         a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        # out = x * cos + rotate_half(x) * sin, each product and the sum rounded to the dtype
         o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
         o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
-        tl.store(dst + i, o1, mask=mask)
-        tl.store(dst + HALF + i, o2, mask=mask)
+        tl.store(dst + i, o1.to(dst.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_ptr, sin_ptr,
+                       HQ, HK, stride_qn, stride_qh, stride_kn, stride_kh,
+                       HALF: tl.constexpr, BLOCK: tl.constexpr):
+        # one program per (token, head) over q's heads then k's
+        n = tl.program_id(0)
+        h = tl.program_id(1)
+        p = tl.load(pos_ptr + n).to(tl.int64)
+        if h < HQ:
+            _rotate_head(q_ptr + n * stride_qn + h * stride_qh, q_out_ptr + (n * HQ + h) * 2 * HALF,
+                         p, cos_ptr, sin_ptr, HALF, BLOCK)
+        else:
+            _rotate_head(k_ptr + n * stride_kn + (h - HQ) * stride_kh, k_out_ptr + (n * HK + (h - HQ)) * 2 * HALF,
+                         p, cos_ptr, sin_ptr, HALF, BLOCK)
 
     @triton.jit
     def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
@@ -141,35 +145,24 @@ if HAS_TRITON:
         # [slots, HK, 2 * HALF] contiguous
         n = tl.program_id(0)
         h = tl.program_id(1)
-        i = tl.arange(0, BLOCK)
-        mask = i < HALF
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if h < HQ + HK:
             p = tl.load(pos_ptr + n).to(tl.int64)
             if h < HQ:
-                src = q_ptr + n * stride_qn + h * stride_qh
-                dst = q_out_ptr + (n * HQ + h) * 2 * HALF
+                _rotate_head(q_ptr + n * stride_qn + h * stride_qh, q_out_ptr + (n * HQ + h) * 2 * HALF,
+                             p, cos_ptr, sin_ptr, HALF, BLOCK)
             else:
-                src = k_ptr + n * stride_kn + (h - HQ) * stride_kh
-                dst = kc_ptr + (slot * HK + (h - HQ)) * 2 * HALF
-            x1 = tl.load(src + i, mask=mask, other=0.0)
-            x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
-            dt = x1.dtype
-            c = tl.load(cos_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-            s = tl.load(sin_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
-            a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-            o1 = ((a1 * c).to(dt).to(tl.float32) + (-a2 * s).to(dt).to(tl.float32)).to(dt)
-            o2 = ((a2 * c).to(dt).to(tl.float32) + (a1 * s).to(dt).to(tl.float32)).to(dt)
-            tl.store(dst + i, o1.to(dst.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty), mask=mask)
+                _rotate_head(k_ptr + n * stride_kn + (h - HQ) * stride_kh, kc_ptr + (slot * HK + (h - HQ)) * 2 * HALF,
+                             p, cos_ptr, sin_ptr, HALF, BLOCK)
         else:
+            i = tl.arange(0, BLOCK)
+            mask = i < HALF
             hv = h - HQ - HK
             src = v_ptr + n * stride_vn + hv * stride_vh
             dst = vc_ptr + (slot * HK + hv) * 2 * HALF
-            x1 = tl.load(src + i, mask=mask, other=0.0)
-            x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
-            tl.store(dst + i, x1.to(dst.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF + i, x2.to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + i, tl.load(src + i, mask=mask, other=0.0).to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + i, tl.load(src + HALF + i, mask=mask, other=0.0).to(dst.dtype.element_ty),
+                     mask=mask)
 
     def _rows(x: torch.Tensor) -> tuple[int, int, int, int]:
         """(rows n, heads h, stride_n, stride_h) of a 2-D or 3-D tensor with last stride 1."""

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 
+from sglaunch.logs import configure_logging
 from sglaunch.config import EngineConfig
 from sglaunch.engine import ipc
 
@@ -35,7 +36,7 @@ def engine_main(config: EngineConfig, endpoints: ipc.Endpoints, server_pid: int)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # NOTE: a handler, not SIG_IGN: an ignored SIGTERM would be inherited by the TP ranks
     signal.signal(signal.SIGTERM, lambda *_: None)
-    _configure_logging(config.log_level)
+    configure_logging(config.log_level)
     _watch_parent(server_pid)
     channel = _EngineChannel(endpoints)
     from sglaunch.engine.watchdog import before_fatal_exit
@@ -199,14 +200,3 @@ def _leave_last_words(path: str, message: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(message)
     os.replace(tmp, path)
-
-
-def _configure_logging(level: str) -> None:
-    """The server's log format, on stderr (shared with the server's)."""
-    root = logging.getLogger("sglaunch")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())

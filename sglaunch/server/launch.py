@@ -18,11 +18,11 @@ import logging
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import uvicorn
 
+from sglaunch.logs import configure_logging
 from sglaunch.config import EngineConfig
 from sglaunch.errors import SglaunchError
 from sglaunch.server.app import create_app
@@ -43,7 +43,7 @@ DEFAULT_CONTEXT_LENGTH = 4096  # only when neither the config nor the checkpoint
 
 def run_server(config: EngineConfig) -> int:
     """Serve `config`'s model over HTTP (node 0) or host its engine ranks (other nodes)."""
-    _configure_logging(config.log_level)
+    configure_logging(config.log_level)
     if config.node_rank > 0:
         from sglaunch.engine.launch import run_worker_node
 
@@ -302,14 +302,3 @@ def _checkpoint_config(model_path: str) -> dict:
 def _url(config: EngineConfig) -> str:
     host = f"[{config.host}]" if ":" in config.host else config.host
     return f"http://{host}:{config.port}"
-
-
-def _configure_logging(level: str) -> None:
-    """Log lines on stderr in one format, at the configured level."""
-    root = logging.getLogger("sglaunch")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())
