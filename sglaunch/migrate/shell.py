@@ -527,33 +527,43 @@ class _Script:
                 self.suspects.append((self.line(node), rest, "launcher " + prog))
         remote = prog in REMOTE or any(os.path.basename(v) in REMOTE for v in values[1:3]) or \
             (prog in DOCKER and len(values) > 1 and values[1] in ("exec", "run", "create"))
-        for word in words[1:]:
+        for index, word in enumerate(words[1:], start=1):
             if word.type not in ("string", "raw_string", "ansi_c_string", "concatenation", "word"):
                 continue
-            token = self._token(word)
-            if not _mentions(token.value):
-                continue
-            container = ShellContainer(self.text, [token], self.mapper)
-            mapper, positions = word_mapper(container, 0)
-            if positions is None:
-                self.suspects.append((token.line, token.value, "shell string"))
-                continue
-            at = positions
 
-            def offset_of(off: int, at=at, end=token.end) -> int:
-                return at[off] if off < len(at) else end
-
-            expanded = self.src(word)[:1] != "'"
-            inner_state = state.copy(expanded=expanded)
-            if remote:
-                inner_state.exports, inner_state.export_dynamic = {}, set()
+            def container_env(inner_state, before=values[:index]) -> None:
                 docker = next((k for k, v in enumerate(values[:-1]) if os.path.basename(v) in DOCKER
                                and values[k + 1] in ("run", "create", "exec")), None)
                 if docker is not None:  # `docker run -e X=1 img bash -c "..."`: the container's env
-                    _wrapper_env(values[:words.index(word)], docker + 1, inner_state.exports)
+                    _wrapper_env(before, docker + 1, inner_state.exports)
                     if any(v == "--env-file" or v.startswith("--env-file=") for v in values[docker:]):
                         inner_state.export_dynamic.add("*")
-            self._inner(token.value, offset_of, mapper, inner_state)
+
+            self._string_as_script(word, state, remote, container_env if remote else None)
+
+    def _string_as_script(self, word, state: "_State", remote: bool, env=None) -> None:
+        """Read the quoted `word` as a script of its own (when it mentions a launch or a rule's
+        flag), or report it when its offsets cannot be mapped back. `remote`: it runs elsewhere
+        (ssh, a container), so this script's exports do not reach it; `env(inner_state)` adds
+        what does."""
+        token = self._token(word)
+        if not _mentions(token.value):
+            return
+        container = ShellContainer(self.text, [token], self.mapper)
+        mapper, positions = word_mapper(container, 0)
+        if positions is None:
+            self.suspects.append((token.line, token.value, "shell string"))
+            return
+
+        def offset_of(off: int, at=positions, end=token.end) -> int:
+            return at[off] if off < len(at) else end
+
+        inner_state = state.copy(expanded=self.src(word)[:1] != "'")
+        if remote:
+            inner_state.exports, inner_state.export_dynamic = {}, set()
+            if env is not None:
+                env(inner_state)
+        self._inner(token.value, offset_of, mapper, inner_state)
 
     def _record_set_positional(self, node, state: "_State") -> None:
         """`set -- --model-path m --x "$@"` (entrypoint scripts): the positional parameters, as an
@@ -604,24 +614,8 @@ class _Script:
         if not values or not any(os.path.basename(v) in SHELLS | REMOTE for v in values):
             return
         string = next((c for c in node.children if c.type in ("string", "raw_string", "word", "concatenation")), None)
-        if string is None:
-            return
-        token = self._token(string)
-        if not _mentions(token.value):
-            return
-        container = ShellContainer(self.text, [token], self.mapper)
-        mapper, positions = word_mapper(container, 0)
-        if positions is None:
-            self.suspects.append((token.line, token.value, "shell string"))
-            return
-
-        def offset_of(off: int, at=positions, end=token.end) -> int:
-            return at[off] if off < len(at) else end
-
-        inner_state = state.copy(expanded=self.src(string)[:1] != "'")
-        if any(os.path.basename(v) in REMOTE for v in values):
-            inner_state.exports, inner_state.export_dynamic = {}, set()
-        self._inner(token.value, offset_of, mapper, inner_state)
+        if string is not None:
+            self._string_as_script(string, state, any(os.path.basename(v) in REMOTE for v in values))
 
     # -- assignments -------------------------------------------------------------
 
