@@ -8,6 +8,9 @@ machine; the ratio is what matters (the H200 machine's host is another CPU).
 
     python benchmarks/graph_load_host.py [--repeats 2000]
 
+Then (session 7) the drafter's context slot table, before and after, and the planner's step-aside
+decision at 64 requests.
+
 Per layout: the padded step of a decode batch or a verify batch (random pages, contexts of
 200-600 tokens), median microseconds of each way over --repeats runs (after 50 warm-up runs),
 both producing the [3, tokens] int64 CPU tensor `_load` copies to the device.
@@ -69,6 +72,42 @@ def new_page_indices(step: StepInput) -> torch.Tensor:
     return flat_int32(step.page_tables)
 
 
+def old_context_slots(page_tables, lengths: list[int], page_size: int) -> torch.Tensor:
+    """The drafter's context slot table up to session 7: padded nested lists through torch.tensor."""
+    page_tables = [list(t) for t in page_tables]
+    batch, width = len(page_tables), max(lengths, default=0)
+    most = max(1, max((len(t) for t in page_tables), default=0))
+    table = torch.tensor([t + [0] * (most - len(t)) for t in page_tables], dtype=torch.int64).view(batch, most)
+    pos = torch.minimum(torch.arange(width)[None, :].expand(batch, width),
+                        (torch.tensor(lengths, dtype=torch.int64) - 1).clamp_min(0)[:, None])
+    return table.gather(1, pos // page_size) * page_size + pos % page_size
+
+
+def host_extras(repeats: int) -> None:
+    """Session 7: the drafter's context slots (64 requests, contexts of 200-600 tokens) and the
+    planner's step-aside decision (64 known requests, a profiled-like step-cost table)."""
+    import random
+
+    from sglaunch.speculative.draft_runner import context_slots
+    from sglaunch.speculative.planner import DSparkPlanner
+    from sglaunch.speculative.sps import SpsTable
+
+    step = layout([1] * 64, seed=7)
+    anchors = [kv - 1 for kv in step.kv_lens]
+    assert torch.equal(old_context_slots(step.page_tables, anchors, PAGE), context_slots(step.page_tables, anchors, PAGE))
+    old = median_us(lambda s: old_context_slots(s.page_tables, anchors, PAGE), step, repeats)
+    new = median_us(lambda s: context_slots(s.page_tables, anchors, PAGE), step, repeats)
+    print(f"{'draft context slots, 64 req':28s} old {old:9.1f} us   now {new:9.1f} us   {old / new:5.1f}x")
+    table = SpsTable.from_points({1: 714.0, 8: 625.0, 32: 588.0, 64: 556.0, 128: 476.0, 256: 417.0}) \
+        .with_draft_costs({1: 0.0010, 8: 0.0013, 32: 0.0019, 64: 0.0025}) \
+        .with_decode_costs({1: 0.0015, 8: 0.0017, 32: 0.0019, 64: 0.0021})
+    planner = DSparkPlanner(7, "compact", table, None, 2, has_confidence_head=True, step_aside=True)
+    rids, rng = [f"r{i}" for i in range(64)], random.Random(0)
+    for _ in range(3):
+        planner.observe(rids, [[rng.random() ** 0.5 for _ in range(7)] for _ in rids])
+    print(f"{'step-aside decision, 64 req':28s} now {median_us(lambda s: planner.plan_drafts(rids, 0), step, repeats):9.1f} us")
+
+
 def median_us(fn, step: StepInput, repeats: int) -> float:
     for _ in range(50):
         fn(step)
@@ -99,6 +138,7 @@ def main() -> int:
         old, new = median_us(old_rows, step, args.repeats), median_us(new_rows, step, args.repeats)
         old_p, new_p = median_us(old_page_indices, step, args.repeats), median_us(new_page_indices, step, args.repeats)
         print(f"{name:24s} {old:14.1f} {new:9.1f} {old / new:5.1f}x   {old_p:21.1f} {new_p:9.1f} {old_p / new_p:5.1f}x")
+    host_extras(max(20, args.repeats // 10))
     return 0
 
 
