@@ -59,10 +59,14 @@ VALUE_OPTIONS = frozenset({
 })
 
 
+SCAN_NAME: list[str] = []  # the file's name (a lock file's kind tells the command that regenerates it)
+
+
 def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES, variables: dict | None = None) -> list[Ref]:
     """The refs of `text`; `variables`, when given, receives the literal assignments of the
     file (shell `V=0.5.15`, Dockerfile `ARG V=0.5.15` / `ENV V=...`): name -> [Ref]."""
     reader = _Reader(text, tuple(repositories) or IMAGES)
+    reader.name = SCAN_NAME[0] if SCAN_NAME else ""
     base = fmt[:-len("+jinja")] if fmt.endswith("+jinja") else fmt
     source = text
     if base != fmt:
@@ -74,6 +78,7 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES, variables: d
         "dockerfile": reader.dockerfile, "k8s": reader.yaml, "compose": reader.yaml, "yaml": reader.yaml,
         "workflow": reader.yaml, "helm": reader.yaml, "makefile": reader.makefile, "env": reader.lines,
         "systemd": reader.lines, "supervisor": reader.lines, "python": reader.python,
+        "setupcfg": reader.setupcfg, "pipfile": reader.pipfile, "lockfile": reader.lockfile,
     }.get(base)
     if handler is None:
         return []
@@ -96,6 +101,19 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES, variables: d
             if ref.mapper is not None:
                 ref.mapper = _guarded(ref.mapper, spans)
     return refs
+
+
+def _guarded_from(mapper: Mapper, low: int) -> Mapper:
+    """`mapper` for edits at or after `low` only (a value whose first `low` characters are not in the file)."""
+    def guarded(edit: TextEdit) -> TextEdit | None:
+        return None if edit.start < low else mapper(edit)
+
+    return guarded
+
+
+def _find_key(text: str, name: str) -> int:
+    found = text.find(f'"{name}"')
+    return max(found, 0)
 
 
 def _guarded(mapper: Mapper, spans) -> Mapper:
@@ -199,6 +217,113 @@ class _Reader:
             previous = self.refs[-1]
         if any(_cuda_package(r.value) for r in self.refs if r.kind == REQUIREMENT):
             self.refs.extend(indexes)
+
+    # -- setup.cfg, Pipfile, lock files -----------------------------------------
+
+    SETUPCFG_KEYS = ("install_requires", "setup_requires", "tests_require")
+
+    def setupcfg(self, text: str, _fmt: str) -> None:
+        """`[options] install_requires =` (and setup_requires, tests_require) and every key of
+        `[options.extras_require]`: one requirement a line, on the key's line or indented below it."""
+        section, active, offset = "", False, 0
+        for line in text.split("\n"):
+            start = offset
+            offset += len(line) + 1
+            body = line.rstrip("\r")
+            stripped = body.strip()
+            header = re.fullmatch(r"\[([^\]]+)\]", stripped)
+            if header:
+                section, active = header.group(1).strip().lower(), False
+                continue
+            if not stripped or stripped.startswith(("#", ";")):
+                continue
+            value_at = None
+            if not body[:1].isspace():
+                key = re.match(r"([A-Za-z0-9_.-]+)\s*[=:]\s*", body)
+                active = key is not None and ((section == "options" and key.group(1).lower() in self.SETUPCFG_KEYS)
+                                              or section == "options.extras_require")
+                if not active:
+                    continue
+                value_at = key.end()
+            elif active:
+                value_at = len(body) - len(body.lstrip())
+            else:
+                continue
+            value = body[value_at:]
+            comment = re.search(r"(^|\s)[#;]", value)
+            if comment:
+                value = value[:comment.start()]
+            requirement = value.strip()
+            if requirement:
+                at = start + value_at + (len(value) - len(value.lstrip()))
+                self.add(REQUIREMENT, requirement, _offset(at, "\n"), at, f"setup.cfg [{section}]")
+
+    def pipfile(self, text: str, _fmt: str) -> None:
+        """`[packages]` / `[dev-packages]` (and Pipfile categories): `sglang = "==0.5.15"` or
+        `sglang = {version = "==0.5.15", extras = ["all"]}`; `"*"` is no pin."""
+        import tomlkit
+        from tomlkit.exceptions import TOMLKitError
+
+        try:
+            doc = tomlkit.parse(text)
+        except (TOMLKitError, ValueError) as exc:
+            raise DepsUnreadable(f"invalid TOML: {exc}") from None
+        exact = tomlkit.dumps(doc) == text
+        for table_name, table in doc.items():
+            if table_name in ("source", "requires", "scripts", "pipenv") or not hasattr(table, "keys"):
+                continue
+            for name in list(table.keys()):
+                item = table[name]
+                holder, key = (table, name) if isinstance(item, str) else (item, "version")
+                value = holder.get(key) if hasattr(holder, "get") else None
+                where = f"Pipfile [{table_name}]"
+                if not isinstance(value, str):  # a git/path source: no version the tool can read
+                    continue
+                spec = "" if value.strip() == "*" else str(value)
+                span = _toml_span(doc, text, holder, key) if exact else None
+                mapper = None
+                at = span[0] if span else 0
+                if span is not None and spec and text[span[0]:span[1]] == spec:
+                    # the value is `name` + the specifier; only the specifier part is in the file
+                    mapper = _guarded_from(_offset(span[0] - len(str(name)), "\n\"'\\"), len(str(name)))
+                self.add(REQUIREMENT, f"{name}{spec}", mapper, at, where)
+
+    LOCKS = {"uv.lock": "uv lock --upgrade-package {name}", "poetry.lock": "poetry update --lock {name}",
+             "pdm.lock": "pdm update --update-reuse {name}", "pipfile.lock": "pipenv upgrade {name}",
+             "pylock.toml": "uv pip compile ... -o pylock.toml (or the tool that wrote it)"}
+
+    def lockfile(self, text: str, fmt: str) -> None:
+        """A lock file (uv.lock, poetry.lock, pdm.lock, Pipfile.lock, pylock*.toml): the locked
+        version of every package, reported and never rewritten (a lock is regenerated)."""
+        import json
+
+        kind = self.name.lower()
+        command = next((c for k, c in self.LOCKS.items() if kind == k or (k == "pylock.toml" and
+                                                                           kind.startswith("pylock"))), "")
+        if text.lstrip().startswith("{"):  # Pipfile.lock: JSON
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise DepsUnreadable(f"invalid JSON: {exc}") from None
+            for group, packages in data.items() if isinstance(data, dict) else ():
+                if group == "_meta" or not isinstance(packages, dict):
+                    continue
+                for name, entry in packages.items():
+                    version = entry.get("version") if isinstance(entry, dict) else None
+                    if isinstance(version, str):
+                        at = _find_key(text, name)
+                        self.add(REQUIREMENT, f"{name}{version}", None, at, f"{self.name or 'lock file'} [{group}]",
+                                 lock=(command or "pipenv lock").format(name=name))
+            return
+        # TOML locks: [[package]] tables with name = ... and version = ...
+        for match in re.finditer(r'(?ms)^\[\[(?:package|packages)\]\]\s*\n(.*?)(?=^\[|\Z)', text):
+            body = match.group(1)
+            name = re.search(r'(?m)^name\s*=\s*"([^"]+)"', body)
+            version = re.search(r'(?m)^version\s*=\s*"([^"]+)"', body)
+            if name and version:
+                at = match.start(1) + version.start()
+                self.add(REQUIREMENT, f"{name.group(1)}=={version.group(1)}", None, at,
+                         f"{self.name or 'lock file'}", lock=(command or "the tool that wrote it").format(name=name.group(1)))
 
     # -- pyproject.toml ----------------------------------------------------------
 

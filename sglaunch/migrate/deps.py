@@ -25,7 +25,7 @@ from sglaunch.migrate.rules import Rule, canonical_name
 from sglaunch.migrate.tokens import TextEdit, apply_edits, drop_overlaps, line_of
 
 Mapper = Callable[[TextEdit], "TextEdit | None"]
-DEPENDENCY_FORMATS = ("requirements", "pyproject")
+DEPENDENCY_FORMATS = ("requirements", "pyproject", "setupcfg", "pipfile", "lockfile")
 REQUIREMENT, IMAGE, TAG, INDEX, POETRY = "requirement", "image", "tag", "index", "poetry"
 GITREF = "gitref"  # a git tag or branch of SGLang's repository (`git clone -b v0.5.15`, `git+...@v0.5.15`)
 SGL_GIT = re.compile(r"github\.com[/:]sgl-project/sglang(?:\.git)?@([^#\s&'\"]+)")
@@ -51,6 +51,7 @@ class Ref:
     also: tuple = ()  # more mappers that get the same edit (a variable assigned the same value twice)
     shown: str = ""  # the text as written, when a template's masking changed `value`
     helm: bool = False  # in a Helm template: a `{{ }}` tag comes from the chart's values
+    lock: str = ""  # a lock file's entry: the command that regenerates the lock (never rewritten)
 
     @property
     def display(self) -> str:
@@ -394,6 +395,11 @@ def check_requirement(ref: Ref, rule: Rule, to_release: str):
         return _newer(ref, rule, newer, to_release)
     reverted, exact = problem
     pinned, shown = ref.display, rule.packages[0]
+    if ref.lock:  # a lock file is regenerated, never edited
+        return [(_finding(rule, ref, MANUAL, (
+            f"{pinned} ({ref.where}) is locked at a version SGLang {to_release} cannot use (it needs "
+            f"{_wanted(rule, to_release)}); a lock file is never rewritten: update the pin in the project's "
+            f"manifest and regenerate the lock with `{ref.lock}`.{reverted}"), pinned), None)]
     if not exact:
         return [(_finding(rule, ref, MANUAL, (
             f"{pinned} ({ref.where}) allows no {shown} that SGLang {to_release} can use: it needs {rule.version} "

@@ -195,6 +195,9 @@ def migrate_text(text: str, fmt: str, rules: Sequence[Rule], to_release: str,
     problems become findings/errors."""
     from sglaunch.migrate.deps import migrate_deps
 
+    from sglaunch.migrate.depreaders import SCAN_NAME
+
+    SCAN_NAME[:] = [PurePath(origin).name] if origin else []
     pins = migrate_deps(text, fmt, rules, to_release, unsafe_fixes)
     if pins.error and fmt in DEPENDENCY_FORMATS:
         return Result(text, pins.findings, error=pins.error, deps=pins.refs)
@@ -226,13 +229,17 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
             findings.append(finding)
 
     configs = tuple((path, "config") for path in config_files(sites))
+    guard = _jinja_guard if fmt.endswith(JINJA) else _GUARDS.get(fmt)
+    from sglaunch.migrate.yamlfmt import looks_json
+
+    if fmt in ("k8s", "compose", "yaml", "config", "workflow") and looks_json(text):
+        guard = _json_guard(guard)
     identity = list(range(1, text.count("\n") + 2))
     for finding in _problem_findings(problems, text, rules, to_release):
         report(finding, identity)
     current, count, line_map = text, len(sites), identity
     for _round in range(MAX_ROUNDS):
-        planned = _plan(current, sites, rules, unsafe_fixes,
-                        _jinja_guard if fmt.endswith(JINJA) else _GUARDS.get(fmt))
+        planned = _plan(current, sites, rules, unsafe_fixes, guard)
         for finding in planned.findings:
             report(finding, line_map)
         if not planned.edits:
@@ -346,8 +353,16 @@ def _helm_guard(text: str, edits: Sequence[TextEdit]) -> bool:
     from sglaunch.migrate.yamlfmt import MASK
 
     for edit in edits:
+        if MASK in edit.text or "{{" in edit.text or "}}" in edit.text:
+            return False
+        if edit.start == edit.end and text[edit.start - 1:edit.start] in ("", "\n"):
+            # a line inserted before a line (a `{{- end }}` closing a define body): it touches no directive
+            if "}}" in text[max(0, edit.start - 3):edit.start] or "{{" in text[text.rfind("\n", 0, edit.start - 1) + 1:
+                                                                        edit.start].split("}}")[-1]:
+                return False
+            continue
         around = text[max(0, edit.start - 2):edit.end + 2]
-        if "{{" in around or "}}" in around or MASK in edit.text or "{{" in edit.text:
+        if "{{" in around or "}}" in around:
             return False
     return True
 
@@ -401,6 +416,21 @@ def _actions_guard(text: str, edits: Sequence[TextEdit]) -> bool:
 
 
 _GUARDS = {"helm": _helm_guard, "workflow": _actions_guard}
+
+
+def _json_guard(inner: Callable[[str, Sequence[TextEdit]], bool] | None):
+    """JSON (with comments): an edit keeps the file valid JSON and touches no comment."""
+    from sglaunch.migrate.yamlfmt import json_comments, valid_json
+
+    def guard(text: str, edits: Sequence[TextEdit]) -> bool:
+        if inner is not None and not inner(text, edits):
+            return False
+        spans = [s for s in json_comments(text) if text[s[0]] != ","]
+        if any(a < e.end and e.start < b for e in edits for a, b in spans):
+            return False
+        return valid_json(apply_edits(text, list(edits)))
+
+    return guard
 
 
 def _plan(text: str, sites: list[Site], rules: Sequence[Rule], unsafe_fixes: bool,
@@ -590,9 +620,10 @@ def _revalidate(sites: list[Site], release: str, findings: list[Finding],
 
 
 SCRIPT_NAMES = (".sh", ".bash", ".zsh", ".ksh", ".slurm", ".sbatch")
-DEPENDENCY_FORMATS = ("requirements", "pyproject")
+DEPENDENCY_FORMATS = ("requirements", "pyproject", "setupcfg", "pipfile", "lockfile")
 REQUIREMENTS_NAME = re.compile(r"(?i)(.*[-_.])?(requirements|constraints|reqs)([-_.].*)?\.(txt|in)")
 MAKEFILES = ("makefile", "gnumakefile")
+LOCK_FILES = ("uv.lock", "poetry.lock", "pdm.lock", "pipfile.lock")
 SYSTEMD = (".service", ".socket", ".target", ".timer")
 
 
@@ -610,6 +641,12 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         return "python"  # dockerfile.py is Python
     if lower == "pyproject.toml":
         return "pyproject"
+    if lower == "setup.cfg":
+        return "setupcfg"
+    if lower == "pipfile":
+        return "pipfile"
+    if lower in LOCK_FILES or re.fullmatch(r"pylock(\.[A-Za-z0-9_-]+)?\.toml", lower):
+        return "lockfile"
     if REQUIREMENTS_NAME.fullmatch(lower) or (lower.endswith((".txt", ".in")) and
                                               any(p in ("requirements", "constraints") for p in parts[:-1])):
         return "requirements"
@@ -628,14 +665,15 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         from sglaunch.migrate.yamlfmt import detect_yaml
 
         return detect_yaml(text)
-    if lower.endswith(".json") and (loose or _json_launch(text)):
+    if lower.endswith((".json", ".jsonc")) and (loose or _json_launch(text)):
         # JSON is YAML: ECS task definitions, VS Code launch configs, k8s manifests as JSON. A walk
         # reads only those that name a launcher or an SGLang image (package.json and data stay out);
         # SGLang's --config takes YAML only, so a JSON mapping of flags is not read as one
         from sglaunch.migrate.yamlfmt import detect_yaml
 
-        inner = detect_yaml(text)
-        return "yaml" if inner == "config" else inner
+        # a JSON mapping of flags (an SGLang config in JSON, a launcher's flag file) is read as a
+        # config: its keys are renamed in place and new entries are written as JSON
+        return detect_yaml(text)
     if lower.endswith(SCRIPT_NAMES) or lower in ("singularity", "apptainer") or \
             lower.endswith((".def", ".singularity")) and re.search(r"(?mi)^bootstrap:", text):
         return "shell"  # Singularity/Apptainer definitions: %runscript and %post sections are shell
@@ -647,6 +685,9 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         return "makefile"
     if lower.endswith(SYSTEMD) or lower.endswith(".service.in"):
         return "systemd"
+    if lower.endswith(".conf") and (any(p.endswith(tuple(s + ".d" for s in SYSTEMD)) for p in parts[:-1])
+                                    or (lower == "override.conf" and re.search(r"(?m)^\[(Service|Unit)\]", text))):
+        return "systemd"  # drop-ins: sglang.service.d/override.conf, 10-args.conf
     if (lower.endswith((".conf", ".ini")) or lower == "supervisord.conf") and \
             re.search(r"(?m)^\[program:[^\]]+\]", text):
         return "supervisor"
@@ -670,9 +711,18 @@ HELM_DIRECTIVE = re.compile(r"\{\{-?\s*(?:\.Values|\.Release|\.Chart|\$\.Values|
 
 
 def _json_launch(text: str) -> bool:
+    """A JSON file a walk reads: it names a launcher or an SGLang image, holds a string that is an
+    SGLang flag (`"args": ["--tp", "8"]`), or is a mapping of SGLang flags."""
     from sglaunch.migrate.shell import mentions
+    from sglaunch.migrate.yamlfmt import detect_yaml
 
-    return mentions(text) or "lmsysorg/sglang" in text
+    if mentions(text) or "lmsysorg/sglang" in text:
+        return True
+    from sglaunch.flags.registry import SCHEMA
+
+    if any(SCHEMA.lookup(flag) for flag in set(re.findall(r'"(--[a-z][a-z0-9-]+)', text[:200000]))):
+        return True
+    return len(text) < 1_000_000 and detect_yaml(text) == "config"
 
 
 def _not_yaml(text: str) -> bool:

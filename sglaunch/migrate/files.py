@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from sglaunch.migrate.engine import ConvergenceError, Result, detect_format, migrate_text
+from sglaunch.migrate.engine import DEPENDENCY_FORMATS, ConvergenceError, Result, detect_format, migrate_text
 from sglaunch.migrate.evaluate import ERROR, Finding
 from sglaunch.migrate.kinds import STDIN  # re-exported
 from sglaunch.migrate.rules import Rule
@@ -18,11 +18,11 @@ from sglaunch.migrate.rules import Rule
 MAX_BYTES = 4 * 1024 * 1024
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__",
                        ".mypy_cache", ".pytest_cache", ".tox", "site-packages", ".ruff_cache", ".nox",
-                       ".eggs", ".cache", ".idea", ".vscode", ".terraform", ".direnv"})
+                       ".eggs", ".cache", ".idea", ".terraform", ".direnv"})
 # Hidden folders that hold CI and deployment files are walked; other hidden folders are not.
 HIDDEN_WALKED = frozenset({".github", ".gitlab", ".circleci", ".buildkite", ".ci", ".devcontainer",
                            ".docker", ".deploy", ".k8s", ".helm", ".slurm", ".jenkins", ".drone", ".woodpecker",
-                           ".tekton", ".azure-pipelines", ".config"})
+                           ".tekton", ".azure-pipelines", ".config", ".vscode"})
 BOM = "\ufeff"
 
 
@@ -212,7 +212,7 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
             if target is not None and target.endswith(FOLLOWED_KINDS.get(kind, ())):
                 _FOLLOW.append((target, kind))
     if not explicit and not result.sites and not result.deps and not report.findings \
-            and fmt not in ("requirements", "pyproject"):
+            and fmt not in DEPENDENCY_FORMATS:
         return None
     if path != STDIN:
         _READ.add(os.path.realpath(path))

@@ -7,6 +7,7 @@ imports nothing: the command's `--help` and cold start must not load the flag sc
 FIX, UNSAFE, MANUAL, INFO, ERROR = "fix", "unsafe", "manual", "info", "error"
 
 FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
-           "systemd", "supervisor", "env", "python", "requirements", "pyproject")
+           "systemd", "supervisor", "env", "python", "requirements", "pyproject", "setupcfg", "pipfile",
+           "lockfile")
 
 STDIN = "-"  # the path that means "read standard input"

@@ -137,6 +137,12 @@ def read_python(text: str) -> Document:
                     target.update(id(n) for n in ast.walk(arg))
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             run.update(id(n) for n in ast.walk(node.value) if isinstance(n, (ast.Constant, ast.JoinedStr)))
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_sys_argv(t) and not isinstance(t, ast.Subscript) for t in targets) and isinstance(node.value, (ast.List, ast.Tuple)) \
+                    and RUNPY_LAUNCH.search(text):
+                # sys.argv = ["sglang.launch_server", "--x", ...]; runpy.run_module("sglang.launch_server"):
+                # the list is the server's argv (its first element the program name)
+                node.value._sglaunch_argv = True  # type: ignore[attr-defined]
         elif isinstance(node, ast.keyword) and node.arg in ("cmd", "command", "args", "script"):
             run.update(id(n) for n in ast.walk(node.value))
     for node in ast.walk(tree):
@@ -201,6 +207,15 @@ def read_python(text: str) -> Document:
 
 
 FLAG_KEY = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
+RUNPY_LAUNCH = re.compile(r"run_(?:module|path)\(\s*[\"'][^\"']*(?:sglang(?:_router)?[./]launch_server|sglang)")
+
+
+def _is_sys_argv(target) -> bool:
+    """`sys.argv` or `sys.argv[1:]` as an assignment target."""
+    if isinstance(target, ast.Subscript):
+        target = target.value
+    return isinstance(target, ast.Attribute) and target.attr == "argv" and isinstance(target.value, ast.Name) \
+        and target.value.id == "sys"
 SGLANG_CALLS = frozenset({"Engine", "ServerArgs", "Runtime", "launch_server", "EngineArgs", "RuntimeEndpoint"})
 
 
@@ -250,6 +265,8 @@ def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
             literal.append(False)
         spans.append(span)
     found = shell._find_launcher(["python" if d and k == 0 else v for k, (v, d) in enumerate(zip(values, dynamic))])
+    if found is None and getattr(node, "_sglaunch_argv", False) and values:
+        found = (0, 1, "runpy.run_module sglang.launch_server")  # sys.argv[0] is the program name
     if found is None and flag_list(values):
         found = (0, 0, "argument list")
     if found is None:

@@ -225,6 +225,11 @@ def read_systemd(text: str, origin: str | None = None) -> Document:
                     name, eq, value = word.partition("=")
                     if eq:
                         env[name] = value
+                        if "--" in value or shell.mentions(value):
+                            # `Environment="SGLANG_ARGS=--x"` (a drop-in), expanded as $SGLANG_ARGS by ExecStart=
+                            problems.append((len(out) + 1, f"Environment={name} holds what looks like SGLang launch "
+                                             "flags, which the tool does not follow into ExecStart=; check and fix "
+                                             "them by hand", value, "variable"))
             elif match and match.group(2) == "EnvironmentFile":
                 path = line[match.end():].strip().lstrip("-")
                 read = read_env_file(path, origin)

@@ -42,6 +42,8 @@ def compose(text: str) -> list:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
+    if looks_json(text):  # JSON with comments or trailing commas (VS Code's launch.json): masked, same length
+        text = mask_json(text)
     try:
         return [doc for doc in YAML(typ="safe", pure=True).compose_all(text) if doc is not None]
     except YAMLError as exc:
@@ -50,6 +52,44 @@ def compose(text: str) -> list:
         raise YamlError(f"{problem} (line {mark.line + 1})" if mark else problem) from None
     except Exception as exc:  # ruamel raises assorted errors on hostile input
         raise YamlError(f"invalid YAML ({type(exc).__name__})") from None
+
+
+def looks_json(text: str) -> bool:
+    return text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[")
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/|,(?=\s*(?://[^\n]*\n\s*|/\*.*?\*/\s*)*[\]}])',
+                          re.S)
+
+
+def json_comments(text: str) -> list[tuple[int, int]]:
+    """Spans of the `//` and `/* */` comments and trailing commas of JSON-with-comments text."""
+    return [(m.start(), m.end()) for m in _JSON_TOKENS.finditer(text) if not m.group(0).startswith('"')]
+
+
+def mask_json(text: str) -> str:
+    """JSON with comments (JSONC, VS Code) as plain JSON of the same length: comments and
+    trailing commas become spaces (newlines kept), so positions are the file's own."""
+    spans = json_comments(text)
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in spans:
+        out.append(text[last:start])
+        out.append("".join("\n" if c == "\n" else " " for c in text[start:end]))
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def valid_json(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(mask_json(text))
+    except ValueError:
+        return False
+    return True
 
 
 def kind_of(node) -> str:
@@ -337,6 +377,8 @@ class ConfigContainer:
         values = [next(v for k, v in self.mapping.value if k is key) for key in keys]
         line_start = self.text.rfind("\n", 0, first_key.start_mark.index) + 1
         indent = self.text[line_start:first_key.start_mark.index]
+        if self.mapping.flow_style and first_key.style == '"':
+            return self._rewrite_json(keys, values, new_tokens, indent)
         if indent.strip() or self.mapping.flow_style:
             return None
         end = _line_end(self.text, content_end(values[-1]))
@@ -359,6 +401,47 @@ class ConfigContainer:
         if end == len(self.text) and not self.text.endswith("\n"):
             body = body[:-1]
         return [TextEdit(line_start, end, body)]
+
+
+    def _rewrite_json(self, keys, values, new_tokens, indent: str) -> list[TextEdit] | None:
+        """JSON (a flow mapping with quoted keys): the entries from the first key to the last
+        value become `"key": value` entries, one a line when the entries are one a line; the
+        separator after them stays as written."""
+        start, end = keys[0].start_mark.index, values[-1].end_mark.index
+        sep = ",\n" + indent if not indent.strip() else ", "
+        if not new_tokens:
+            entries = [k for k, _ in self.mapping.value]
+            at = next(n for n, k in enumerate(entries) if k is keys[-1])
+            if at + 1 < len(entries):
+                end = entries[at + 1].start_mark.index
+            else:
+                first = next(n for n, k in enumerate(entries) if k is keys[0])
+                if first == 0:
+                    return None
+                start = self.mapping.value[first - 1][1].end_mark.index
+            return [TextEdit(start, end, "")]
+        return [TextEdit(start, end, sep.join(json_entries(new_tokens)))]
+
+
+def json_entries(tokens: Sequence[str]) -> list[str]:
+    """`--flag v` groups as JSON `"flag": v` entries (switches true, numbers bare, lists as arrays)."""
+    def value(v: str) -> str:
+        if re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", v) or v in ("true", "false", "null"):
+            return v
+        return json.dumps(v)
+
+    out = []
+    groups: list[list[str]] = []
+    for token in tokens:
+        if token.startswith("--"):
+            groups.append([token])
+        elif groups:
+            groups[-1].append(token)
+    for flag, *values in groups:
+        shown = "true" if not values else value(values[0]) if len(values) == 1 else \
+            "[" + ", ".join(value(v) for v in values) + "]"
+        out.append(f"{json.dumps(flag[2:])}: {shown}")
+    return out
 
 
 def config_lines(tokens: Sequence[str]) -> list[str]:
@@ -384,14 +467,21 @@ def config_lines(tokens: Sequence[str]) -> list[str]:
 # --------------------------------------------------------------------------- config files
 
 
+FLOW_FALSE: list[tuple[int, str]] = []
+
+
 def read_config(text: str) -> Document:
     """An SGLang `--config` file as one site (environment cannot be set there)."""
     doc = Document()
+    FLOW_FALSE.clear()
     for root in compose(text):
         if not is_map(root):
             doc.errors.append((root.start_mark.line + 1, "config root is not a mapping"))
             continue
         doc.sites.append(_config_site(text, root))
+    for line, flag in FLOW_FALSE:
+        doc.errors.append((line, f"the key {flag[2:]}: false names an SGLang flag; a renamed or removed flag's key "
+                           "stops SGLang's loader even when false: rename or delete it by hand", flag, "variable"))
     return doc
 
 
@@ -415,6 +505,8 @@ def _config_site(text: str, root) -> Site:
                 push("--" + key.value, key, None, "key")
             elif not root.flow_style:
                 false_keys.append(_false_key(text, key, value))
+            else:  # JSON: `"enable-deepep-waterfill": false` stops the loader under a dead name all the same
+                FLOW_FALSE.append((key.start_mark.line + 1, "--" + str(key.value)))
         elif is_seq(value) and value.value and all(is_scalar(v) for v in value.value):
             push("--" + key.value, key, None, "key")
             for item in value.value:
@@ -452,6 +544,8 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
     doc = Document()
     consumed: set[int] = set()
     for root in compose(text):
+        if fmt == "workflow":
+            _non_shell_steps(text, root, consumed, doc)
         for mapping in _mappings(root):
             if _has_command_keys(mapping):
                 doc.sites.extend(_container_sites(text, mapping, fmt, consumed, origin, doc))
@@ -466,6 +560,82 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
                     consumed.update(id(i) for i in node.value)
         doc.errors.extend(_stray_flags(root, consumed))
     return doc
+
+
+POSIX_SHELLS = ("bash", "sh", "zsh", "dash", "ksh", "ash")
+
+
+class _MappedContainer:
+    """A container of another reader (a Python argument list) whose edits `mapper` moves into
+    the file (the step's `run:` block scalar)."""
+
+    def __init__(self, inner, mapper):
+        self.inner, self.mapper = inner, mapper
+
+    def _moved(self, edits):
+        if edits is None:
+            return None
+        moved = [self.mapper(e) for e in edits]
+        return None if any(m is None for m in moved) else moved
+
+    def rename_prefix(self, i, old, new):
+        return self._moved(self.inner.rename_prefix(i, old, new))
+
+    def replace_suffix(self, i, old, new):
+        return self._moved(self.inner.replace_suffix(i, old, new))
+
+    def replace(self, i, j, new_tokens):
+        return self._moved(self.inner.replace(i, j, new_tokens))
+
+
+def _non_shell_steps(text: str, root, consumed: set[int], doc: "Document") -> None:
+    """GitHub Actions steps with a `shell:` that is not a POSIX shell: `shell: python` (also
+    `python {0}`) runs the `run:` body as Python, read with the Python reader; pwsh, powershell,
+    cmd and custom shells are not read, and a body holding a launch (or a rule's flag) is
+    reported as manual."""
+    for mapping in _mappings(root):
+        _, shell_node = get(mapping, "shell")
+        _, run = get(mapping, "run")
+        if shell_node is None or run is None or not is_scalar(shell_node) or not is_scalar(run):
+            continue
+        program = str(shell_node.value).strip().split(" ", 1)[0]
+        name = os.path.basename(program)
+        if name in POSIX_SHELLS:
+            continue
+        consumed.add(id(run))
+        body = str(run.value)
+        first = _script_line(run, run.start_mark.line, 0)  # line of the body's first line, minus one
+        if re.fullmatch(r"python[0-9.]*", name):
+            from sglaunch.migrate import pyfmt
+
+            mapper = _mapper_for(text, run)
+            try:
+                inner = pyfmt.read_python(body)
+            except SyntaxError as exc:
+                doc.errors.append((first + (exc.lineno or 1), f"the `shell: {program}` step is not Python the tool "
+                                   f"can parse ({exc.msg}); a launch there is neither checked nor fixed", body,
+                                   "unreadable" if shell.mentions(body) else "variable"))
+                continue
+            wrapped: dict[int, _MappedContainer] = {}
+            for site in inner.sites:
+                if mapper is not None:
+                    site.refs = tuple(TokenRef(wrapped.setdefault(id(r.container), _MappedContainer(r.container, mapper)),
+                                               r.index, first + r.line) for r in site.refs)
+                else:  # the block cannot be lined up with the file: nothing is edited, every rule reports
+                    site.refs = tuple(TokenRef(_MappedContainer(r.container, lambda e: None), r.index, first + r.line)
+                                      for r in site.refs)
+                site.line = first + site.line
+                site.set_env = None
+                site.env_hint = "set it in the step's env:"
+                site.fmt = "workflow"
+                doc.sites.append(site)
+            for problem in inner.errors:
+                doc.errors.append((first + problem[0],) + tuple(problem[1:]))
+            continue
+        if shell.mentions(body) or STRAY_FLAG.search(body):
+            doc.errors.append((run.start_mark.line + 1, f"a `shell: {program}` step: the tool reads only POSIX "
+                               "shell and Python steps; a launch there is neither checked nor fixed; check it by "
+                               "hand", body, "unreadable" if shell.mentions(body) else "variable"))
 
 
 STRAY_FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]+")
