@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -154,7 +155,7 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
     # read as shell for want of a better reader (a Nomad job, tox.ini, a file with no telling name)
     unknown_kind = fmt is None or (fmt == "shell" and not forced_format and not _told_shell(path, text))
     if fmt is None:
-        if not explicit and not _launch_in_unknown_kind(path, text):
+        if not explicit and not _launch_in_unknown_kind(path, text, rules, to_release):
             return None
         fmt = "shell"
     report.fmt = fmt
@@ -220,16 +221,39 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
 
 
 # documents and data: a launch mentioned there is an example, not a launch
-DOCUMENT_SUFFIXES = (".md", ".rst", ".txt", ".adoc", ".html", ".htm", ".ipynb", ".csv", ".tsv", ".log", ".json",
+DOCUMENT_SUFFIXES = (".md", ".rst", ".txt", ".adoc", ".html", ".htm", ".csv", ".tsv", ".log", ".json",
                      ".jsonl", ".lock", ".svg", ".xml", ".tex", ".org", ".patch", ".diff")
 
 
-def _launch_in_unknown_kind(path: str, text: str) -> bool:
-    """A file of a kind the walk does not know (a Nomad job, tox.ini, a Jenkinsfile) that names
-    an SGLang launcher: read as shell, and what cannot be read there is reported."""
+def _launch_in_unknown_kind(path: str, text: str, rules: Sequence[Rule] = (), release: str = "") -> bool:
+    """A file of a kind the walk does not know (a Nomad job, tox.ini, a Jenkinsfile, a notebook,
+    a TOML or HCL file of flags) that names an SGLang launcher or a rule's flag: read as shell,
+    and what cannot be read there is reported."""
+    from sglaunch.migrate.engine import suspicious
     from sglaunch.migrate.shell import mentions
 
-    return not path.lower().endswith(DOCUMENT_SUFFIXES) and mentions(text)
+    if path.lower().endswith(DOCUMENT_SUFFIXES):
+        return False
+    return mentions(text) or bool(rules and "--" in text or rules and _flag_keys(text, rules, release)) and \
+        bool(suspicious(text, rules, release) or _flag_keys(text, rules, release))
+
+
+FLAG_KEY_LINE = re.compile(r'(?m)^[ \t]*"?([a-z][a-z0-9]*(?:[-_][a-z0-9]+)+)"?[ \t]*[=:]')
+
+
+def _flag_keys(text: str, rules: Sequence[Rule], release: str) -> list[tuple[int, str]]:
+    """(line, flag) of `enable-deepep-waterfill = true` / `enable_deepep_waterfill: true` keys
+    (TOML, HCL, INI) that name a rule's flag."""
+    from sglaunch.migrate.engine import suspicious
+
+    found = []
+    for match in FLAG_KEY_LINE.finditer(text):
+        flag = "--" + match.group(1).replace("_", "-")
+        rest = text[match.end():text.find("\n", match.end()) if "\n" in text[match.end():] else len(text)]
+        hit = suspicious(f"{flag} {rest.strip().strip(chr(34) + chr(39))}", rules, release)
+        if hit:
+            found.append((text.count("\n", 0, match.start(1)) + 1, hit))
+    return found
 
 
 def _told_shell(path: str, text: str) -> bool:
@@ -254,7 +278,16 @@ def _unread_launches(text: str, findings: list, rules: Sequence[Rule], release: 
     lines = text.split("\n")
     out = []
     for number, line in enumerate(lines, 1):
-        if not mentions(line) or line.lstrip().startswith(("#", "//")):
+        if line.lstrip().startswith(("#", "//")):
+            continue
+        if not mentions(line):
+            # no launcher on the line, but a rule's flag (`SGLANG_ARGS = "--enable-deepep-waterfill"`
+            # in an HCL file, a notebook cell continued from the line above)
+            flag = suspicious(line, rules, release) if "--" in line else ""
+            if flag and number not in reported:
+                out.append(Finding("unread", MANUAL, number, "an SGLang flag in a file whose kind the tool does not "
+                                   f"read ({flag}); check and fix it by hand", token=flag))
+                reported.add(number)
             continue
         block = []
         for k in range(number - 1, min(number + 14, len(lines))):
@@ -266,6 +299,11 @@ def _unread_launches(text: str, findings: list, rules: Sequence[Rule], release: 
             out.append(Finding("unread", MANUAL, number, "an SGLang launch in a file whose kind the tool does not "
                                f"read ({flag}); check and fix it by hand", token=flag))
             reported.update(block)
+    for number, flag in _flag_keys(text, rules, release):
+        if number not in reported:
+            out.append(Finding("unread", MANUAL, number, f"the key on this line names the SGLang flag ({flag}), in a "
+                               "file whose kind the tool does not read; check and fix it by hand", token=flag))
+            reported.add(number)
     return out
 
 

@@ -101,6 +101,15 @@ QUIET = frozenset({"print", "echo", "write", "debug", "info", "warning", "warn",
                    "critical", "log", "format", "help", "add_argument", "ArgumentParser", "secho", "fail"})
 
 
+class _Args:
+    """The positional arguments of a call, read like a list literal's elements."""
+
+    def __init__(self, call: ast.Call):
+        self.elts = list(call.args)
+        self.lineno = call.lineno
+        self._sglaunch_env = _call_env(call)
+
+
 def _call_name(call: ast.Call) -> str:
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -145,8 +154,18 @@ def read_python(text: str) -> Document:
                 node.value._sglaunch_argv = True  # type: ignore[attr-defined]
         elif isinstance(node, ast.keyword) and node.arg in ("cmd", "command", "args", "script"):
             run.update(id(n) for n in ast.walk(node.value))
+    calls = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.List, ast.Tuple)):
+        # session.run("python", "-m", "sglang.launch_server", "--x"), os.execlp("python3", "python3", "-m", ...):
+        # the positional arguments are the argv
+        if isinstance(node, ast.Call) and _call_name(node) not in QUIET and len(node.args) >= 3 \
+                and not any(isinstance(a, (ast.List, ast.Tuple)) for a in node.args):
+            spread = _Args(node)
+            skip = 1 if _call_name(node).startswith(("execl", "spawnl")) else 0  # the path, then argv[0]
+            spread.elts = node.args[skip:]
+            calls.append(spread)
+    for node in [*calls, *ast.walk(tree)]:
+        if isinstance(node, (ast.List, ast.Tuple, _Args)):
             site = _argv_site(text, offsets, node)
             if site is not None:
                 doc.sites.append(site)
