@@ -79,6 +79,7 @@ def scan(text: str, fmt: str, repositories: Sequence[str] = IMAGES, variables: d
         "workflow": reader.yaml, "helm": reader.yaml, "makefile": reader.makefile, "env": reader.lines,
         "systemd": reader.lines, "supervisor": reader.lines, "python": reader.python,
         "setupcfg": reader.setupcfg, "pipfile": reader.pipfile, "lockfile": reader.lockfile,
+        "notebook": reader.notebook,
     }.get(base)
     if handler is None:
         return []
@@ -287,6 +288,18 @@ class _Reader:
                     # the value is `name` + the specifier; only the specifier part is in the file
                     mapper = _guarded_from(_offset(span[0] - len(str(name)), "\n\"'\\"), len(str(name)))
                 self.add(REQUIREMENT, f"{name}{spec}", mapper, at, where)
+
+    def notebook(self, text: str, _fmt: str) -> None:
+        """`!pip install sglang==0.5.15` and `%pip install ...` lines of a notebook's code cells."""
+        from sglaunch.migrate import notebook
+
+        try:
+            found = notebook.cells(text)
+        except ValueError:
+            return  # the launch reader reports it
+        for cell in found:
+            if cell.shell.strip():
+                self.shell(cell.shell, cell.mapper(), depth=0, where="notebook")
 
     LOCKS = {"uv.lock": "uv lock --upgrade-package {name}", "poetry.lock": "poetry update --lock {name}",
              "pdm.lock": "pdm update --update-reuse {name}", "pipfile.lock": "pipenv upgrade {name}",

@@ -82,6 +82,10 @@ def read_sites(text: str, fmt: str, origin: str | None = None) -> tuple[list[Sit
             from sglaunch.migrate import pyfmt
 
             doc = pyfmt.read_python(text)
+        elif fmt == "notebook":
+            from sglaunch.migrate import notebook
+
+            doc = notebook.read_notebook(text)
         else:
             raise UnreadableError(f"unknown format {fmt}")
     except (yamlfmt.YamlError, dockerfile.DockerfileError) as exc:
@@ -232,7 +236,7 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
     guard = _jinja_guard if fmt.endswith(JINJA) else _GUARDS.get(fmt)
     from sglaunch.migrate.yamlfmt import looks_json
 
-    if fmt in ("k8s", "compose", "yaml", "config", "workflow") and looks_json(text):
+    if fmt in ("k8s", "compose", "yaml", "config", "workflow", "notebook") and looks_json(text):
         guard = _json_guard(guard)
     identity = list(range(1, text.count("\n") + 2))
     for finding in _problem_findings(problems, text, rules, to_release):
@@ -639,6 +643,8 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
     parts = [p.lower() for p in path.parts]
     if lower.endswith((".py", ".pyw")):
         return "python"  # dockerfile.py is Python
+    if lower.endswith(".ipynb"):
+        return "notebook"
     if lower == "pyproject.toml":
         return "pyproject"
     if lower == "setup.cfg":

@@ -8,6 +8,6 @@ FIX, UNSAFE, MANUAL, INFO, ERROR = "fix", "unsafe", "manual", "info", "error"
 
 FORMATS = ("shell", "config", "k8s", "compose", "dockerfile", "yaml", "workflow", "helm", "makefile",
            "systemd", "supervisor", "env", "python", "requirements", "pyproject", "setupcfg", "pipfile",
-           "lockfile")
+           "lockfile", "notebook")
 
 STDIN = "-"  # the path that means "read standard input"
