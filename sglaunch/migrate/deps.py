@@ -752,3 +752,29 @@ def deps_scan(text: str, fmt: str, repositories: Sequence[str] = (), variables: 
     from sglaunch.migrate import depreaders
 
     return depreaders.scan(text, fmt, repositories, variables)
+
+
+LOOSE_PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]\s]*\])?\s*(?:===|==|~=|>=|<=|!=|<|>)\s*"
+                       r"[0-9][0-9A-Za-z.*+!-]*(?:\s*,\s*(?:===|==|~=|>=|<=|!=|<|>)\s*[0-9][0-9A-Za-z.*+!-]*)*)")
+
+
+def loose_pins(text: str, rules: Sequence[Rule], to_release: str, skip_lines: set[int] = frozenset()) -> list:
+    """Pins of the rules' packages in a file whose kind the tool does not read (`deps =` of a
+    tox.ini, a Nomad or Terraform file's install line): checked, never rewritten (`manual`)."""
+    pins = [r for r in rules if r.kind == "pin"]
+    if not pins:
+        return []
+    known = _Known(_with_earlier(pins, to_release), to_release, False)
+    out = []
+    for match in LOOSE_PIN.finditer(text):
+        ref = Ref(REQUIREMENT, match.group(1), None, match.start(1), "a file of a kind the tool does not read")
+        ref.line = line_of(text, ref.offset)
+        if ref.line in skip_lines:
+            continue
+        for finding, _ in known.check(ref):
+            if finding.level in (FIX, UNSAFE):
+                finding = _downgraded(finding, ref, "a pin in a file whose kind the tool does not read; change it by "
+                                      "hand. ")
+            if finding.level != INFO:
+                out.append(finding)
+    return out

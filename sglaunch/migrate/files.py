@@ -194,7 +194,11 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
 
     report.findings = result.findings
     if unknown_kind:
+        from sglaunch.migrate.deps import loose_pins
+
         report.findings += _unread_launches(work, result.findings, rules, to_release)
+        report.findings += loose_pins(work, rules, to_release, {f.line for f in result.findings
+                                                                  if f.rule_id.startswith("R")})
         if not explicit:
             # found by a walk in a file of a kind it does not know: reported, never rewritten
             # (name the file to have it read as shell, fixes included)
@@ -234,10 +238,13 @@ def _launch_in_unknown_kind(path: str, text: str, rules: Sequence[Rule] = (), re
 
     if path.lower().endswith(DOCUMENT_SUFFIXES):
         return False
+    if OUR_PIN.search(text):  # `deps = sglang==0.5.15` in a tox.ini
+        return True
     return mentions(text) or bool(rules and "--" in text or rules and _flag_keys(text, rules, release)) and \
         bool(suspicious(text, rules, release) or _flag_keys(text, rules, release))
 
 
+OUR_PIN = re.compile(r"(?i)(?<![\w.-])(sglang|flashinfer[-_.]python)(\[[^\]\s]*\])?\s*(===|==|~=|>=|<=|<|!=)\s*[0-9]")
 FLAG_KEY_LINE = re.compile(r'(?m)^[ \t]*"?([a-z][a-z0-9]*(?:[-_][a-z0-9]+)+)"?[ \t]*[=:]')
 
 

@@ -690,11 +690,14 @@ def _stray_flags(root, consumed: set[int]) -> list:
         for key, value in node.value:
             if id(value) in prose:
                 continue
-            if is_scalar(key) and is_scalar(value) and id(key) not in consumed and FLAG_KEY.fullmatch(str(key.value)) \
-                    and SCHEMA.lookup("--" + str(key.value).replace("_", "-")) is not None \
+            bare = str(key.value)[2:] if is_scalar(key) and str(key.value).startswith("--") else \
+                str(key.value) if is_scalar(key) else ""
+            if is_scalar(key) and is_scalar(value) and id(key) not in consumed and FLAG_KEY.fullmatch(bare) \
+                    and SCHEMA.lookup("--" + bare.replace("_", "-")) is not None \
                     and str(value.value).lower() not in ("false", "none", "null", ""):
-                # `sglang: {flags: {enable-deepep-waterfill: true}}`: a chart turns the map into flags
-                flag = "--" + str(key.value).replace("_", "-")
+                # `sglang: {flags: {enable-deepep-waterfill: true}}`: a chart turns the map into flags;
+                # `{"--tp": 8, "--enable-deepep-waterfill": true}` in a launcher's JSON
+                flag = "--" + bare.replace("_", "-")
                 shown = flag if str(value.value).lower() == "true" else f"{flag} {value.value}"
                 found.append((key.start_mark.line + 1, f"`{key.value}` names the SGLang flag {flag} in a mapping the "
                               "tool does not read as a launch; check and fix it by hand", shown, "variable"))
