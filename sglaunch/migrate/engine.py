@@ -724,10 +724,17 @@ def _json_launch(text: str) -> bool:
 
     if mentions(text) or "lmsysorg/sglang" in text:
         return True
-    from sglaunch.flags.registry import SCHEMA
+    # a string that is a flag some rule is about (a launcher's `"args": [...]`): benchmark results and
+    # other data that only record valid flags stay out of a walk
+    strings = re.findall(r'"(--[a-z][a-z0-9-]+(?:=[^"]*)?)"(?:\s*[,:]\s*"([^"]*)")?', text[:200000])
+    if strings:
+        from sglaunch.migrate.rules import load_rules
+        from sglaunch.releases import KNOWN_RELEASES
 
-    if any(SCHEMA.lookup(flag) for flag in set(re.findall(r'"(--[a-z][a-z0-9-]+)', text[:200000]))):
-        return True
+        rules = load_rules().rules
+        for flag, value in strings:
+            if suspicious(f"{flag} {value}", rules, KNOWN_RELEASES[-1]):
+                return True
     return len(text) < 1_000_000 and detect_yaml(text) == "config"
 
 

@@ -210,6 +210,10 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
             report.findings = [dataclasses.replace(f, level=MANUAL, ops=(), message=f.message + " (a file of a "
                                                    "kind the walk does not rewrite: name it to fix it as shell)")
                                if f.level in (FIX, UNSAFE) else f for f in report.findings]
+    if fmt in ("pyproject", "setupcfg", "pipfile", "tox"):
+        # a tool table holding launch flags (`[tool.x] args = ["--x"]`), a setup.cfg section of a
+        # launcher's own: nothing there is read as a launch, so a rule's flag is reported
+        report.findings += _unread_launches(work, result.findings, rules, to_release)
     report.error = result.error
     if path != STDIN:
         for written, kind in result.follow:
@@ -292,8 +296,8 @@ def _unread_launches(text: str, findings: list, rules: Sequence[Rule], release: 
             # in an HCL file, a notebook cell continued from the line above)
             flag = suspicious(line, rules, release) if "--" in line else ""
             if flag and number not in reported:
-                out.append(Finding("unread", MANUAL, number, "an SGLang flag in a file whose kind the tool does not "
-                                   f"read ({flag}); check and fix it by hand", token=flag))
+                out.append(Finding("unread", MANUAL, number, "an SGLang flag in a place the tool does not read as a "
+                                   f"launch ({flag}); check and fix it by hand", token=flag))
                 reported.add(number)
             continue
         block = []

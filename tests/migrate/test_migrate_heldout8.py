@@ -112,6 +112,16 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "kinds/launch.cmd": ("shell", {("R516-01", 2)}, ["@echo off"], ["--enable-waterfill --moe-a2a-backend deepep"]),
     "kinds/tox.ini": ("shell", {("R516-03", 7), ("R516-50", 5)}, ["deps = sglang==0.5.15"], ["--fp4-gemm-backend auto"]),
     "kinds/serve.fish": ("shell", {("R516-03", 3)}, ["set -x CUDA_VISIBLE_DEVICES 0"], ["--fp4-gemm-backend auto"]),
+    # more forms: an Argo template (sh -c in args), Ray Serve engine_kwargs, direnv, a batch file, a compose
+    # override with flags only, a flag default read from the environment, a pyproject tool table of flags
+    "kinds/argo.yaml": ("k8s", {("R516-04", 11)}, ["--quantization qoq"], []),
+    "kinds/ray-serve.yaml": ("yaml", {("unread", 7)}, ["enable_deepep_waterfill: true"], []),
+    "kinds/.envrc": ("shell", {("unread", 1)}, ['"--tp 8 --enable-deepep-waterfill"'], []),
+    "kinds/serve.bat": ("shell", {("unread", 1)}, ["set ARGS=--enable-deepep-waterfill"], []),
+    "kinds/compose.override.yml": ("compose", {("unread", 3)}, ["command: --model-path /m --enable-deepep-waterfill"], []),
+    "kinds/launch_env.py": ("python", {("unread", 2)}, ['"--optimistic-prefill-retries 2"'], []),
+    "kinds/pyproj/pyproject.toml": ("pyproject", {("R516-50", 3), ("unread", 8)}, ['args = ["--enable-deepep-waterfill"]'],
+                                    ['"sglang[all]==0.5.16"']),
 }
 # nothing there breaks (decoys)
 PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml"}
@@ -180,7 +190,8 @@ def test_a_walk_reads_every_kind_and_counts_it(tmp_path):
     assert {"workflow", "python", "helm", "config", "yaml", "systemd", "setupcfg", "pipfile", "lockfile",
             "requirements", "notebook", "k8s"} <= kinds
     assert ".vscode/launch.json" in by_name and "cfg/package.json" not in by_name
-    for name in ("kinds/sglang.nomad", "kinds/main.tf", "kinds/docker-bake.hcl", "kinds/sglang.toml",
+    for name in ("kinds/sglang.nomad", "kinds/main.tf", "kinds/docker-bake.hcl", "kinds/sglang.toml", "kinds/.envrc",
+                 "kinds/serve.bat",
                  "kinds/Earthfile", "kinds/sglang.container", "kinds/run.ps1", "kinds/launch.cmd", "kinds/tox.ini"):
         report = by_name[name]
         assert not report.changed and exit_code([report]) == 1, name
