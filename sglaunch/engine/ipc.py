@@ -61,4 +61,12 @@ def pack_outputs(outputs: list[TokenOutput]) -> list[tuple]:
 
 
 def unpack_output(fields: tuple) -> TokenOutput:
-    return TokenOutput(*fields)
+    """TokenOutput(*fields), about half the cost: the frozen dataclass's __init__ sets each field
+    through object.__setattr__, this fills the instance's __dict__ at once (one per token on
+    the server's receive path). Equal to TokenOutput(*fields) in every respect."""
+    output = _new(TokenOutput)
+    output.__dict__.update(zip(_OUTPUT_FIELDS, fields))
+    return output
+
+
+_new = object.__new__

@@ -34,7 +34,7 @@ class PreparedRequest:
     skip_special_tokens: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # NOTE: not frozen: one per streamed chunk, and a frozen __init__ costs
 class TextDelta:
     """New text (and the tokens behind it) since the previous delta of one request."""
 

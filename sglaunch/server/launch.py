@@ -48,14 +48,35 @@ def run_server(config: EngineConfig) -> int:
         from sglaunch.engine.launch import run_worker_node
 
         return run_worker_node(config)
-    return asyncio.run(_serve(config))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(_serve(config))
+
+
+def _loop_factory():
+    """uvloop's event loop when it is installed (a dependency of sglaunch[engine]): the front
+    end's per-token work (one wake-up, one socket write per chunk) runs on it; else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _http_protocol() -> str:
+    """httptools' parser when installed (uvicorn's C-backed protocol; h11 is pure Python and
+    costs several times more per streamed chunk), else h11."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
 
 
 async def _serve(config: EngineConfig) -> int:
     tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
     state = _initial_state(config)
     server = _HttpServer(uvicorn.Config(
-        create_app(state), log_level=config.log_level, lifespan="off",
+        create_app(state), log_level=config.log_level, lifespan="off", http=_http_protocol(),
         timeout_graceful_shutdown=HTTP_CLOSE_SECONDS, access_log=config.log_level == "debug"))
     stop = _StopSignal(server, state)
     sock = _bind(config.host, config.port)

@@ -112,7 +112,7 @@ def _result_body(result: TextDelta, request: PreparedRequest, start: float,
 
 
 async def _events(deltas: AsyncIterator[TextDelta], request: PreparedRequest, start: float,
-                  with_logprobs: bool) -> AsyncIterator[str]:
+                  with_logprobs: bool) -> AsyncIterator[bytes]:
     """SGLang streams the cumulative text, output ids (and logprobs) in every event."""
     text, output_ids, logprobs = "", [], []
     try:
@@ -121,6 +121,7 @@ async def _events(deltas: AsyncIterator[TextDelta], request: PreparedRequest, st
             output_ids.extend(delta.token_ids)
             logprobs.extend(_logprob_triples(delta))
             meta = _meta_info(delta, request, start, list(logprobs) if with_logprobs else None)
-            yield sse({"text": text, "output_ids": list(output_ids), "meta_info": meta})
+            yield sse({"text": text, "output_ids": list(output_ids), "meta_info": meta},
+                      tuple(triple[0] for triple in logprobs) if with_logprobs else ())
     finally:
         await deltas.aclose()

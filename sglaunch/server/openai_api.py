@@ -69,6 +69,10 @@ class Logprobs:
                              "top_logprobs": []}
                             for token, logprob in zip(self._tokens(delta), delta.logprobs)]}
 
+    def floats(self, delta: TextDelta) -> tuple:
+        """The floats a chunk of `delta` carries (for sse's NaN / infinity check)."""
+        return delta.logprobs if self.enabled else ()
+
     def _tokens(self, delta: TextDelta) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in delta.token_ids]
 
@@ -196,14 +200,14 @@ def _completion_choice(index: int, delta: TextDelta, logprobs: Logprobs) -> dict
 
 
 async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
-                             logprobs: Logprobs, include_usage: bool) -> AsyncIterator[str]:
+                             logprobs: Logprobs, include_usage: bool) -> AsyncIterator[bytes]:
     last = None
     try:
         async for delta in deltas:
             last = delta
             if delta.text or delta.finished or logprobs.wanted_for(delta):
                 choice = _completion_choice(0, delta, logprobs)
-                yield sse(meta.envelope("text_completion", choices=[choice]))
+                yield sse(meta.envelope("text_completion", choices=[choice]), logprobs.floats(delta))
     finally:
         await deltas.aclose()
     if include_usage and last is not None:
@@ -211,21 +215,22 @@ async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMet
 
 
 def _chat_chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None = None,
-                matched_stop=None, logprobs: dict | None = None) -> str:
+                matched_stop=None, logprobs: dict | None = None, floats: tuple = ()) -> bytes:
     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
               "matched_stop": matched_stop}
-    return sse(meta.envelope("chat.completion.chunk", choices=[choice]))
+    return sse(meta.envelope("chat.completion.chunk", choices=[choice]), floats)
 
 
 async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, logprobs: Logprobs,
-                       include_usage: bool) -> AsyncIterator[str]:
+                       include_usage: bool) -> AsyncIterator[bytes]:
     yield _chat_chunk(meta, {"role": "assistant", "content": ""})
     last = None
     try:
         async for delta in deltas:
             last = delta
             if delta.text or logprobs.wanted_for(delta):
-                yield _chat_chunk(meta, {"content": delta.text}, logprobs=logprobs.chat(delta))
+                yield _chat_chunk(meta, {"content": delta.text}, logprobs=logprobs.chat(delta),
+                                  floats=logprobs.floats(delta))
             if delta.finished:
                 yield _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
     finally:

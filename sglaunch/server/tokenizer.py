@@ -337,6 +337,8 @@ class StopStringMatcher:
 
     def feed(self, text: str) -> str:
         """Add decoded text; return the part that is safe to emit now."""
+        if not self._stop:  # NOTE: most requests: nothing to hold back (once per streamed chunk)
+            return text
         if self.matched is not None:
             return ""
         buffer = self._held + text

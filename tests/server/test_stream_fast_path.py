@@ -1,0 +1,140 @@
+"""The front end's per-token path (issue 15): outputs coalesced when a stream is behind
+reassemble to the same text, token ids, logprobs and finish as one token per output; server-sent
+events are compact JSON that keeps non-finite logprobs as json writes them; the server runs on
+uvloop and httptools when they are installed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+
+import pytest
+
+from sglaunch.engine.engine_client import coalesce
+from sglaunch.engine.interface import SamplingParams, TokenOutput
+from sglaunch.server.generation import PreparedRequest, ServerContext, collect_text, stream_text
+from sglaunch.server.metrics import ServerMetrics
+from sglaunch.server.streaming import DONE_EVENT, sse
+from sglaunch.server.tokenizer import load_tokenizer
+
+from .checkpoints import build_tokenizer
+
+TEXT = "Llama 🦙 says 你好, then Ωmega ✓ and ü. The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    build_tokenizer(folder)
+    return load_tokenizer(folder)
+
+
+class ScriptedEngine:
+    """Replays given TokenOutputs for any request (front-end unit tests only)."""
+
+    def __init__(self, outputs: list[TokenOutput]):
+        self.outputs, self.aborted = outputs, []
+
+    async def generate(self, request):
+        for output in self.outputs:
+            await asyncio.sleep(0)
+            yield output
+
+    async def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
+
+    def server_info(self) -> dict:
+        return {}
+
+
+def per_token(ids: list[int], finish: str = "length") -> list[TokenOutput]:
+    return [TokenOutput("r", (t,), i == len(ids) - 1, finish if i == len(ids) - 1 else None, 3, i + 1, 0,
+                        None, (-0.25 * (i + 1),)) for i, t in enumerate(ids)]
+
+
+def regrouped(outputs: list[TokenOutput], seed: int) -> list[TokenOutput]:
+    """The same outputs merged as EngineClient merges a backlog: random runs, coalesce()."""
+    rng, grouped, i = random.Random(seed), [], 0
+    while i < len(outputs):
+        n = rng.randint(1, 6)
+        grouped += coalesce(outputs[i:i + n])
+        i += n
+    assert len(grouped) < len(outputs)
+    return grouped
+
+
+def deltas(tokenizer, outputs, stop=()):
+    ctx = ServerContext(ScriptedEngine(outputs), tokenizer, 4096, ServerMetrics(), tokenizer.vocab_size)
+    request = PreparedRequest("r", (5, 6, 7), SamplingParams(max_new_tokens=len(outputs)), tuple(stop))
+
+    async def run():
+        return [d async for d in stream_text(ctx, request)], await collect_text(ctx, request)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_coalesced_outputs_reassemble_to_the_same_stream(tokenizer, seed):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    one, one_whole = deltas(tokenizer, per_token(ids))
+    merged, merged_whole = deltas(tokenizer, regrouped(per_token(ids), seed))
+    assert len(merged) < len(one)
+    for got in (one, merged):
+        assert "".join(d.text for d in got) == TEXT
+        assert [t for d in got for t in d.token_ids] == ids
+        assert [lp for d in got for lp in d.logprobs] == [-0.25 * (i + 1) for i in range(len(ids))]
+        assert (got[-1].finish_reason, got[-1].completion_tokens, got[-1].prompt_tokens) == ("length", len(ids), 3)
+        assert not any(d.finished for d in got[:-1])
+    assert merged_whole == one_whole
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_stop_string_across_coalesced_outputs_cuts_at_the_same_place(tokenizer, seed):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    one, _ = deltas(tokenizer, per_token(ids), stop=["brown fox"])
+    merged, _ = deltas(tokenizer, regrouped(per_token(ids), seed), stop=["brown fox"])
+    expected = TEXT[:TEXT.index("brown fox")]
+    assert "".join(d.text for d in one) == "".join(d.text for d in merged) == expected
+    assert one[-1].finish_reason == merged[-1].finish_reason == "stop"
+    assert one[-1].matched_stop == merged[-1].matched_stop == "brown fox"
+
+
+def test_sse_is_compact_json_and_keeps_non_finite_floats_as_json_writes_them():
+    payload = {"id": "x", "choices": [{"delta": {"content": "é 你好 \"q\"\n"}, "logprobs": [-0.5, -1e-9]}]}
+    event = sse(payload, (-0.5, -1e-9))
+    assert isinstance(event, bytes) and event.startswith(b"data: {") and event.endswith(b"}\n\n")
+    assert json.loads(event[6:]) == payload
+    assert "é 你好".encode() in event  # UTF-8, not \\u escapes
+    odd = {"logprobs": [-math.inf, 0.0]}
+    event = sse(odd, (-math.inf, 0.0))
+    assert b"-Infinity" in event and json.loads(event[6:])["logprobs"][0] == -math.inf
+    assert json.loads(sse({"n": 2**70})[6:]) == {"n": 2**70}  # past orjson's integers: json takes it
+    assert DONE_EVENT == b"data: [DONE]\n\n"
+
+
+def test_the_server_runs_on_uvloop_and_httptools_when_installed():
+    pytest.importorskip("uvloop")
+    pytest.importorskip("httptools")
+    import uvloop
+
+    from sglaunch.server.launch import _http_protocol, _loop_factory
+
+    assert _loop_factory() is uvloop.new_event_loop
+    assert _http_protocol() == "httptools"
+
+
+def test_outputs_unpacked_from_a_step_event_equal_the_engines():
+    import dataclasses
+
+    from sglaunch.engine import ipc
+
+    outputs = [TokenOutput("r1", (1, 2), True, "stop", 3, 2, 1, 2, (-0.1, -0.2), None),
+               TokenOutput("r2", (7,), logprobs=(-1.5,)), TokenOutput("r3", (), True, "abort", error="boom")]
+    event = ipc.decode(ipc.encode((ipc.STEP, ipc.pack_outputs(outputs), [], None)))
+    back = [ipc.unpack_output(fields) for fields in event[1]]
+    assert back == outputs and [repr(b) for b in back] == [repr(o) for o in outputs]
+    assert [hash(b) for b in back] == [hash(o) for o in outputs]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back[0].rid = "x"
