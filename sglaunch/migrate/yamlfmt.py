@@ -543,9 +543,20 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
     and step around them; compose services their `env_file:` files (read next to `origin`)."""
     doc = Document()
     consumed: set[int] = set()
+    ranged = _chart_ranged_maps(origin) if fmt == "yaml" and origin else []
     for root in compose(text):
         if fmt == "workflow":
             _non_shell_steps(text, root, consumed, doc)
+        for path in ranged:  # a chart's values mapping the templates turn into flags: read as flags
+            node = _at_path(root, path)
+            if node is not None and is_map(node) and node.value and not node.flow_style \
+                    and any(is_scalar(k) and SCHEMA.lookup("--" + str(k.value)) for k, _ in node.value):
+                site = _config_site(text, node)
+                site.launcher = f"a Helm chart's .Values.{path} (the templates range over it)"
+                site.env_hint = "set it in the chart's container env"
+                doc.sites.append(site)
+                consumed.update(id(k) for k, _ in node.value)
+                consumed.update(id(n) for _, v in node.value for n in _nodes(v))
         for mapping in _mappings(root):
             if _has_command_keys(mapping):
                 doc.sites.extend(_container_sites(text, mapping, fmt, consumed, origin, doc))
@@ -563,6 +574,45 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
 
 
 POSIX_SHELLS = ("bash", "sh", "zsh", "dash", "ksh", "ash")
+RANGE_VALUES = re.compile(r"\{\{-?\s*range\s+\$[A-Za-z0-9_]+\s*,\s*\$[A-Za-z0-9_]+\s*:=\s*\$?\.Values\.([A-Za-z0-9_.]+)")
+
+
+def _chart_ranged_maps(origin: str) -> list[str]:
+    """The `.Values` paths a chart's templates range over as key/value pairs
+    (`{{- range $k, $v := .Values.server.options }}` ... `- --{{ $k }}={{ $v }}`), for a values
+    file of that chart (a `Chart.yaml` beside it, or one folder up)."""
+    from pathlib import Path
+
+    folder = Path(origin).resolve().parent
+    chart = next((f for f in (folder, folder.parent) if (f / "Chart.yaml").is_file() and (f / "templates").is_dir()),
+                 None)
+    if chart is None:
+        return []
+    paths: list[str] = []
+    for template in sorted((chart / "templates").rglob("*")):
+        if template.suffix not in (".yaml", ".yml", ".tpl") or not template.is_file():
+            continue
+        try:
+            body = template.read_text(errors="replace")
+        except OSError:
+            continue
+        for match in RANGE_VALUES.finditer(body):
+            close = re.search(r"\{\{-?\s*end\b", body[match.end():])
+            following = body[match.end():match.end() + close.start()] if close else body[match.end():]
+            if "--{{" in following and match.group(1) not in paths:  # the pair becomes a flag
+                paths.append(match.group(1))
+    return paths
+
+
+def _at_path(root, path: str):
+    node = root
+    for part in path.split("."):
+        if not is_map(node):
+            return None
+        _, node = get(node, part)
+        if node is None:
+            return None
+    return node
 
 
 class _MappedContainer:

@@ -56,9 +56,12 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                                      ["- --optimistic-prefill-retries={{ .Values.retries | default 1 }}"],
                                      ["- --fp4-gemm-backend\n- auto\n"]),
     "chart/templates/deployment.yaml": ("helm", {("validate", 18)}, ["- --{{ $k }}={{ $v }}"], []),
-    "chart/values.yaml": ("yaml", {("R516-01", 5), ("R516-50", 1), ("unread", 7), ("unread", 8)},
-                          ["    optimistic-prefill-retries: 2\n"],
-                          ["    - --enable-waterfill\n    - --moe-a2a-backend\n    - deepep\n", "sglang:v0.5.16"]),
+    # the templates range over server.options as `--{{ $k }}={{ $v }}`: its keys are flags, fixed in place;
+    # a map no template ranges over into flags stays a report
+    "chart/values.yaml": ("yaml", {("R516-01", 5), ("R516-50", 1), ("R516-02", 7), ("R516-03", 8), ("unread", 12)},
+                          ["  # not ranged over by any template\n", "    enable-deepep-waterfill: true\n"],
+                          ["    - --enable-waterfill\n    - --moe-a2a-backend\n    - deepep\n", "sglang:v0.5.16",
+                           "    optimistic-prefill-attempts: 3\n    fp4-gemm-backend: auto\n"]),
     "chart/Chart.yaml": ("yaml", set(), ["name: sgl"], []),
     # 4. JSON: a flag mapping (read as a config, new entries written as JSON), a false key of a renamed
     # flag (reported), an argument list, VS Code's launch.json with comments and trailing commas
