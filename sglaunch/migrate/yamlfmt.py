@@ -577,6 +577,43 @@ POSIX_SHELLS = ("bash", "sh", "zsh", "dash", "ksh", "ash")
 RANGE_VALUES = re.compile(r"\{\{-?\s*range\s+\$[A-Za-z0-9_]+\s*,\s*\$[A-Za-z0-9_]+\s*:=\s*\$?\.Values\.([A-Za-z0-9_.]+)")
 
 
+def _default_shell(node) -> str | None:
+    """`defaults: {run: {shell: X}}` of a workflow or a job."""
+    if not is_map(node):
+        return None
+    _, defaults = get(node, "defaults")
+    _, run = get(defaults, "run") if defaults is not None and is_map(defaults) else (None, None)
+    _, shell_node = get(run, "shell") if run is not None and is_map(run) else (None, None)
+    return str(shell_node.value) if shell_node is not None and is_scalar(shell_node) else None
+
+
+def _steps_with_shell(root):
+    """(run node, shell) of every step with a `shell:` of its own, or one inherited from the job's
+    or the workflow's `defaults: run: shell:`."""
+    seen: set[int] = set()
+    for mapping in _mappings(root):
+        _, shell_node = get(mapping, "shell")
+        _, run = get(mapping, "run")
+        if shell_node is not None and run is not None and is_scalar(shell_node) and is_scalar(run):
+            seen.add(id(run))
+            yield run, str(shell_node.value)
+    top = _default_shell(root)
+    _, jobs = get(root, "jobs") if is_map(root) else (None, None)
+    for _, job in (jobs.value if jobs is not None and is_map(jobs) else []):
+        default = _default_shell(job) or top
+        _, runs_on = get(job, "runs-on") if is_map(job) else (None, None)
+        labels = [str(n.value) for n in _nodes(runs_on) if is_scalar(n)] if runs_on is not None else []
+        if default is None and any(label.lower().startswith("windows") for label in labels):
+            default = "pwsh"  # a Windows runner's steps run in PowerShell unless they say otherwise
+        _, steps = get(job, "steps") if is_map(job) else (None, None)
+        if default is None or steps is None or not is_seq(steps):
+            continue
+        for step in steps.value:
+            _, run = get(step, "run") if is_map(step) else (None, None)
+            if run is not None and is_scalar(run) and id(run) not in seen:
+                yield run, default
+
+
 def _chart_ranged_maps(origin: str) -> list[str]:
     """The `.Values` paths a chart's templates range over as key/value pairs
     (`{{- range $k, $v := .Values.server.options }}` ... `- --{{ $k }}={{ $v }}`), for a values
@@ -643,12 +680,8 @@ def _non_shell_steps(text: str, root, consumed: set[int], doc: "Document") -> No
     `python {0}`) runs the `run:` body as Python, read with the Python reader; pwsh, powershell,
     cmd and custom shells are not read, and a body holding a launch (or a rule's flag) is
     reported as manual."""
-    for mapping in _mappings(root):
-        _, shell_node = get(mapping, "shell")
-        _, run = get(mapping, "run")
-        if shell_node is None or run is None or not is_scalar(shell_node) or not is_scalar(run):
-            continue
-        program = str(shell_node.value).strip().split(" ", 1)[0]
+    for run, shell_value in _steps_with_shell(root):
+        program = shell_value.strip().split(" ", 1)[0]
         name = os.path.basename(program)
         if name in POSIX_SHELLS:
             continue

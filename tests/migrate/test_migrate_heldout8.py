@@ -33,6 +33,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                                      "            --enable-deepep-waterfill\n",
                                      "run: python -m sglang.launch_server --quantization qoq"],
                                     ['"--model-path", "m", "--enable-waterfill", "--moe-a2a-backend", "deepep"])']),
+    # defaults: run: shell: of the workflow and of a job, and a Windows runner (PowerShell) are inherited
+    ".github/workflows/defaults.yml": ("workflow", {("unread", 8), ("R516-03", 10), ("R516-01", 18), ("unread", 22)},
+                                       ["- run: python -m sglang.launch_server --enable-deepep-waterfill\n",
+                                        "- run: python -m sglang.launch_server --quantization qoq"],
+                                       ["--fp4-gemm-backend auto\n", '"--enable-waterfill", "--moe-a2a-backend", "deepep"])']),
     # 2. Python launchers: runpy with sys.argv, exec*/Popen with lists built by +, .extend and shlex.split,
     # call arguments as the argv (nox's session.run, os.execlp); a logged launch is a decoy
     "runpy_launch.py": ("python", {("R516-01", 4)}, ['runpy.run_module("sglang.launch_server", run_name="__main__")'],
