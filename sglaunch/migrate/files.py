@@ -210,6 +210,8 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
             report.findings = [dataclasses.replace(f, level=MANUAL, ops=(), message=f.message + " (a file of a "
                                                    "kind the walk does not rewrite: name it to fix it as shell)")
                                if f.level in (FIX, UNSAFE) else f for f in report.findings]
+    if fmt not in DEPENDENCY_FORMATS and path != STDIN:
+        report.findings += _flag_files(path, work, rules, to_release)
     if fmt in ("pyproject", "setupcfg", "pipfile", "tox"):
         # a tool table holding launch flags (`[tool.x] args = ["--x"]`), a setup.cfg section of a
         # launcher's own: nothing there is read as a launch, so a rule's flag is reported
@@ -315,6 +317,48 @@ def _unread_launches(text: str, findings: list, rules: Sequence[Rule], release: 
             out.append(Finding("unread", MANUAL, number, f"the key on this line names the SGLang flag ({flag}), in a "
                                "file whose kind the tool does not read; check and fix it by hand", token=flag))
             reported.add(number)
+    return out
+
+
+# a launch that takes its flags from a file: `$(cat flags.txt)`, `$(< flags.txt)`, `xargs -a args.txt`,
+# `cat args.txt | xargs ...`, `xargs ... < args.txt`
+FLAG_FILE = re.compile(r"\$\(\s*(?:cat\s+|<\s*)([^\s)$`;|&]+)\s*\)"
+                       r"|\bxargs\b[^|\n]*?(?:-a\s*|--arg-file[ =])([^\s;|&]+)"
+                       r"|\bcat\s+([^\s;|&$]+)\s*\|\s*xargs\b"
+                       r"|\bxargs\b[^|\n]*<\s*([^\s;|&$]+)")
+
+
+def _flag_files(path: str, text: str, rules: Sequence[Rule], release: str) -> list:
+    """A launch whose flags come from a file (`$(cat flags.txt)`, `xargs -a args.txt`): the file
+    is read, and a rule's flag in it is `manual` at the launch's line (the tool does not rewrite
+    flag files; a file it cannot find is a notice)."""
+    from sglaunch.migrate.engine import suspicious
+    from sglaunch.migrate.evaluate import INFO, MANUAL
+    from sglaunch.migrate.shell import mentions
+
+    out = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if "cat" not in line and "xargs" not in line and "$(<" not in line:
+            continue
+        window = " ".join(lines[max(0, number - 4):number + 3])
+        for match in FLAG_FILE.finditer(line):
+            if not mentions(window):
+                continue
+            written = next(g for g in match.groups() if g)
+            found = follow(path, written.strip("\"'"))
+            if found is None:
+                out.append(Finding("unread", INFO, number, f"the launch reads flags from {written}, which is not "
+                                   "there to check; the flags it passes are not checked", token=written))
+                continue
+            try:
+                content, _ = read_text(found)
+            except OSError:
+                content = None
+            flag = suspicious(content or "", rules, release)
+            if flag:
+                out.append(Finding("unread", MANUAL, number, f"the launch reads its flags from {written}, which holds "
+                                   f"{flag}; the tool does not rewrite flag files: fix {written} by hand", token=flag))
     return out
 
 

@@ -130,6 +130,10 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "kinds/launch_env.py": ("python", {("unread", 2)}, ['"--optimistic-prefill-retries 2"'], []),
     "kinds/pyproj/pyproject.toml": ("pyproject", {("R516-50", 3), ("unread", 8)}, ['args = ["--enable-deepep-waterfill"]'],
                                     ['"sglang[all]==0.5.16"']),
+    # flags kept in a file the launch reads ($(cat FILE), xargs -a FILE): the file is read, its rule flags reported
+    "flagfiles/serve_files.sh": ("shell", {("unread", 2), ("unread", 3), ("unread", 4)}, ["$(cat flags.txt)"], []),
+    "flagfiles/flags.txt": ("shell", {("unread", 1)}, ["--enable-deepep-waterfill"], []),
+    "flagfiles/args.txt": ("shell", {("unread", 1)}, ["--quantization qoq"], []),
 }
 # nothing there breaks (decoys)
 PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml"}
