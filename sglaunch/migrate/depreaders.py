@@ -658,8 +658,12 @@ class _Reader:
     def yaml(self, text: str, fmt: str) -> None:
         from sglaunch.migrate import yamlfmt
 
-        source = yamlfmt.mask_helm(text) if fmt == "helm" else yamlfmt.mask_actions(text) if fmt == "workflow" \
-            else text
+        if fmt == "helm" and len(yamlfmt.helm_variants(text)) > 1:  # `{{ define }}` blocks, one by one
+            for variant in yamlfmt.helm_variants(text):
+                self.yaml(variant, "helm-part")
+            return
+        source = yamlfmt.mask_helm(text) if fmt in ("helm", "helm-part") else yamlfmt.mask_actions(text) \
+            if fmt == "workflow" else text
         try:
             roots = yamlfmt.compose(source)
         except (yamlfmt.YamlError, RecursionError):

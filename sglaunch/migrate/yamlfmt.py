@@ -860,15 +860,71 @@ def mask_actions(text: str) -> str:
                             text)
 
 
+HELM_TOKEN = re.compile(r"\{\{-?\s*(define|if|range|with|block|end)\b[^}]*\}\}")
+
+
+def _blank(text: str) -> str:
+    return "".join("\n" if c == "\n" else " " for c in text)
+
+
+def helm_variants(text: str) -> list[str]:
+    """A template holding `{{ define }}` blocks as one text per block (everything else blanked,
+    same length) plus the text outside them: a helpers file's bodies (a command line, an env
+    list, a list of flags) are separate YAML documents, not one. [text] when it has none."""
+    blocks: list[tuple[int, int]] = []
+    depth, start = 0, None
+    for match in HELM_TOKEN.finditer(text):
+        word = match.group(1)
+        if word == "define" and depth == 0:
+            start, depth = match.end(), 1
+        elif word in ("if", "range", "with", "block", "define") and start is not None:
+            depth += 1
+        elif word == "end" and start is not None:
+            depth -= 1
+            if depth == 0:
+                blocks.append((start, match.start()))
+                start = None
+    if not blocks:
+        return [text]
+    variants = []
+    for a, b in blocks:
+        variants.append(_blank(text[:a]) + text[a:b] + _blank(text[b:]))
+    outside, last = [], 0
+    for a, b in blocks:
+        # the define line itself up to its body and the body are blanked; the closing {{ end }} stays blank too
+        head = text.rfind("{{", 0, a)
+        outside.append(text[last:head])
+        tail = text.find("}}", b)
+        outside.append(_blank(text[head:tail + 2 if tail >= 0 else len(text)]))
+        last = tail + 2 if tail >= 0 else len(text)
+    outside.append(text[last:])
+    rest = "".join(outside)
+    if rest.strip() and DIRECTIVE.sub("", rest).strip():
+        variants.append(rest)
+    return variants
+
+
 def read_helm(text: str, origin: str | None = None) -> Document:
     """A Helm chart template: the masked YAML read as Kubernetes manifests. Values that hold a
     directive are shell text to the rules (`--quantization {{ .Values.q }}` is reported, never
-    guessed); the engine refuses any edit that would touch a directive."""
-    masked = mask_helm(text)
-    try:
-        doc = read_manifest(masked, "k8s", origin)
-    except YamlError as exc:
-        raise YamlError(f"{exc} (after masking the template's {{{{ }}}} directives)") from None
+    guessed); the engine refuses any edit that would touch a directive. A file of `{{ define }}`
+    blocks is read block by block (`helm_variants`)."""
+    variants = helm_variants(text)
+    doc = Document()
+    for variant in variants:
+        masked = mask_helm(variant)
+        try:
+            part = read_manifest(masked, "k8s", origin)
+        except YamlError as exc:
+            if len(variants) == 1:
+                raise YamlError(f"{exc} (after masking the template's {{{{ }}}} directives)") from None
+            first = len(variant) - len(variant.lstrip())
+            line = text.count("\n", 0, first) + 1
+            doc.errors.append((line, f"a {{{{ define }}}} body the tool cannot read as YAML ({exc}); a launch there "
+                               "is neither checked nor fixed", variant.strip(), "unreadable"))
+            continue
+        doc.sites.extend(part.sites)
+        doc.errors.extend(part.errors)
     for site in doc.sites:
         site.dynamic = tuple(d or MASK in a for a, d in zip(site.args, site.dynamic))
         site.args = tuple(re.sub(MASK + "+", "{{...}}", a) for a in site.args)  # as shown in findings

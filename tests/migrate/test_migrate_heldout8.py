@@ -60,6 +60,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "chart/templates/_server.yaml": ("helm", {("R516-02", 5), ("R516-03", 6)},
                                      ["- --optimistic-prefill-retries={{ .Values.retries | default 1 }}"],
                                      ["- --fp4-gemm-backend\n- auto\n"]),
+    # a helpers file of several define bodies (a command line, an env list): read body by body
+    "chart/templates/_cmd.tpl": ("helm", {("R516-01", 3), ("R516-04", 3), ("unread", 9)},
+                                 ['{{- if .Values.quant }} --quantization {{ .Values.quant }}{{ end }}',
+                                  'value: "--optimistic-prefill-retries 2"'],
+                                 ["{{ .Values.model }} --enable-waterfill --moe-a2a-backend deepep\n"]),
     "chart/templates/deployment.yaml": ("helm", {("validate", 18)}, ["- --{{ $k }}={{ $v }}"], []),
     # the templates range over server.options as `--{{ $k }}={{ $v }}`: its keys are flags, fixed in place;
     # a map no template ranges over into flags stays a report
