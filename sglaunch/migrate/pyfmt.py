@@ -154,6 +154,10 @@ def read_python(text: str) -> Document:
                 node.value._sglaunch_argv = True  # type: ignore[attr-defined]
         elif isinstance(node, ast.keyword) and node.arg in ("cmd", "command", "args", "script"):
             run.update(id(n) for n in ast.walk(node.value))
+    # the string of `shlex.split("--x 1 --y")`
+    split_args = {id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and _call_name(n) == "split"
+                  and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                  and n.func.value.id == "shlex" and n.args and isinstance(n.args[0], ast.Constant)}
     calls = []
     for node in ast.walk(tree):
         # session.run("python", "-m", "sglang.launch_server", "--x"), os.execlp("python3", "python3", "-m", ...):
@@ -218,6 +222,9 @@ def read_python(text: str) -> Document:
             elif FLAG_LITERAL.fullmatch(node.value):
                 doc.errors.append((node.lineno, f"the string {node.value!r} is an SGLang launch flag outside any "
                                    "argument list the tool can read; check it by hand", node.value, "variable"))
+            elif node.value.lstrip().startswith("--") and id(node) in split_args and \
+                    _split_site(text, offsets, node, doc):
+                pass  # shlex.split("--x 1 --y") inside a launch: its words are the launch's flags
             elif node.value.lstrip().startswith("--") and " " in node.value.strip():
                 # `EXTRA = "--quantization qoq --port 1"`, `default="--x --tp 8"`: split into a launch later
                 doc.errors.append((node.lineno, "a Python string holds what look like SGLang launch flags outside "
@@ -298,6 +305,31 @@ def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
     return Site(args=tuple(values[end:]), dynamic=tuple(dynamic[end:]), refs=refs, line=node.lineno,
                 launcher=launcher, env=dict(env), passthrough=passthrough, fmt="python",
                 env_hint="pass env={**os.environ, 'NAME': 'VALUE'} to the subprocess call")
+
+
+def _split_site(text: str, offsets: _Offsets, node: ast.Constant, doc: Document) -> bool:
+    """`shlex.split("--optimistic-prefill-retries 2 --tp 8")`: the words as a flag list, edited
+    inside the literal's quotes (no quote, backslash or newline brought in)."""
+    start, end = offsets.span(node)
+    lit = _Literal(text, start, end)
+    if not lit.quote:
+        return False
+    forbidden = lit.quote + "\\\n"
+
+    def mapper(edit: TextEdit) -> TextEdit | None:
+        if any(ch in edit.text for ch in forbidden):
+            return None
+        return TextEdit(edit.start + start + 1, edit.end + start + 1, edit.text)
+
+    container = shell.split_words(text[start + 1:end - 1], mapper)
+    if container is None or not flag_list([t.value for t in container.tokens]):
+        return False
+    tokens = container.tokens
+    doc.sites.append(Site(args=tuple(t.value for t in tokens), dynamic=tuple(t.dynamic for t in tokens),
+                          refs=tuple(TokenRef(container, k, node.lineno) for k in range(len(tokens))),
+                          line=node.lineno, launcher="shlex.split argument list", fmt="python",
+                          env_hint="pass env={**os.environ, 'NAME': 'VALUE'} to the subprocess call"))
+    return True
 
 
 def _script(text: str, offsets: _Offsets, node: ast.Constant, doc: Document) -> None:

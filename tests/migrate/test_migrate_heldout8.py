@@ -51,8 +51,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "nox_session.py": ("python", {("R516-01", 8), ("R516-50", 6)},
                        ['session.log("python -m sglang.launch_server --enable-deepep-waterfill")'],
                        ['"/m", "--enable-waterfill", "--moe-a2a-backend", "deepep")', 'session.install("sglang==0.5.16")']),
-    "kinds/execl.py": ("python", {("R516-01", 2)}, ['os.execlp("python3", "python3", "-m"'],
-                       ['"--enable-waterfill", "--moe-a2a-backend", "deepep")']),
+    "kinds/execl.py": ("python", {("R516-01", 2), ("R516-02", 4)}, ['os.execlp("python3", "python3", "-m"'],
+                       ['"--enable-waterfill", "--moe-a2a-backend", "deepep")',
+                        'shlex.split("--optimistic-prefill-attempts 3 --tp 8")']),
     # 3. Helm: define bodies in any template file, values lists the templates range over, a values map
     # the templates turn into flags (reported), a flag built from a directive (reported)
     "chart/templates/_args.tpl": ("helm", {("R516-01", 4)}, ['{{- define "sgl.args" -}}', "{{- end }}"],
