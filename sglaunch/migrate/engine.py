@@ -234,9 +234,9 @@ def _migrate_launches(text: str, fmt: str, rules: Sequence[Rule], to_release: st
 
     configs = tuple((path, "config") for path in config_files(sites))
     guard = _jinja_guard if fmt.endswith(JINJA) else _GUARDS.get(fmt)
-    from sglaunch.migrate.yamlfmt import looks_json
+    from sglaunch.migrate.yamlfmt import looks_json, valid_json
 
-    if fmt in ("k8s", "compose", "yaml", "config", "workflow", "notebook") and looks_json(text):
+    if fmt in ("k8s", "compose", "yaml", "config", "workflow", "notebook") and looks_json(text) and valid_json(text):
         guard = _json_guard(guard)
     identity = list(range(1, text.count("\n") + 2))
     for finding in _problem_findings(problems, text, rules, to_release):

@@ -43,7 +43,13 @@ def compose(text: str) -> list:
     from ruamel.yaml.error import YAMLError
 
     if looks_json(text):  # JSON with comments or trailing commas (VS Code's launch.json): masked, same length
-        text = mask_json(text)
+        masked = mask_json(text)
+        if masked != text:
+            try:
+                json.loads(masked)
+                text = masked
+            except ValueError:
+                pass  # not JSON with comments after all (YAML flow text): read as written
     try:
         return [doc for doc in YAML(typ="safe", pure=True).compose_all(text) if doc is not None]
     except YAMLError as exc:
