@@ -266,3 +266,38 @@ def test_a_bash_step_is_still_fixed(tmp_path):
     path.write_text("jobs:\n  a:\n    steps:\n      - shell: bash -el {0}\n"
                     "        run: python -m sglang.launch_server --fp4-gemm-backend cutlass\n")
     assert "--fp4-gemm-backend auto" in run(path, unsafe=True).migrated
+
+
+@pytest.mark.parametrize("text, produced, level", [
+    # one-line JSON: entries joined with ", "
+    ('{"enable-deepep-waterfill": true, "tp-size": 8}\n',
+     '{"enable-waterfill": true, "moe-a2a-backend": "deepep", "tp-size": 8}\n', FIX),
+    # the last entry: the separator before `}` stays as written
+    ('{\n  "tp-size": 8,\n  "optimistic-prefill-retries": 1\n}\n',
+     '{\n  "tp-size": 8,\n  "optimistic-prefill-attempts": 2\n}\n', FIX),
+    # a value replaced in place, quotes kept
+    ('{"tp-size": 8, "fp4-gemm-backend": "cutlass"}\n', '{"tp-size": 8, "fp4-gemm-backend": "auto"}\n', FIX),
+])
+def test_json_config_edits_stay_json(tmp_path, text, produced, level):
+    path = tmp_path / "server.json"
+    path.write_text(text)
+    report = run(path, unsafe=True)
+    assert report.fmt == "config"
+    assert report.migrated == produced
+    assert {f.level for f in report.findings if f.rule_id.startswith("R")} == {level}
+    json.loads(report.migrated)
+
+
+def test_a_json_manifest_env_insertion_that_would_break_json_is_manual(tmp_path):
+    """A DSpark launch in a JSON Kubernetes manifest: the env line the fix would add is YAML, so
+    it is reported instead (the file is never left invalid)."""
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "s"},
+        "spec": {"containers": [{"name": "s", "image": "lmsysorg/sglang:v0.5.16",
+                                 "env": [{"name": "HF_HOME", "value": "/cache"}],
+                                 "command": ["python3", "-m", "sglang.launch_server", "--speculative-algorithm",
+                                             "DSPARK", "--model-path", "/m"]}]}}, indent=2) + "\n")
+    report = run(path, unsafe=True)
+    json.loads(report.migrated)
+    assert exit_code([report]) == 1
