@@ -242,6 +242,7 @@ def read_systemd(text: str, origin: str | None = None) -> Document:
             out.append(_blank(line))
         continued = (continued or bool(match and match.group(2) in EXEC_KEYS)) and line.endswith("\\")
         offset += len(line) + 1
+    env.update(_dropin_env(origin))
     masked = "\n".join(out)
     parsed = shell.parse_script(masked, _guard("$%"), fmt="systemd")
     problems.extend(_problems(parsed))
@@ -256,6 +257,42 @@ def read_systemd(text: str, origin: str | None = None) -> Document:
         site.env_hint = "add `Environment=NAME=VALUE` to the [Service] section"
         sites.append(site)
     return Document(sites=sites, errors=problems)
+
+
+def _dropin_env(origin: str | None) -> dict[str, str]:
+    """`Environment=` of the unit's drop-ins (`sglang.service.d/*.conf` beside it), which systemd
+    applies after the unit: an explicit value there wins over the unit's own (and over a line the
+    fix would add), so it is the value in effect."""
+    import os
+    import shlex
+
+    if not origin or not origin.endswith(".service"):
+        return {}
+    folder = origin + ".d"
+    env: dict[str, str] = {}
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".conf"))
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().split("\n")
+        except OSError:
+            continue
+        for line in lines:
+            match = re.match(r"^\s*Environment\s*=\s*", line)
+            if not match:
+                continue
+            try:
+                words = shlex.split(line[match.end():])
+            except ValueError:
+                continue
+            for word in words:
+                key, eq, value = word.partition("=")
+                if eq:
+                    env[key] = value
+    return env
 
 
 def _site_offset(site: Site, text: str) -> int:

@@ -86,6 +86,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     # 5. systemd drop-ins: ExecStart= fixed; flags kept in Environment= reported
     "sglang.service.d/override.conf": ("systemd", {("R516-01", 3)}, ["ExecStart=\n", "Environment=SGLANG_RAGGED_VERIFY_MODE=static"],
                                        ["--model-path m --enable-waterfill --moe-a2a-backend deepep\n"]),
+    # a drop-in's explicit SGLANG_RAGGED_VERIFY_MODE=static is in effect for the unit: kept and reported, nothing added
+    "unit/sglang-dspark.service": ("systemd", {("R516-07", 5)}, ["[Service]\nExecStart=/usr/bin/python3"], []),
+    "unit/sglang-dspark.service.d/verify.conf": ("systemd", set(), ["Environment=SGLANG_RAGGED_VERIFY_MODE=static"], []),
     "sglang.service.d/10-args.conf": ("systemd", {("unread", 2)}, ['"SGLANG_ARGS=--model-path m --enable-deepep-waterfill"'], []),
     # 6. pins: setup.cfg, Pipfile and requirements*.in fixed; lock files reported, never rewritten
     "pins/setup.cfg": ("setupcfg", {("R516-50", 5), ("R516-50", 9), ("R516-51", 6)}, ["    requests>=2  # not ours\n"],
@@ -142,7 +145,8 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "flagfiles/args.txt": ("shell", {("unread", 1)}, ["--quantization qoq"], []),
 }
 # nothing there breaks (decoys)
-PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml"}
+PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml", "unit/sglang-dspark.service",
+                    "unit/sglang-dspark.service.d/verify.conf"}
 # never rewritten, whatever the flags
 NEVER_WRITTEN = {"pins/lock/uv.lock", "pins/lock/poetry.lock", "pins/lock/Pipfile.lock"}
 
