@@ -549,8 +549,24 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
     and step around them; compose services their `env_file:` files (read next to `origin`)."""
     doc = Document()
     consumed: set[int] = set()
-    ranged = _chart_ranged_maps(origin) if fmt == "yaml" and origin else []
+    ranged, used = _chart_value_paths(origin) if fmt == "yaml" and origin else ([], [])
     for root in compose(text):
+        for path in used:  # `extraArgs: "--x 1 --y"` that a template writes into a command: its words are flags
+            node = _at_path(root, path)
+            if node is None or not is_scalar(node) or node.tag != STR_TAG or id(node) in consumed:
+                continue
+            value = str(node.value)
+            mapper = _mapper_for(text, node) if value.lstrip().startswith("--") else None
+            container = shell.split_words(value, mapper) if mapper is not None else None
+            if container is None or not flag_list([t.value for t in container.tokens]):
+                continue
+            tokens = container.tokens
+            doc.sites.append(Site(args=tuple(t.value for t in tokens), dynamic=tuple(t.dynamic for t in tokens),
+                                  refs=tuple(TokenRef(container, k, node.start_mark.line + 1) for k in range(len(tokens))),
+                                  line=node.start_mark.line + 1, fmt=fmt,
+                                  launcher=f"a Helm chart's .Values.{path} (a template writes it into the command)",
+                                  env_hint="set it in the chart's container env"))
+            consumed.add(id(node))
         if fmt == "workflow":
             _non_shell_steps(text, root, consumed, doc)
         for path in ranged:  # a chart's values mapping the templates turn into flags: read as flags
@@ -618,6 +634,39 @@ def _steps_with_shell(root):
             _, run = get(step, "run") if is_map(step) else (None, None)
             if run is not None and is_scalar(run) and id(run) not in seen:
                 yield run, default
+
+
+VALUES_USE = re.compile(r"\{\{-?\s*(?:\$)?\.Values\.([A-Za-z0-9_.]+)\s*(?:\|[^}]*)?-?\}\}")
+
+
+def _chart_value_paths(origin: str) -> tuple[list[str], list[str]]:
+    """(paths ranged over into flags, paths written into a launch command) of a chart's values:
+    `range $k, $v := .Values.x` with `--{{ $k }}` in its body, and `{{ .Values.extraArgs }}` on a
+    line of a template that also names a launcher or a flag (`... launch_server {{ .Values.extraArgs }}`)
+    or in an `args:`/`command:` item."""
+    ranged = _chart_ranged_maps(origin)
+    from pathlib import Path
+
+    folder = Path(origin).resolve().parent
+    chart = next((f for f in (folder, folder.parent) if (f / "Chart.yaml").is_file() and (f / "templates").is_dir()),
+                 None)
+    used: list[str] = []
+    if chart is None:
+        return ranged, used
+    for template in sorted((chart / "templates").rglob("*")):
+        if template.suffix not in (".yaml", ".yml", ".tpl") or not template.is_file():
+            continue
+        try:
+            body = template.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in body.split("\n"):
+            if "--" not in line and not shell.mentions(line) and not re.match(r"\s*-\s*\{\{", line):
+                continue
+            for match in VALUES_USE.finditer(line):
+                if match.group(1) not in used:
+                    used.append(match.group(1))
+    return ranged, used
 
 
 def _chart_ranged_maps(origin: str) -> list[str]:

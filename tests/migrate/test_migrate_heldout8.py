@@ -69,10 +69,14 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "chart/templates/deployment.yaml": ("helm", {("validate", 18)}, ["- --{{ $k }}={{ $v }}"], []),
     # the templates range over server.options as `--{{ $k }}={{ $v }}`: its keys are flags, fixed in place;
     # a map no template ranges over into flags stays a report
-    "chart/values.yaml": ("yaml", {("R516-01", 5), ("R516-50", 1), ("R516-02", 7), ("R516-03", 8), ("unread", 12)},
+    # extraArgs, a string of flags that templates/job.yaml writes into its command, is edited inside its quotes
+    "chart/values.yaml": ("yaml", {("R516-01", 5), ("R516-50", 1), ("R516-02", 7), ("R516-03", 8), ("unread", 12),
+                                   ("R516-02", 13)},
                           ["  # not ranged over by any template\n", "    enable-deepep-waterfill: true\n"],
                           ["    - --enable-waterfill\n    - --moe-a2a-backend\n    - deepep\n", "sglang:v0.5.16",
-                           "    optimistic-prefill-attempts: 3\n    fp4-gemm-backend: auto\n"]),
+                           "    optimistic-prefill-attempts: 3\n    fp4-gemm-backend: auto\n",
+                           'extraArgs: "--optimistic-prefill-attempts 2 --trust-remote-code"']),
+    "chart/templates/job.yaml": ("helm", set(), ["{{ .Values.extraArgs }}"], []),
     "chart/Chart.yaml": ("yaml", set(), ["name: sgl"], []),
     # 4. JSON: a flag mapping (read as a config, new entries written as JSON), a false key of a renamed
     # flag (reported), an argument list, VS Code's launch.json with comments and trailing commas
@@ -145,7 +149,7 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "flagfiles/args.txt": ("shell", {("unread", 1)}, ["--quantization qoq"], []),
 }
 # nothing there breaks (decoys)
-PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml", "unit/sglang-dspark.service",
+PASSES: set[str] = {"cfg/package.json", "chart/Chart.yaml", "chart/templates/job.yaml", "unit/sglang-dspark.service",
                     "unit/sglang-dspark.service.d/verify.conf"}
 # never rewritten, whatever the flags
 NEVER_WRITTEN = {"pins/lock/uv.lock", "pins/lock/poetry.lock", "pins/lock/Pipfile.lock"}
