@@ -555,15 +555,25 @@ class _Script:
             self.suspects.append((token.line, token.value, "shell string"))
             return
 
-        def offset_of(off: int, at=positions, end=token.end) -> int:
-            return at[off] if off < len(at) else end
+        value, skip = token.value, 0
+        option = re.match(r"--?[A-Za-z][A-Za-z0-9_-]*=", value)
+        if option and _mentions(value[option.end():]):
+            # `sbatch --wrap="python3 -m sglang.launch_server ..."`: the option's value is the script
+            value, skip = value[option.end():], option.end()
+            inner_mapper = mapper
+
+            def mapper(edit, inner=inner_mapper, by=skip):  # noqa: F811
+                return inner(TextEdit(edit.start + by, edit.end + by, edit.text))
+
+        def offset_of(off: int, at=positions, end=token.end, by=skip) -> int:
+            return at[off + by] if off + by < len(at) else end
 
         inner_state = state.copy(expanded=self.src(word)[:1] != "'")
         if remote:
             inner_state.exports, inner_state.export_dynamic = {}, set()
             if env is not None:
                 env(inner_state)
-        self._inner(token.value, offset_of, mapper, inner_state)
+        self._inner(value, offset_of, mapper, inner_state)
 
     def _record_set_positional(self, node, state: "_State") -> None:
         """`set -- --model-path m --x "$@"` (entrypoint scripts): the positional parameters, as an
@@ -954,7 +964,12 @@ def word_mapper(container: ShellContainer, k: int):
 
     token = container.tokens[k]
     source = container.text[token.start:token.end]
-    forbidden = {'"': '"\\$`\n', "'": "'\n"}.get(source[:1], " \t\n\"'\\$`;&|<>()#")
+    quote = source[:1]
+    option = re.match(r"--?[A-Za-z][A-Za-z0-9_-]*=([\"'])", source)
+    if option and len(source) > option.end() and source.endswith(option.group(1)) \
+            and option.group(1) not in source[option.end():-1]:
+        quote = option.group(1)  # `--wrap="..."`: the value is one quoted string (edits land in it)
+    forbidden = {'"': '"\\$`\n', "'": "'\n"}.get(quote, " \t\n\"'\\$`;&|<>()#")
     positions = align(source, token.start, token.value)
     if positions is None:
         return None, None

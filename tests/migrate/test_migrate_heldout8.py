@@ -143,6 +143,11 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
     "kinds/launch_env.py": ("python", {("unread", 2)}, ['"--optimistic-prefill-retries 2"'], []),
     "kinds/pyproj/pyproject.toml": ("pyproject", {("R516-50", 3), ("unread", 8)}, ['args = ["--enable-deepep-waterfill"]'],
                                     ['"sglang[all]==0.5.16"']),
+    # sbatch --wrap="SCRIPT": the option's value is a script (an echo of the same is data)
+    "kinds/sbatch_wrap.sh": ("shell", {("R516-01", 2), ("R516-02", 3)},
+                             ['echo --wrap="python3 -m sglang.launch_server --enable-deepep-waterfill"'],
+                             ['--wrap="python3 -m sglang.launch_server --model-path /m --enable-waterfill --moe-a2a-backend '
+                              'deepep"', "--optimistic-prefill-attempts 2'"]),
     # flags kept in a file the launch reads ($(cat FILE), xargs -a FILE): the file is read, its rule flags reported
     "flagfiles/serve_files.sh": ("shell", {("unread", 2), ("unread", 3), ("unread", 4)}, ["$(cat flags.txt)"], []),
     "flagfiles/flags.txt": ("shell", {("unread", 1)}, ["--enable-deepep-waterfill"], []),
