@@ -291,7 +291,8 @@ def main(argv=None) -> int:
         print(f"{label:7s} {med['tok_s']:9.0f} tok/s ({med['tok_s'] / engine_rate:.2f} of the synthetic engine's "
               f"{engine_rate:.0f}); CPU us/token: server {med['server_cpu_us_per_token']:.1f}, engine "
               f"{med['engine_cpu_us_per_token']:.1f}, client {med['client_cpu_us_per_token']:.1f}; "
-              f"chunks/token {med['chunks_per_token']:.3f}")
+              f"chunks/token {med['chunks_per_token']:.3f}; CPU us/chunk: server "
+              f"{med['server_cpu_us_per_chunk']:.1f}, client {med['client_cpu_us_per_chunk']:.1f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

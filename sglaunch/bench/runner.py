@@ -223,13 +223,10 @@ def _shard_main(shard: _Shard, counter, outbox, go) -> None:
     """One client process: its share of the streams, results sent back as they finish."""
     try:
         try:
-            import uvloop  # noqa: F401 - a lighter event loop for the client, when installed
-
-            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+            from uvloop import run  # a lighter event loop for the client, when installed
         except ImportError:
-            runner = asyncio.Runner()
-        with runner:
-            runner.run(_shard_level(shard, counter, outbox, go))
+            run = asyncio.run
+        run(_shard_level(shard, counter, outbox, go))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the level
         outbox.put(("failed", f"{type(exc).__name__}: {exc}"))
 

@@ -65,6 +65,8 @@ def coalesce(items: list) -> list:
     counts and finish of the last). A consumer that fell behind the engine (many streams, slow
     clients) then detokenizes and sends one chunk for several tokens instead of one per token.
     Speculative outputs (accept_length set) and errors pass unmerged, in order."""
+    if len(items) < 2:  # NOTE: a consumer that keeps up takes one output at a time
+        return items
     merged: list = []
     for item in items:
         last = merged[-1] if merged else None

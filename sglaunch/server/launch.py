@@ -48,13 +48,21 @@ def run_server(config: EngineConfig) -> int:
         from sglaunch.engine.launch import run_worker_node
 
         return run_worker_node(config)
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_serve(config))
+    return run_event_loop(_serve(config))
+
+
+def run_event_loop(main):
+    """asyncio.run(main) on uvloop's event loop when it is installed (a dependency of
+    sglaunch[engine]): the front end's per-token work (a wake-up and a socket write per chunk
+    per stream) runs on it; else on asyncio's."""
+    if _loop_factory() is None:
+        return asyncio.run(main)
+    import uvloop
+
+    return uvloop.run(main)
 
 
 def _loop_factory():
-    """uvloop's event loop when it is installed (a dependency of sglaunch[engine]): the front
-    end's per-token work (one wake-up, one socket write per chunk) runs on it; else asyncio's."""
     try:
         import uvloop
     except ImportError:

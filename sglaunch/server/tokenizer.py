@@ -63,6 +63,17 @@ class _FastBackend:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def decode_stream(self, prefix_ids: Sequence[int], skip_special_tokens: bool):
+        """(step, tokenizer): the library's incremental decoder (tokenizers.decoders.DecodeStream)
+        primed with `prefix_ids`, or None where this tokenizers version has none."""
+        try:
+            from tokenizers.decoders import DecodeStream
+
+            stream = DecodeStream(ids=list(prefix_ids), skip_special_tokens=skip_special_tokens)
+        except (ImportError, TypeError):  # older tokenizers: no DecodeStream, or no `ids`
+            return None
+        return stream.step, self._tok
+
 
 class _TransformersBackend:
     """transformers `AutoTokenizer`, for folders without tokenizer.json (e.g. only a .model file)."""
@@ -113,6 +124,11 @@ class ServerTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens)
+
+    def decode_stream(self, prefix_ids: Sequence[int], skip_special_tokens: bool = True):
+        """The backend's incremental decoder, or None (IncrementalDetokenizer then decodes)."""
+        make = getattr(self.backend, "decode_stream", None)
+        return make(prefix_ids, skip_special_tokens) if make is not None else None
 
     @property
     def vocab_size(self) -> int:
@@ -291,6 +307,11 @@ class IncrementalDetokenizer:
     Decodes a short window `ids[prefix_offset:]` and returns what it adds beyond
     `ids[prefix_offset:read_offset]`. A delta ending in U+FFFD means a multi-byte character is
     still incomplete, so it is held back until more tokens arrive (or `flush`).
+
+    With the `tokenizers` backend the window is decoded by the library's DecodeStream, the same
+    rule in one call per chunk instead of two decodes and two slices (issue 15: once per token
+    per stream); offsets are kept here too, for `flush` and for the plain path, which takes over
+    if the library refuses a window (its prefix check is stricter than this class's).
     """
 
     def __init__(self, tokenizer: ServerTokenizer, prompt_ids: Sequence[int] = (),
@@ -300,10 +321,28 @@ class IncrementalDetokenizer:
         self.ids: list[int] = list(prompt_ids[-DETOKENIZE_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self.ids)
+        stream = None
+        # NOTE: a prompt that ends inside a character: DecodeStream's prefix check reads that
+        # differently from the plain path, which keeps such requests
+        if not tokenizer.decode(self.ids, skip_special_tokens).endswith(REPLACEMENT_CHAR):
+            stream = tokenizer.decode_stream(self.ids, skip_special_tokens)
+        self._step, self._backend_tokenizer = stream if stream is not None else (None, None)
 
     def add(self, new_ids: Sequence[int]) -> str:
         """Append tokens; return the text they complete (possibly empty)."""
+        if not new_ids:  # NOTE: nothing changed since the last call, which left nothing to emit
+            return ""
         self.ids.extend(new_ids)
+        if self._step is not None:
+            try:
+                text = self._step(self._backend_tokenizer, list(new_ids))
+            except Exception:  # noqa: BLE001 - e.g. an invalid prefix: the plain path decides
+                self._step = None
+            else:
+                if text is None:
+                    return ""
+                self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
+                return text
         prefix_text, full_text = self._decode_window()
         if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
             return ""

@@ -119,9 +119,13 @@ def test_the_server_runs_on_uvloop_and_httptools_when_installed():
     pytest.importorskip("httptools")
     import uvloop
 
-    from sglaunch.server.launch import _http_protocol, _loop_factory
+    from sglaunch.server.launch import _http_protocol, _loop_factory, run_event_loop
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
 
     assert _loop_factory() is uvloop.new_event_loop
+    assert run_event_loop(loop_module()).startswith("uvloop")
     assert _http_protocol() == "httptools"
 
 

@@ -204,3 +204,32 @@ def test_stop_matcher_ignores_text_after_a_match():
     assert matcher.feed("more") == ""
     assert matcher.flush() == ""
 
+
+
+def _plain(tokenizer, prompt_ids, skip_special_tokens=True):
+    """The detokenizer without the library's DecodeStream (the reference path)."""
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+    detokenizer._step = None
+    return detokenizer
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_decode_stream_path_streams_exactly_like_the_plain_path(tokenizer, skip_special):
+    import random
+
+    rng = random.Random(7)
+    text_ids = tokenizer.encode(MULTIBYTE_TEXT + " " + CHATML_PROMPT)
+    vocab = tokenizer.vocab_size
+    for trial in range(150):
+        ids = text_ids if trial % 3 == 0 else [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        split = rng.randint(0, len(ids) - 1)
+        prompt, output = ids[:split], ids[split:]
+        fast, plain = IncrementalDetokenizer(tokenizer, prompt, skip_special), _plain(tokenizer, prompt, skip_special)
+        i = 0
+        while i < len(output):
+            n = rng.choice([0, 1, 1, 1, 2, 3])
+            chunk = output[i:i + n]
+            assert fast.add(chunk) == plain.add(chunk), (trial, prompt, output, i)
+            i += n
+        assert fast.flush() == plain.flush()
+    assert IncrementalDetokenizer(tokenizer, text_ids[:3])._step is not None  # the fast path ran
