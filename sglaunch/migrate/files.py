@@ -246,8 +246,11 @@ def _launch_in_unknown_kind(path: str, text: str, rules: Sequence[Rule] = (), re
         return False
     if OUR_PIN.search(text):  # `deps = sglang==0.5.15` in a tox.ini
         return True
-    return mentions(text) or bool(rules and "--" in text or rules and _flag_keys(text, rules, release)) and \
-        bool(suspicious(text, rules, release) or _flag_keys(text, rules, release))
+    if mentions(text):
+        return True
+    if not rules:
+        return False
+    return ("--" in text and bool(suspicious(text, rules, release))) or bool(_flag_keys(text, rules, release))
 
 
 OUR_PIN = re.compile(r"(?i)(?<![\w.-])(sglang|flashinfer[-_.]python)(\[[^\]\s]*\])?\s*(===|==|~=|>=|<=|<|!=)\s*[0-9]")
