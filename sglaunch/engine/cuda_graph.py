@@ -202,6 +202,8 @@ class CudaGraphRunner:
 
         self.runner, self.plan, self.torch = runner, plan, torch
         self.draft_in_graph = runner.draft is not None and enabled_from_env()
+        self.async_inputs = getattr(runner, "overlap", False)  # see _load
+        self._loaded = None  # event after the last replay's input and plan copies (async_inputs)
         self.attn, pool = runner.attn, runner.kv_pool
         self.padding_page, self.page_size = pool.padding_page, pool.page_size
         device, dtype, n = runner.device, runner.model_dtype, plan.max_tokens
@@ -254,8 +256,19 @@ class CudaGraphRunner:
 
         torch, n = self.torch, padded.num_tokens
         rows = torch.tensor(static_rows(padded, self.page_size), dtype=torch.int64).view(3, n)
-        self.inputs[:, :n].copy_(rows)
+        if not self.async_inputs:
+            self.inputs[:, :n].copy_(rows)  # NOTE: from pageable memory: waits for the stream
+            self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+            return
+        # overlap: the previous step may still run, so copy from pinned memory without waiting;
+        # the plan rewrites its wrapper's pinned buffers, so the previous step's plan copies
+        # (queued before its replay, long done in practice) must have left them first
+        self.inputs[:, :n].copy_(rows.pin_memory(), non_blocking=True)
+        if self._loaded is not None:
+            self._loaded.synchronize()
         self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+        self._loaded = torch.cuda.Event()
+        self._loaded.record()
 
     def _body(self, key: GraphKey) -> None:
         torch, runner, n = self.torch, self.runner, key.num_tokens
@@ -281,13 +294,16 @@ class CudaGraphRunner:
         key = self.plan.pick(step)
         return key if key in self.graphs else None
 
-    def replay(self, key: GraphKey, step: StepInput):
+    def replay(self, key: GraphKey, step: StepInput, fill=None):
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
         static buffers, valid until the next replay. features is None without a drafter and when
         the graph has written the draft context K/V itself (draft_in_graph). After a decode graph,
-        `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice."""
+        `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice.
+        `fill(input_ids)`, when given, edits the static input ids after they are loaded."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
+        if fill is not None:  # overlap: placeholder token ids take the previous step's choices
+            fill(self.inputs[0, : key.num_tokens])
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
         t = step.num_tokens
