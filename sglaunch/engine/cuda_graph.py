@@ -26,6 +26,7 @@ unit-tested on the CPU; CudaGraphRunner is the part that touches the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
+PINNED_PLAN_FIELDS = ("qo_indptr", "page_indptr", "page_indices", "last_page_len")  # PlanArrays, with overlap
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -255,18 +257,21 @@ class CudaGraphRunner:
         from sglaunch.engine.attention.flashinfer_backend import PlanArrays
 
         torch, n = self.torch, padded.num_tokens
-        rows = torch.tensor(static_rows(padded, self.page_size), dtype=torch.int64).view(3, n)
+        rows = static_rows(padded, self.page_size)
+        arrays = PlanArrays.from_step(padded, self.page_size)
         if not self.async_inputs:
-            self.inputs[:, :n].copy_(rows)  # NOTE: from pageable memory: waits for the stream
-            self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+            # NOTE: a copy from pageable memory waits for the stream (the step before this one)
+            self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64).view(3, n))
+            self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
             return
-        # overlap: the previous step may still run, so copy from pinned memory without waiting;
-        # the plan rewrites its wrapper's pinned buffers, so the previous step's plan copies
-        # (queued before its replay, long done in practice) must have left them first
-        self.inputs[:, :n].copy_(rows.pin_memory(), non_blocking=True)
+        # overlap: the previous step may still run, so every host input is copied from pinned
+        # memory, without waiting; the plan rewrites its wrapper's pinned buffers, so the previous
+        # step's plan copies (queued before its replay, long done in practice) must have left them
+        self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64, pin_memory=True).view(3, n), non_blocking=True)
+        arrays = dataclasses.replace(arrays, **{f: getattr(arrays, f).pin_memory() for f in PINNED_PLAN_FIELDS})
         if self._loaded is not None:
             self._loaded.synchronize()
-        self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+        self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
         self._loaded = torch.cuda.Event()
         self._loaded.record()
 

@@ -222,6 +222,20 @@ def test_greedy_with_graphs_equals_without(files):
     assert_same_greedy(with_graphs, without, "graphs on vs off")
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_greedy_with_overlap_equals_without(files, graphs, monkeypatch):
+    """SGLAUNCH_OVERLAP=1: placeholders filled on the device in graph replays and in eager
+    (prefill and mixed) steps, read-back a step late; then every page is back."""
+    batch = prompts(20, seed=5)  # more than MAX_BS: admissions while others decode
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "0")
+    sync, _ = greedy_outputs(cuda_config(files, graphs=graphs), batch, 24)
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
+    overlapped, replays = greedy_outputs(cuda_config(files, graphs=graphs), batch, 24)
+    if graphs:
+        assert replays.get("decode", 0) > 0, f"no decode graph was replayed: {replays}"
+    assert_same_greedy(overlapped, sync, f"overlap on vs off (graphs {graphs})")
+
+
 @pytest.mark.parametrize("drafter", ["oracle", "random"])
 def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     batch = prompts(10, seed=3)
