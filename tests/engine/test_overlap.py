@@ -154,3 +154,32 @@ def test_tp2_overlapped_matches_tp1(monkeypatch, checkpoints):
     monkeypatch.setenv(OVERLAP_ENV, "1")
     config = engine_config(checkpoints["llama"], tp_size=2, page_size=2, max_total_tokens=48)
     assert generate_batch(config, PROMPTS, GREEDY) == single
+
+
+def test_placeholders_take_the_previous_greedy_choices_by_logit_row():
+    """build_step_input lists the placeholder rows; the forward fills them from the previous
+    step's greedy buffer, logit row -> its column (a partial prefill chunk samples nothing)."""
+    import torch
+
+    from sglaunch.engine.model_runner import GreedyReadback, ModelRunner
+    from sglaunch.engine.request import Req
+    from sglaunch.engine.scheduler import Chunk
+    from sglaunch.engine.step import build_step_input, placeholder
+
+    a, b = Req("a", [5, 6, placeholder(2)], GREEDY, 0), Req("b", [7, placeholder(0)], GREEDY, 1)
+    a.pages, b.pages = [0, 1, 2], [3, 4]
+    step = build_step_input([Chunk(a, 1, 3), Chunk(b, 1, 2)], page_size=1)
+    assert (step.future_rows, step.future_sources) == ([1, 2], [2, 0])
+    runner = object.__new__(ModelRunner)
+    runner.device = torch.device("cpu")
+    greedy = torch.tensor([[11.0, 12.0, 13.0, 14.0], [-0.5, -1.5, -2.5, -3.5]], dtype=torch.float64)
+    ids = torch.tensor(step.input_ids)
+    runner._fill_placeholders(ids, step, (greedy, [0, 2, 3]))  # logit rows 0, 1, 2 -> columns 0, 2, 3
+    assert ids.tolist() == [6, 14, 11]
+    decode = dataclasses.replace(step, input_ids=[-1, -2], future_rows=[0, 1], future_sources=[0, 1])
+    ids = torch.tensor(decode.input_ids)
+    runner._fill_placeholders(ids, decode, (greedy, [0, 1, 2, 3]))  # a decode batch: one copy
+    assert ids.tolist() == [11, 12]
+    with pytest.raises(RuntimeError, match="greedy choices"):
+        runner._fill_placeholders(ids, decode, None)
+    assert GreedyReadback(greedy.tolist(), [0, 2, 3], None).get([2, 0]) == ([14, 11], [-3.5, -0.5])
