@@ -220,13 +220,16 @@ class ModelRunner:
         n = greedy.shape[1]
         self._readback_turn ^= 1  # NOTE: two buffers: one being read while the next one fills
         buffer = self._readback_buffers[self._readback_turn]
-        if buffer is None or buffer.shape[1] < n:
-            buffer = torch.empty(2, max(n, 256), dtype=torch.float64, pin_memory=True)
+        if buffer is None or buffer.numel() < 2 * n:
+            buffer = torch.empty(2 * max(n, 256), dtype=torch.float64, pin_memory=True)
             self._readback_buffers[self._readback_turn] = buffer
-        buffer[:, :n].copy_(greedy, non_blocking=True)
+        # NOTE: a contiguous pinned destination: into a strided one torch would stage the copy
+        # in pageable memory, which waits for the stream (this step) to finish
+        host = buffer[: 2 * n].view(2, n)
+        host.copy_(greedy, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return GreedyReadback(buffer[:, :n], rows, event)
+        return GreedyReadback(host, rows, event)
 
     def _rows(self, step: StepInput) -> torch.Tensor:
         return torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
