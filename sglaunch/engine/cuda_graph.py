@@ -42,7 +42,7 @@ FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
-PINNED_PLAN_FIELDS = ("qo_indptr", "page_indptr", "page_indices", "last_page_len")  # PlanArrays, with overlap
+PINNED_PLAN_FIELDS = ("qo_indptr", "page_indptr", "last_page_len")  # PlanArrays on the host, with overlap
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -268,7 +268,12 @@ class CudaGraphRunner:
         # memory, without waiting; the plan rewrites its wrapper's pinned buffers, so the previous
         # step's plan copies (queued before its replay, long done in practice) must have left them
         self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64, pin_memory=True).view(3, n), non_blocking=True)
-        arrays = dataclasses.replace(arrays, **{f: getattr(arrays, f).pin_memory() for f in PINNED_PLAN_FIELDS})
+        # NOTE: FlashInfer's plan reads the indptrs and last-page lengths on the host and copies
+        # them without waiting when pinned, but copies host page indices with a blocking copy (a
+        # stream sync): those go to the device first, as SGLang passes them
+        arrays = dataclasses.replace(
+            arrays, **{f: getattr(arrays, f).pin_memory() for f in PINNED_PLAN_FIELDS},
+            page_indices=arrays.page_indices.pin_memory().to(self.runner.device, non_blocking=True))
         if self._loaded is not None:
             self._loaded.synchronize()
         self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
