@@ -183,3 +183,37 @@ def test_placeholders_take_the_previous_greedy_choices_by_logit_row():
     with pytest.raises(RuntimeError, match="greedy choices"):
         runner._fill_placeholders(ids, decode, None)
     assert GreedyReadback(greedy.tolist(), [0, 2, 3], None).get([2, 0]) == ([14, 11], [-3.5, -0.5])
+
+
+def test_a_failed_step_with_one_in_flight_fails_its_requests_and_frees_pages(monkeypatch, checkpoints):
+    """The engine process fails the running requests when a step raises (fail_running): with a
+    step in flight, that includes the preempted ones holding a placeholder; then it goes on."""
+    config = engine_config(checkpoints["llama"], page_size=2)
+    want = generate_batch(config, [PROMPTS[0]], GREEDY)[0]
+    monkeypatch.setenv(OVERLAP_ENV, "1")
+    engine, cluster = create_engine(config)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(request(f"r{i}", prompt))
+        for _ in range(3):
+            engine.step()
+        assert engine._in_flight is not None
+        forward = engine.runner.forward
+
+        def broken(step):
+            raise RuntimeError("boom")
+
+        engine.runner.forward = broken
+        with pytest.raises(RuntimeError, match="boom"):
+            engine.step()
+        engine.runner.forward = forward
+        outs = engine.fail_running(RuntimeError("boom"))
+        assert sorted(o.rid for o in outs) == [f"r{i}" for i in range(len(PROMPTS))]
+        assert all(o.finished and o.finish_reason == "abort" and "boom" in o.error for o in outs)
+        assert not engine.has_work
+        assert_all_pages_free(engine)
+        tokens, _, in_flight = drive(engine, {0: [("add", request("after", PROMPTS[0]))]})
+        assert tokens["after"] == want and in_flight > 0
+        assert_all_pages_free(engine)
+    finally:
+        cluster.stop(engine)
