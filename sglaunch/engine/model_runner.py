@@ -87,6 +87,8 @@ class ModelRunner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         # NOTE: set before the graphs are captured (their input copies); DSpark steps stay synchronous
         self.overlap = overlap_from_env() and config.speculative is None
+        if overlap_from_env() and not self.overlap and tp.rank == 0:
+            logger.info("%s=1: DSpark steps stay synchronous (overlap is for plain decoding)", OVERLAP_ENV)
         self.context_length = resolve_context_length(spec, config.context_length)
         max_positions = max(self.context_length, spec.max_position_embeddings)
         self.model_dtype = DTYPES[config.dtype]
