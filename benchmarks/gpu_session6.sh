@@ -123,6 +123,18 @@ pipeline8() {  # session 7, run 2 (no model upload): the GPU tests of this sessi
   touch "$W/all.done"
 }
 
+pipeline9() {  # issue 15 item 4 (no model upload: `launch pipeline9`, then `wait 560`): the GPU tests with
+  # SGLAUNCH_OVERLAP=1 (its default goes to 1 when they pass), then plain decoding on random
+  # SmolLM2-shaped weights with overlap off and on in ONE run per batch size (the table's last line
+  # is the ratio of their pipelined step times; prediction: c=1 1.57 -> ~1.1 ms, c=64 2.32 -> ~1.3 ms)
+  part pytest 420 env SGLAUNCH_OVERLAP=1 python3 -m pytest -v -p no:cacheprovider tests/gpu
+  for c in 1 64; do
+    part "profile$c" 150 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --concurrency $c --steps 100 --overlap both --json "$W/profile$c.json"
+  done
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -134,7 +146,7 @@ collect() {  # summary.txt and results.tgz into $OUT
         pytest) grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$W/$f.log" | grep -vE "PASSED" | tail -40
                 grep -cE " PASSED" "$W/$f.log" ;;
         sweep?) tail -n 9 "$W/$f.log" ;;
-        profile*) head -c 6000 "$W/$f.log" ;;
+        profile*) head -c 6000 "$W/$f.log"; echo; echo "..."; tail -n 6 "$W/$f.log" ;;
         *) tail -n 45 "$W/$f.log" ;;
       esac
     done
@@ -169,7 +181,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

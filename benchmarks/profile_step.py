@@ -2,6 +2,7 @@
 
     python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
         [--concurrency 1] [--steps 30] [--attention-backend flashinfer] [--random-like]
+        [--overlap 0|1|both]
 
 For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
 given) it builds the engine in-process, keeps `--concurrency` greedy requests in flight (EOS
@@ -16,6 +17,16 @@ ignored), warms up, then measures `--steps` steps three ways:
   of the step (the drafter's forward, `sample_block`, the rest of `propose`, the target forward,
   `accept`: the device accept, or the host one of an all-greedy batch), and how many target
   forwards replayed a CUDA graph.
+
+`--overlap both` profiles plain decoding twice in one run, `plain` with SGLAUNCH_OVERLAP=0 and
+`plain+overlap` with SGLAUNCH_OVERLAP=1 (0 or 1: only that one; DSpark configurations are
+synchronous either way), and the table ends with their ratio. A device sync after every step
+would drain the overlap pipeline, so each configuration also reports the pipelined step time:
+`--steps` steps back to back, synchronised at both ends only (median of three windows); compare
+overlap on and off by that column. E.g. SmolLM2 at batch 1 and 64:
+
+    python benchmarks/profile_step.py --model SMOL --concurrency 1 --overlap both --steps 200
+    python benchmarks/profile_step.py --model SMOL --concurrency 64 --overlap both --steps 200
 
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
@@ -43,6 +54,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # the sibling scripts (dspark_sweep)
 
 MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+OVERLAP_ENV = "SGLAUNCH_OVERLAP"  # read once by each ModelRunner at start-up
 
 
 def random_like(model: Path, work: Path) -> Path:
@@ -201,10 +213,26 @@ def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
     return out
 
 
-def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
+def pipelined_step_ms(load, steps: int, sync, windows: int = 3) -> float:
+    """Milliseconds per step over `steps` steps back to back, synchronised at both ends only
+    (what a serving loop sees; with overlap the host builds step N + 1 while step N runs)."""
+    times = []
+    for _ in range(windows):
+        sync()
+        t = time.perf_counter()
+        for _ in range(steps):
+            load.step()
+        sync()
+        times.append((time.perf_counter() - t) / steps)
+    return 1e3 * statistics.median(times)
+
+
+def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: str | None = None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if overlap is not None:
+        os.environ[OVERLAP_ENV] = overlap
     engine, cluster = build_engine(args, mode, drafter)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     try:
@@ -218,6 +246,7 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
             load.step()
             sync()
             times.append(time.perf_counter() - t)
+        pipelined = pipelined_step_ms(load, args.steps, sync)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         with profile(activities=activities) as prof:
             for _ in range(args.steps):
@@ -253,7 +282,8 @@ def measure(args, name: str, mode: str | None, drafter: Path | None) -> dict:
         phases = phase_profile(engine, load, args.steps, sync)
     finally:
         cluster.stop(engine)
-    return {"config": name, "step_ms_median": round(1e3 * statistics.median(times), 3),
+    return {"config": name, "overlap": bool(getattr(engine, "overlap", False)),
+            "pipelined_step_ms": round(pipelined, 3), "step_ms_median": round(1e3 * statistics.median(times), 3),
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
@@ -288,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--overlap", choices=["0", "1", "both"], default=None,
+                        help="SGLAUNCH_OVERLAP for plain decoding; both: plain and plain+overlap in one run "
+                             "(default: the environment's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-step-"))
@@ -301,13 +334,23 @@ def main(argv: list[str] | None = None) -> int:
             drafter = Path(args.drafter)
             if args.random_like:  # the real drafter's shape with random weights (its aliasing matches any target)
                 drafter = random_drafter(args.model, drafter, work)
-        configs = [("plain", None)] + [(f"dspark-{m}", m) for m in args.modes.split(",") if drafter is not None and m]
+        plain = {"both": [("plain", "0"), ("plain+overlap", "1")], "0": [("plain", "0")],
+                 "1": [("plain+overlap", "1")], None: [("plain", None)]}[args.overlap]
+        configs = [(name, None, overlap) for name, overlap in plain]
+        configs += [(f"dspark-{m}", m, None) for m in args.modes.split(",") if drafter is not None and m]
         results = []
-        for name, mode in configs:
-            r = measure(args, name, mode, drafter)
+        saved = os.environ.get(OVERLAP_ENV)
+        for name, mode, overlap in configs:
+            try:
+                r = measure(args, name, mode, drafter, overlap)
+            finally:
+                os.environ.pop(OVERLAP_ENV, None)
+                if saved is not None:
+                    os.environ[OVERLAP_ENV] = saved
             release_device_memory()  # the next configuration plans its KV cache from the free memory
             results.append(r)
-            print(f"\n=== {name}: step {r['step_ms_median']} ms (min {r['step_ms_min']}); per step: "
+            print(f"\n=== {name}: step {r['step_ms_median']} ms (min {r['step_ms_min']}; pipelined "
+                  f"{r['pipelined_step_ms']}); per step: "
                   f"{r['aten_calls_per_step']} aten calls, {r['kernel_launches_per_step']} kernel launches, "
                   f"{r['graph_launches_per_step']} graph launches, {r['memcpy_or_sync_calls_per_step']} memcpy/sync")
             if r["spec"]:
@@ -326,10 +369,17 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r["cprofile"].splitlines()[:60]))
         if args.json:
             args.json.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "results": results}, indent=1))
-        print("\nconfig           step ms  device ms   aten/step  launches/step  graphs/step")
+        print("\nconfig           step ms  pipelined ms  device ms   aten/step  launches/step  graphs/step")
         for r in results:
-            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['device_busy_ms_per_step']:10.2f} "
-                  f"{r['aten_calls_per_step']:11.1f} {r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
+            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['pipelined_step_ms']:13.2f} "
+                  f"{r['device_busy_ms_per_step']:10.2f} {r['aten_calls_per_step']:11.1f} "
+                  f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
+        by_name = {r["config"]: r for r in results}
+        if "plain" in by_name and "plain+overlap" in by_name:
+            on, off = by_name["plain+overlap"], by_name["plain"]
+            print(f"overlap on / off (same run): pipelined step {on['pipelined_step_ms']:.3f} / "
+                  f"{off['pipelined_step_ms']:.3f} ms = {on['pipelined_step_ms'] / off['pipelined_step_ms']:.3f}x "
+                  f"(device busy {on['device_busy_ms_per_step']:.3f} ms with overlap)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -26,6 +26,7 @@ unit-tested on the CPU; CudaGraphRunner is the part that touches the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
+PINNED_PLAN_FIELDS = ("qo_indptr", "page_indptr", "last_page_len")  # PlanArrays on the host, with overlap
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -202,6 +204,8 @@ class CudaGraphRunner:
 
         self.runner, self.plan, self.torch = runner, plan, torch
         self.draft_in_graph = runner.draft is not None and enabled_from_env()
+        self.async_inputs = getattr(runner, "overlap", False)  # see _load
+        self._loaded = None  # event after the last replay's input and plan copies (async_inputs)
         self.attn, pool = runner.attn, runner.kv_pool
         self.padding_page, self.page_size = pool.padding_page, pool.page_size
         device, dtype, n = runner.device, runner.model_dtype, plan.max_tokens
@@ -253,9 +257,28 @@ class CudaGraphRunner:
         from sglaunch.engine.attention.flashinfer_backend import PlanArrays
 
         torch, n = self.torch, padded.num_tokens
-        rows = torch.tensor(static_rows(padded, self.page_size), dtype=torch.int64).view(3, n)
-        self.inputs[:, :n].copy_(rows)
-        self.attn.use_graph(wrapper, PlanArrays.from_step(padded, self.page_size), self.inputs[2, :n])
+        rows = static_rows(padded, self.page_size)
+        arrays = PlanArrays.from_step(padded, self.page_size)
+        if not self.async_inputs:
+            # NOTE: a copy from pageable memory waits for the stream (the step before this one)
+            self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64).view(3, n))
+            self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
+            return
+        # overlap: the previous step may still run, so every host input is copied from pinned
+        # memory, without waiting; the plan rewrites its wrapper's pinned buffers, so the previous
+        # step's plan copies (queued before its replay, long done in practice) must have left them
+        self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64, pin_memory=True).view(3, n), non_blocking=True)
+        # NOTE: FlashInfer's plan reads the indptrs and last-page lengths on the host and copies
+        # them without waiting when pinned, but copies host page indices with a blocking copy (a
+        # stream sync): those go to the device first, as SGLang passes them
+        arrays = dataclasses.replace(
+            arrays, **{f: getattr(arrays, f).pin_memory() for f in PINNED_PLAN_FIELDS},
+            page_indices=arrays.page_indices.pin_memory().to(self.runner.device, non_blocking=True))
+        if self._loaded is not None:
+            self._loaded.synchronize()
+        self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
+        self._loaded = torch.cuda.Event()
+        self._loaded.record()
 
     def _body(self, key: GraphKey) -> None:
         torch, runner, n = self.torch, self.runner, key.num_tokens
@@ -281,13 +304,16 @@ class CudaGraphRunner:
         key = self.plan.pick(step)
         return key if key in self.graphs else None
 
-    def replay(self, key: GraphKey, step: StepInput):
+    def replay(self, key: GraphKey, step: StepInput, fill=None):
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of
         static buffers, valid until the next replay. features is None without a drafter and when
         the graph has written the draft context K/V itself (draft_in_graph). After a decode graph,
-        `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice."""
+        `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice.
+        `fill(input_ids)`, when given, edits the static input ids after they are loaded."""
         graph, wrapper = self.graphs[key]
         self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
+        if fill is not None:  # overlap: placeholder token ids take the previous step's choices
+            fill(self.inputs[0, : key.num_tokens])
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
         t = step.num_tokens

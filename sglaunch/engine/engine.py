@@ -21,10 +21,10 @@ from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.interface import GenerateRequest, TokenOutput
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
-from sglaunch.engine.request import Req
+from sglaunch.engine.request import Req, ReqStatus
 from sglaunch.engine.sampler import is_greedy, make_generator, sample
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits
-from sglaunch.engine.step import build_step_input, sample_rows
+from sglaunch.engine.step import build_step_input, placeholder, sample_rows
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,16 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
         eos_token_ids=runner.spec.eos_token_ids,
         spec_lookahead=runner.draft.block_size if runner.draft is not None else 0,
     )
+
+
+@dataclasses.dataclass
+class InFlight:
+    """Overlap: a launched all-greedy step whose tokens the host has not read yet."""
+
+    chunks: list[Chunk]
+    rows: list[int | None]  # per chunk, its logit row (sample_rows)
+    indices: list[int | None]  # per chunk, where its token goes in req.token_ids (a placeholder now)
+    readback: object  # model_runner.GreedyReadback
 
 
 class LLMEngine:
@@ -63,6 +73,9 @@ class LLMEngine:
             from sglaunch.speculative.decoder import DSparkDecoder
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
+        # SGLAUNCH_OVERLAP=1 (the runner read it; never with DSpark): see _step_overlapped
+        self.overlap = runner.overlap and self.spec is None
+        self._in_flight: InFlight | None = None
 
     def profile_sps_if_missing(self) -> None:
         """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
@@ -143,12 +156,14 @@ class LLMEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
         new tokens."""
+        if self.overlap:
+            return self._step_overlapped()
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
         sampled: list = [None] * len(chunks)  # per chunk: a token, a list (speculative) or None
@@ -170,6 +185,65 @@ class LLMEngine:
         outputs = self._outputs(chunks, sampled, logprobs, finished)
         if self.spec is not None:  # what the planned step really took (calibrates its step costs)
             self.spec.planner.observe_step_seconds(time.perf_counter() - began)
+        return outputs + [out for i, exc in failed.items()
+                          if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
+
+    # ---- overlap: step N + 1 launched before step N is read back ------------------------
+    def _step_overlapped(self) -> list[TokenOutput]:
+        """Schedule and launch step N + 1 while step N (in flight) may still run: rows that go on
+        from a request of step N hold a placeholder its forward fills in on the device. Then read
+        step N back (stop rules, outputs) while N + 1 runs. An all-greedy step N + 1 stays in
+        flight; any other is finished at once, as step() does. NOTE: a request that stops at
+        step N also ran in step N + 1; that extra token is never emitted, its pages are freed."""
+        chunks = self.scheduler.schedule(lookahead=False)
+        logits, readback, rows = None, None, sample_rows(chunks)
+        if chunks:
+            step = build_step_input(chunks, self.config.page_size)
+            step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples)
+            logits = self._run_on_all_ranks(step)
+            self.counters["steps"] += 1
+            if not step.logits and step.sample_indices and self.runner.step_greedy is not None:
+                readback = self.runner.greedy_readback()  # NOTE: queued before step N + 2 can overwrite it
+        outputs = self._resolve_in_flight()
+        live = [i for i, c in enumerate(chunks) if c.req.status is ReqStatus.RUNNING]
+        chunks, rows = [chunks[i] for i in live], [rows[i] for i in live]
+        if readback is not None:
+            marks = [placeholder(r) if r is not None else None for r in rows]
+            indices = self.scheduler.commit_placeholders(chunks, marks)
+            self._in_flight = InFlight(chunks, rows, indices, readback)
+            return outputs
+        return outputs + self._finish_now(chunks, rows, logits)
+
+    def _resolve_in_flight(self) -> list[TokenOutput]:
+        """Step N's tokens (waiting for step N only), the stop rules, and its outputs; plus the
+        requests the pool dropped while scheduling step N + 1 (with their step N token)."""
+        dropped = self.scheduler.take_dropped()
+        flight, self._in_flight = self._in_flight, None
+        chunks, sampled, logprobs, finished = [], [], [], list(dropped)
+        if flight is not None:
+            dropped_ids = {id(req) for req in dropped}
+            sampling = [i for i, index in enumerate(flight.indices) if index is not None]
+            tokens, lps = flight.readback.get([flight.rows[i] for i in sampling])
+            for i, token, logprob in zip(sampling, tokens, lps):
+                chunk, req = flight.chunks[i], flight.chunks[i].req
+                if req.status is ReqStatus.FINISHED and id(req) not in dropped_ids:
+                    continue  # aborted meanwhile: its last output has gone already
+                if self.scheduler.resolve(req, flight.indices[i], token) is not None:
+                    finished.append(req)
+                chunks.append(chunk)
+                sampled.append(token)
+                logprobs.append(logprob)
+        return self._outputs(chunks, sampled, logprobs, finished)
+
+    def _finish_now(self, chunks: list[Chunk], rows: list, logits) -> list[TokenOutput]:
+        """A launched step that does not stay in flight (it samples, or samples nothing)."""
+        sampled: list = [None] * len(chunks)
+        logprobs: list = [None] * len(chunks)
+        failed: dict[int, Exception] = {}
+        if chunks:
+            self._sample(chunks, logits, rows, sampled, logprobs, failed)
+        finished = self.scheduler.commit(chunks, sampled)
+        outputs = self._outputs(chunks, sampled, logprobs, finished)
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
@@ -234,7 +308,9 @@ class LLMEngine:
 
     def fail_running(self, error: BaseException) -> list[TokenOutput]:
         """A step failed where no single request is to blame: fail the requests it may have run."""
+        self._in_flight = None  # NOTE: its placeholders are in running or preempted requests
         rids = [req.rid for req in self.scheduler.running]
+        rids += [req.rid for req in self.scheduler.waiting if req.token_ids[-1] < 0]
         return [out for rid in rids if (out := self.fail_request(rid, error)) is not None]
 
     def _accept(self, proposal, logits, rows: list, chunks: list[Chunk], sampled: list, logprobs: list,

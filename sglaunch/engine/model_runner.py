@@ -26,10 +26,12 @@ from sglaunch.engine.loader import load_checkpoint
 from sglaunch.engine.model_spec import ModelSpec, find_weight_files, resolve_context_length
 from sglaunch.engine.models import CausalLM
 from sglaunch.engine.step import DraftStepInput, StepInput
+from sglaunch.engine.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
 VERIFY_WINDOW_ENV = "SGLAUNCH_VERIFY_GRAPH_WINDOW"  # set by `sglaunch profile-sps` (no drafter there)
+OVERLAP_ENV = "SGLAUNCH_OVERLAP"  # 1: the engine launches a step before reading the last one back
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -37,6 +39,15 @@ def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
     if config.device == "cuda":
         return torch.device("cuda", config.base_gpu_id + local_rank)
     return torch.device("cpu")
+
+
+def overlap_from_env() -> bool:
+    """SGLAUNCH_OVERLAP (0 or 1, default 0), read once per process at start-up: every rank sees
+    the same environment, so every rank agrees."""
+    value = os.environ.get(OVERLAP_ENV, "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def configure_cpu_rank(ranks_on_this_node: int) -> None:
@@ -50,6 +61,22 @@ def configure_cpu_rank(ranks_on_this_node: int) -> None:
     torch.set_flush_denormal(True)
 
 
+class GreedyReadback:
+    """One forward's greedy (token, log-probability) choices on their way to the host: a pinned
+    copy and the event after it on CUDA, the lists themselves on a CPU."""
+
+    def __init__(self, host, rows: list[int], event):
+        self.host, self.rows, self.event = host, rows, event  # host: [2, columns]; logit row -> column
+
+    def get(self, logit_rows: list[int]) -> tuple[list[int], list[float]]:
+        """Those rows' choices; waits for that forward only (not for any step queued after it)."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.host, self.event = self.host.tolist(), None
+        columns = [self.rows[r] for r in logit_rows]
+        return [int(self.host[0][c]) for c in columns], [self.host[1][c] for c in columns]
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, spec: ModelSpec, tp: TPGroup, device: torch.device, show_progress: bool):
         self.config, self.spec, self.tp, self.device = config, spec, tp, device
@@ -58,6 +85,10 @@ class ModelRunner:
             # NOTE: cuDNN's SDPA builds an execution plan for every new shape, ~25 ms of host time
             # on an H200; the drafter's and the torch backend's attention change shape every step
             torch.backends.cuda.enable_cudnn_sdp(False)
+        # NOTE: set before the graphs are captured (their input copies); DSpark steps stay synchronous
+        self.overlap = overlap_from_env() and config.speculative is None
+        if overlap_from_env() and not self.overlap and tp.rank == 0:
+            logger.info("%s=1: DSpark steps stay synchronous (overlap is for plain decoding)", OVERLAP_ENV)
         self.context_length = resolve_context_length(spec, config.context_length)
         max_positions = max(self.context_length, spec.max_position_embeddings)
         self.model_dtype = DTYPES[config.dtype]
@@ -75,6 +106,8 @@ class ModelRunner:
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
         self.attn.set_query_dtype(self.model_dtype)
         self.step_greedy, self._greedy_read = None, None  # set by forward() (see greedy_host)
+        self._readback_buffers: list[torch.Tensor | None] = [None, None]  # pinned (greedy_readback)
+        self._readback_turn = 0
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
         if self.graphs is not None and self.draft is not None:
             from sglaunch.speculative.draft_graphs import enabled_from_env
@@ -126,9 +159,14 @@ class ModelRunner:
         vocab] in float32 (identical on every rank), or None when `step.logits` is False and a
         verify graph has already chosen every row greedily (greedy_host has them)."""
         key = self.graphs.pick(step) if self.graphs is not None else None
+        previous = self.step_greedy  # overlap: the placeholders of `step` are its choices
+
+        def fill(input_ids: torch.Tensor) -> None:
+            self._fill_placeholders(input_ids, step, previous)
+
         self.step_greedy, self._greedy_read = None, None
         if key is not None:
-            hidden, features, positions, out_slots = self.graphs.replay(key, step)
+            hidden, features, positions, out_slots = self.graphs.replay(key, step, fill)
             if features is not None:  # None after a graph that wrote the draft context itself
                 self.draft.write_context(features, positions, out_slots)
             t = step.num_tokens
@@ -143,6 +181,7 @@ class ModelRunner:
                 return None
         else:
             input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
+            fill(input_ids)
             meta = self.attn.prepare(step)
             positions, out_slots = meta.positions, meta.out_slots
             hidden, features = self.model_forward(input_ids, positions)
@@ -156,6 +195,43 @@ class ModelRunner:
             lp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
             self.step_greedy = (torch.stack([tokens.double(), lp.double()]), list(range(len(step.sample_indices))))
         return logits
+
+    def _fill_placeholders(self, input_ids: torch.Tensor, step: StepInput, previous) -> None:
+        """Overlap: write the previous forward's greedy choices over the placeholder rows of
+        `input_ids` [num_tokens], on the device; the host never waited for them. Every rank
+        fills them from its own (identical) greedy buffer, before this step's forward overwrites it."""
+        if not step.future_rows:
+            return
+        if previous is None:
+            raise RuntimeError("a step with placeholder tokens needs the greedy choices of the step before it")
+        greedy, rows = previous  # [2, columns] float64; logit row -> column
+        columns = [rows[r] for r in step.future_sources]
+        k = len(columns)
+        if columns == step.future_rows and columns[-1] == k - 1 and columns[0] == 0:  # a decode batch: one copy
+            input_ids[:k].copy_(greedy[0, :k])
+            return
+        (index,) = to_device([torch.tensor([step.future_rows, columns], dtype=torch.int64)], self.device)
+        input_ids[index[0]] = greedy[0, index[1]].to(input_ids.dtype)
+
+    def greedy_readback(self) -> GreedyReadback:
+        """Start copying the last forward's greedy choices to the host without waiting for them
+        (overlap: the host reads them while the next step runs). Call right after forward()."""
+        greedy, rows = self.step_greedy
+        if self.device.type != "cuda":
+            return GreedyReadback(greedy.tolist(), rows, None)
+        n = greedy.shape[1]
+        self._readback_turn ^= 1  # NOTE: two buffers: one being read while the next one fills
+        buffer = self._readback_buffers[self._readback_turn]
+        if buffer is None or buffer.numel() < 2 * n:
+            buffer = torch.empty(2 * max(n, 256), dtype=torch.float64, pin_memory=True)
+            self._readback_buffers[self._readback_turn] = buffer
+        # NOTE: a contiguous pinned destination: into a strided one torch would stage the copy
+        # in pageable memory, which waits for the stream (this step) to finish
+        host = buffer[: 2 * n].view(2, n)
+        host.copy_(greedy, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return GreedyReadback(host, rows, event)
 
     def _rows(self, step: StepInput) -> torch.Tensor:
         return torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)

@@ -40,6 +40,9 @@ class Req:
         self.num_preemptions = 0
         self.status = ReqStatus.WAITING
         self.finish_reason: FinishReason | None = None
+        # overlap (engine.py): the last token is a placeholder the device fills in, learnt a step
+        # late; True when the length rules end the request there whatever that token is
+        self.final_pending = False
 
     @property
     def output_ids(self) -> list[int]:

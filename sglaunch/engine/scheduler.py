@@ -92,6 +92,8 @@ class Scheduler:
                 if req.rid == rid:
                     queue.remove(req)
                     self._release(req)
+                    if req.token_ids[-1] < 0:  # overlap: a token still in flight is never emitted
+                        req.token_ids.pop()
                     req.status, req.finish_reason = ReqStatus.FINISHED, "abort"
                     return req
         return None
@@ -128,7 +130,7 @@ class Scheduler:
         chunks, i = [], 0
         while i < len(self.running):
             req = self.running[i]
-            length = self._chunk_len(req, budget)
+            length = 0 if req.final_pending else self._chunk_len(req, budget)
             if length == 0:
                 i += 1
                 continue
@@ -164,6 +166,8 @@ class Scheduler:
         chunks: list[Chunk] = []
         while self.waiting and len(self.running) < self.limits.max_running_requests and budget[0] > 0:
             req = self.waiting[0]
+            if req.final_pending:  # NOTE: overlap: it ends when its pending token is learnt
+                break
             self._borrow_prefix(req)
             length = int(min(req.num_pending, budget[0]))
             if not self._has_headroom(req, req.num_computed + length) or not self._reserve(
@@ -229,6 +233,48 @@ class Scheduler:
                 req.status, req.finish_reason = ReqStatus.FINISHED, reason
                 finished.append(req)
         return finished
+
+    # ---- overlap: tokens learnt one step late ------------------------------------------
+    def commit_placeholders(self, chunks: list[Chunk], placeholders: list[int | None]) -> list[int | None]:
+        """Record the computed KV of a step whose tokens are still on the device: each sampling
+        chunk's request gets `placeholders[i]` (a negative id the next step's forward replaces on
+        the device) as its last token. Returns, per chunk, the index of that token (or None)."""
+        indices: list[int | None] = []
+        for chunk, placeholder in zip(chunks, placeholders):
+            req = chunk.req
+            req.num_computed = chunk.end
+            if placeholder is None:
+                indices.append(None)
+                continue
+            indices.append(len(req.token_ids))
+            req.token_ids.append(placeholder)
+            # NOTE: the length rules do not depend on the token: no step is scheduled after it
+            req.final_pending = (req.num_output_tokens >= req.sampling.max_new_tokens
+                                 or len(req.token_ids) >= self.limits.context_length)
+        return indices
+
+    def take_dropped(self) -> list[Req]:
+        """Requests the pool could not hold, dropped since the last commit."""
+        dropped, self.finished_by_pool = self.finished_by_pool, []
+        return dropped
+
+    def resolve(self, req: Req, index: int, token: int) -> FinishReason | None:
+        """The token at `index` (a placeholder) is `token`: apply the stop rules; returns the
+        finish reason when the request ends here (its pages freed, wherever it waits or runs)."""
+        if index != len(req.token_ids) - 1 or req.token_ids[index] >= 0:
+            raise RuntimeError(f"{req!r}: token {index} is not its pending placeholder")
+        req.token_ids[index] = token
+        req.final_pending = False
+        reason = self._finish_reason(req, token)
+        if req.status is ReqStatus.FINISHED:  # dropped by the pool meanwhile: already ended
+            if reason == "stop":
+                req.finish_reason = reason
+            return None
+        if reason is not None:
+            (self.running if req.status is ReqStatus.RUNNING else self.waiting).remove(req)
+            self._release(req)
+            req.status, req.finish_reason = ReqStatus.FINISHED, reason
+        return reason
 
     def _append_tokens(self, chunk: Chunk, tokens: list[int]) -> FinishReason | None:
         """Append tokens until a stop rule fires (the stopping token is kept, later ones dropped)."""

@@ -7,7 +7,7 @@ chunk, one decode token, or several tokens to verify), laid out back to back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglaunch.engine.scheduler import Chunk
 
@@ -23,6 +23,11 @@ class StepInput:
     # False: every sampled row is greedy, so the forward may skip the logits and give only each
     # row's greedy (token, log-probability) (ModelRunner.greedy_host); the same on every rank
     logits: bool = True
+    # overlap: rows of input_ids that hold a placeholder (a token the previous step chose on the
+    # device and the host has not read yet), and for each the logit row of the previous step
+    # whose greedy choice fills it in; every rank fills them from its own greedy buffer
+    future_rows: list[int] = field(default_factory=list)
+    future_sources: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -41,6 +46,9 @@ def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
         req = chunk.req
         ids = req.token_ids[chunk.start : chunk.end] + chunk.draft_tokens
         end = chunk.start + len(ids)
+        if chunk.end == len(req.token_ids) and ids[chunk.end - chunk.start - 1] < 0:
+            step.future_rows.append(len(step.input_ids) + chunk.end - chunk.start - 1)
+            step.future_sources.append(placeholder_source(ids[chunk.end - chunk.start - 1]))
         step.input_ids.extend(ids)
         step.positions.extend(range(chunk.start, end))
         step.query_lens.append(len(ids))
@@ -51,6 +59,15 @@ def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
         elif chunk.samples:
             step.sample_indices.append(len(step.input_ids) - 1)
     return step
+
+
+def placeholder(logit_row: int) -> int:
+    """The token id standing for the greedy choice at `logit_row` of the step in flight."""
+    return -1 - logit_row
+
+
+def placeholder_source(token: int) -> int:
+    return -1 - token
 
 
 def sample_rows(chunks: list[Chunk]) -> list[int | None]:

@@ -48,3 +48,28 @@ def test_profile_step_reports_phases_for_plain_and_dspark(tmp_path, capsys):
     assert results["dspark-static"]["spec"]["speculative"]["steps"] > 0
     assert len(results["plain"]["top_ops"]) == 5 and "cumulative" in results["plain"]["cprofile"]
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("dspark-static")
+
+
+def test_profile_step_compares_overlap_off_and_on_in_one_run(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    tps = load("bench_script_tp_scaling_for_overlap", "tp_scaling.py")
+    profile_step = load("bench_script_profile_step_overlap", "profile_step.py")
+    monkeypatch.delenv("SGLAUNCH_OVERLAP", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
+                               "--device", "cpu", "--dtype", "float32", "--dspark", "off"])
+        tps.build_models(args)
+        out = tmp_path / "profile.json"
+        code = profile_step.main(["--model", str(tmp_path / "m" / "target"), "--device", "cpu", "--dtype", "float32",
+                                  "--overlap", "both", "--concurrency", "2", "--steps", "3", "--warmup", "3",
+                                  "--prompt-len", "8", "--top", "3", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert {name: r["overlap"] for name, r in results.items()} == {"plain": False, "plain+overlap": True}
+    assert all(r["pipelined_step_ms"] > 0 for r in results.values())
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("overlap on / off (same run)")
+    assert "SGLAUNCH_OVERLAP" not in __import__("os").environ

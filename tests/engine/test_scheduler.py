@@ -240,3 +240,79 @@ def test_lookahead_is_capped_and_never_preempts():
     chunks = sched.schedule()
     # a: 2 more tokens allowed -> at most 1 draft; b: 12 pages minus a's 6 minus b's 5 -> none left
     assert [c.lookahead for c in chunks] == [1, 0] and sched.num_preemptions == 0
+
+
+# ---- overlap: tokens learnt one step late (LLMEngine._step_overlapped) ---------------------
+
+
+def run_overlapped(sched: Scheduler, reqs: list[Req], max_steps: int = 10_000) -> int:
+    """Like run(), pipelined as the overlapped engine is: step N + 1 is scheduled and computed
+    before step N's tokens are resolved; its placeholder inputs take step N's tokens (the
+    device's copy). Returns how many steps had a placeholder input."""
+    ps, pool, flight, filled, steps = sched.limits.page_size, {}, None, 0, 0
+    for req in reqs:
+        sched.add(req)
+    while sched.has_work and steps < max_steps:
+        steps += 1
+        chunks = sched.schedule()
+        tokens = []  # per chunk (its "logit row"), what the device chooses
+        for c in chunks:
+            ids = [flight[2][-1 - t] if t < 0 else t for t in c.req.token_ids[: c.end]]  # NOTE: the device fill
+            filled += ids != c.req.token_ids[: c.end]
+            for pos in range(c.end):
+                slot = c.req.pages[pos // ps] * ps + pos % ps
+                if pos < c.start:
+                    assert pool[slot] == ids[pos], f"{c.req.rid}: stale KV at position {pos}"
+                else:
+                    pool[slot] = ids[pos]
+            tokens.append(fake_next_token(ids) if c.samples else None)
+        dropped = {id(r) for r in sched.take_dropped()}
+        if flight is not None:  # step N, read back now
+            for chunk, index in zip(flight[0], flight[1]):
+                if index is not None and (chunk.req.status.value != "finished" or id(chunk.req) in dropped):
+                    sched.resolve(chunk.req, index, flight[2][-1 - chunk.req.token_ids[index]])
+        live = [i for i, c in enumerate(chunks) if c.req.status.value == "running"]
+        marks = [-1 - i if tokens[i] is not None else None for i in live]
+        flight = ([chunks[i] for i in live], sched.commit_placeholders([chunks[i] for i in live], marks), tokens)
+    assert not sched.has_work
+    return filled
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("num_pages", [24, 256])
+def test_overlapped_steps_match_synchronous_ones(page_size, num_pages):
+    """Preemption (tiny pool) and radix reuse while a step is in flight, EOS and stop tokens
+    learnt a step late, max_new_tokens known in advance; no stale KV, every page back."""
+    eos, stop = reference([1, 2], 3)[2], reference(PROMPTS[2], 4)[3]
+    outcomes = []
+    for overlapped in (False, True):
+        sched = make_scheduler(num_pages // page_size, page_size, eos=[eos])
+        reqs = make_reqs(PROMPTS + [[1, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9]], max_new=10, stop_token_ids=(stop,))
+        reqs[-1].sampling = SamplingParams(max_new_tokens=1)
+        filled = run_overlapped(sched, reqs) if overlapped else (run(sched, reqs), 0)[1]
+        assert filled > 0 or not overlapped
+        assert sched.allocator.num_used == sched.radix.cached_pages
+        assert num_pages > 24 or sched.num_preemptions > 0
+        outcomes.append([(r.output_ids, r.finish_reason) for r in reqs])
+    assert outcomes[0] == outcomes[1]
+    assert {reason for _, reason in outcomes[0]} == {"stop", "length"}
+
+
+def test_placeholder_of_an_aborted_request_is_never_kept():
+    sched = make_scheduler(256, radix=False)
+    (a,) = make_reqs([[1, 2, 3]], max_new=5)
+    sched.add(a)
+    chunks = sched.schedule()
+    assert sched.commit_placeholders(chunks, [-1]) == [3] and a.token_ids[-1] == -1
+    assert sched.abort("r0").output_ids == [] and sched.allocator.num_used == 0
+
+
+def test_a_request_whose_last_token_is_in_flight_is_not_scheduled_again():
+    sched = make_scheduler(256, radix=False)
+    (a,) = make_reqs([[1, 2, 3]], max_new=1)
+    sched.add(a)
+    sched.commit_placeholders(sched.schedule(), [-1])
+    assert a.final_pending and sched.schedule() == []
+    assert sched.resolve(a, 3, 77) == "length" and a.output_ids == [77] and sched.allocator.num_used == 0
+    with pytest.raises(RuntimeError, match="placeholder"):
+        sched.resolve(a, 3, 78)

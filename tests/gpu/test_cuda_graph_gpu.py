@@ -222,6 +222,62 @@ def test_greedy_with_graphs_equals_without(files):
     assert_same_greedy(with_graphs, without, "graphs on vs off")
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_greedy_with_overlap_equals_without(files, graphs, monkeypatch):
+    """SGLAUNCH_OVERLAP=1: placeholders filled on the device in graph replays and in eager
+    (prefill and mixed) steps, read-back a step late; then every page is back."""
+    batch = prompts(20, seed=5)  # more than MAX_BS: admissions while others decode
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "0")
+    sync, _ = greedy_outputs(cuda_config(files, graphs=graphs), batch, 24)
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
+    overlapped, replays = greedy_outputs(cuda_config(files, graphs=graphs), batch, 24)
+    if graphs:
+        assert replays.get("decode", 0) > 0, f"no decode graph was replayed: {replays}"
+    assert_same_greedy(overlapped, sync, f"overlap on vs off (graphs {graphs})")
+
+
+def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch):
+    """SGLAUNCH_OVERLAP=1, a steady decode batch replaying graphs: the whole engine step (graph
+    inputs, FlashInfer plan, placeholder fill, read-back) makes no synchronising CUDA call but
+    the two event waits it means to make (the last step's read-back, its plan copies)."""
+    import traceback
+    import warnings
+    from pathlib import Path
+
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = ("self.event.synchronize()", "self._loaded.synchronize()")
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True)
+    sites = []
+
+    def show(message, *args, **kwargs):
+        if "synchroniz" in str(message):
+            frames = [f for f in traceback.extract_stack() if Path(f.filename).resolve().is_relative_to(root / "sglaunch")]
+            sites.append(f"{frames[-1].filename}:{frames[-1].lineno} `{frames[-1].line}`" if frames else str(message))
+
+    with booted(cuda_config(files)) as engine:
+        for i, p in enumerate(prompts(6, seed=6)):
+            engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+        for _ in range(8):  # prefill, then decode steps
+            engine.step()
+        before = engine.runner.graphs.replays["decode"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for _ in range(10):
+                    engine.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert engine.runner.graphs.replays["decode"] - before == 10
+        assert engine._in_flight is not None
+    unexpected = [site for site in sites if not any(a in site for a in allowed)]
+    assert not unexpected, f"synchronising calls in overlapped decode steps: {unexpected}"
+
+
 @pytest.mark.parametrize("drafter", ["oracle", "random"])
 def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     batch = prompts(10, seed=3)
