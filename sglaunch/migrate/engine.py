@@ -724,17 +724,34 @@ def _json_launch(text: str) -> bool:
 
     if mentions(text) or "lmsysorg/sglang" in text:
         return True
-    # a string that is a flag some rule is about (a launcher's `"args": [...]`): benchmark results and
-    # other data that only record valid flags stay out of a walk
-    strings = re.findall(r'"(--[a-z][a-z0-9-]+(?:=[^"]*)?)"(?:\s*[,:]\s*"([^"]*)")?', text[:200000])
-    if strings:
+    # an array of strings holding a flag some rule is about (a launcher's `"args": [...]`), or a mapping
+    # keyed by such flags: benchmark records that only hold valid flags, and data that names flags as
+    # values (`{"name": "--x", "removed": "0.5.16"}`, a flag schema) stay out of a walk
+    if '"--' in text and len(text) < 1_000_000:
+        import json
+
         from sglaunch.migrate.rules import load_rules
+        from sglaunch.migrate.yamlfmt import mask_json
         from sglaunch.releases import KNOWN_RELEASES
 
+        try:
+            data = json.loads(mask_json(text))
+        except ValueError:
+            data = None
         rules = load_rules().rules
-        for flag, value in strings:
-            if suspicious(f"{flag} {value}", rules, KNOWN_RELEASES[-1]):
-                return True
+        stack = [data]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                strings = [v for v in item if isinstance(v, str)]
+                if strings and strings == item and suspicious(" ".join(strings), rules, KNOWN_RELEASES[-1]):
+                    return True
+                stack.extend(v for v in item if isinstance(v, (list, dict)))
+            elif isinstance(item, dict):
+                keys = [k for k in item if k.startswith("--")]
+                if keys and suspicious(" ".join(f"{k} {item[k]}" for k in keys), rules, KNOWN_RELEASES[-1]):
+                    return True
+                stack.extend(v for v in item.values() if isinstance(v, (list, dict)))
     return len(text) < 1_000_000 and detect_yaml(text) == "config"
 
 

@@ -293,7 +293,8 @@ def _argv_site(text: str, offsets: _Offsets, node) -> Site | None:
     found = shell._find_launcher(["python" if d and k == 0 else v for k, (v, d) in enumerate(zip(values, dynamic))])
     if found is None and getattr(node, "_sglaunch_argv", False) and values:
         found = (0, 1, "runpy.run_module sglang.launch_server")  # sys.argv[0] is the program name
-    if found is None and flag_list(values):
+    if found is None and flag_list(values) and not isinstance(node, _Args):
+        # (a call's arguments count only with a launcher: `Flag("--x", BOOL, "help")` is not an argv)
         found = (0, 0, "argument list")
     if found is None:
         return None

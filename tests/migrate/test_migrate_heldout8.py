@@ -314,3 +314,17 @@ def test_a_json_manifest_env_insertion_that_would_break_json_is_manual(tmp_path)
     report = run(path, unsafe=True)
     json.loads(report.migrated)
     assert exit_code([report]) == 1
+
+
+def test_decoys_a_flag_declaration_call_and_a_flag_schema_json(tmp_path):
+    """A call with a flag and other positional arguments is not an argv unless it holds a launcher
+    (`Flag("--x", BOOL, "help")` declares a flag); a JSON that names flags as values (a flag
+    schema) is data, not read by a walk."""
+    (tmp_path / "schema.py").write_text('Flag("--enable-deepep-waterfill", BOOL, "Waterfill.", default=False)\n')
+    (tmp_path / "flags.json").write_text(json.dumps({"flags": [{"name": "--enable-deepep-waterfill",
+                                                                 "removed": "0.5.16"}]}, indent=1) + "\n")
+    reports = [process_file(p, e, RULES, TO, True) for p, e in iter_files([str(tmp_path)])]
+    reports = {Path(r.path).name: r for r in reports if r is not None}
+    assert "flags.json" not in reports
+    schema = reports["schema.py"]
+    assert not schema.changed and not [f for f in schema.findings if f.level in (FIX, UNSAFE)]
