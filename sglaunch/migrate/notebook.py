@@ -19,7 +19,10 @@ from typing import Callable
 from sglaunch.migrate.tokens import TextEdit, TokenRef
 
 SHELL_CELL = re.compile(r"%%(bash|sh|script\s+(ba)?sh|system)\b")
-SHELL_MAGIC = re.compile(r"[ \t]*(!|%(pip|conda|sx|system|uv|mamba)\b)")
+SHELL_MAGIC = re.compile(r"[ \t]*(?:[A-Za-z_][A-Za-z0-9_]*[ \t]*=[ \t]*)?(!|%(pip|conda|sx|system|uv|mamba)\b)")
+ENV_MAGIC = re.compile(r"^[ \t]*%env[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:[ \t]*=[ \t]*|[ \t]+)(\S*)[ \t]*$", re.M)
+PY_ENVIRON = re.compile(r"^[ \t]*os\.environ\[[\"']([A-Za-z_][A-Za-z0-9_]*)[\"']\][ \t]*=[ \t]*[\"']([^\"'\n]*)[\"']", re.M)
+INTERPOLATION = re.compile(r"\{[^{}\n]*\}")  # IPython expands `{expr}` in ! lines: a value the rules cannot know
 
 
 @dataclass
@@ -145,8 +148,10 @@ def _split(body: str) -> tuple[str, str]:
     for line in lines:
         magic = SHELL_MAGIC.match(line)
         if magic or continued:
-            at = line.index("!") if magic and magic.group(1) == "!" else line.index("%") if magic else -1
-            shell.append(line[:at] + " " + line[at + 1:] if at >= 0 else line)
+            at = magic.start(1) if magic else -1
+            # `files = !ls`: the assignment is blanked too; `{expr}` becomes a shell expansion of the same length
+            text = _blank(line[:at]) + " " + line[at + 1:] if at >= 0 else line
+            shell.append(INTERPOLATION.sub(lambda m: "$" + "_" * (len(m.group(0)) - 1), text))
             python.append(_blank(line))
             continued = line.rstrip().endswith("\\")
         else:
@@ -166,11 +171,15 @@ def read_notebook(text: str):
         found = cells(text)
     except ValueError as exc:
         raise SyntaxError(f"not a notebook: {exc}") from None
+    env: dict[str, str] = {}  # `%env NAME=VALUE` and `os.environ["NAME"] = "VALUE"` of the cells so far
     for cell in found:
         mapper = cell.mapper()
+        for match in [*ENV_MAGIC.finditer(cell.text), *PY_ENVIRON.finditer(cell.text)]:
+            env[match.group(1)] = match.group(2)
         if cell.shell.strip():
             parsed = shell.parse_script(cell.shell, mapper, fmt="notebook")
             for site in parsed.sites:
+                site.env = {**env, **site.env}
                 site.refs = tuple(TokenRef(r.container, r.index, cell.line(r.line)) for r in site.refs)
                 site.line = cell.line(site.line)
                 site.set_env = None
@@ -192,6 +201,7 @@ def read_notebook(text: str):
                                        r.index, cell.line(r.line)) for r in site.refs)
             site.line = cell.line(site.line)
             site.set_env = None
+            site.env = {**env, **site.env}
             site.fmt = "notebook"
             doc.sites.append(site)
         for problem in inner.errors:

@@ -112,6 +112,14 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                           ['"source": ["Run `python -m sglang.launch_server --enable-deepep-waterfill`"]'],
                           ['"  --fp4-gemm-backend auto &"',
                            '\\"--enable-waterfill\\", \\"--moe-a2a-backend\\", \\"deepep\\"])\\n"']),
+    # IPython: `{expr}` in a ! line is a value the rules cannot know, `x = !cmd`, `%%script bash`, and `%env`
+    # (an explicit verify mode, in effect for the later cells: kept and reported); without it the fix is reported
+    "kinds/magics.ipynb": ("notebook", {("R516-01", 10), ("R516-03", 30), ("R516-04", 20), ("R516-07", 40),
+                                        ("R516-07", 49)},
+                           ['"%env SGLANG_RAGGED_VERIFY_MODE=static\\n"', "'--quantization', 'qoq'"],
+                           ["!{sys.executable} -m sglang.launch_server --model-path /m --enable-waterfill --moe-a2a-backend deepep &",
+                            "--fp4-gemm-backend auto\\n"]),
+    "kinds/dspark.ipynb": ("notebook", {("R516-07", 9)}, ["--speculative-algorithm DSPARK --model-path /m"], []),
     # a CronJob with the launcher split across command and args; Ansible argv and shell; SkyPilot; Taskfile
     "kinds/cronjob.yaml": ("k8s", {("R516-02", 20), ("R516-50", 14)}, ['command: ["python3", "-m"]'],
                            ["- --optimistic-prefill-attempts=2\n"]),
