@@ -569,6 +569,17 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
             consumed.add(id(node))
         if fmt == "workflow":
             _non_shell_steps(text, root, consumed, doc)
+        for mapping in _mappings(root):  # Azure Pipelines `- pwsh: ...` / `- powershell: ...` steps
+            for key, value in mapping.value:
+                if is_scalar(key) and str(key.value) in ("pwsh", "powershell", "cmd", "PowerShell@2") \
+                        and is_scalar(value) and id(value) not in consumed:
+                    consumed.add(id(value))
+                    body = str(value.value)
+                    if shell.mentions(body) or STRAY_FLAG.search(body):
+                        doc.errors.append((value.start_mark.line + 1, f"a `{key.value}:` step: the tool reads only "
+                                           "POSIX shell and Python steps; a launch there is neither checked nor "
+                                           "fixed; check it by hand", body,
+                                           "unreadable" if shell.mentions(body) else "variable"))
         for path in ranged:  # a chart's values mapping the templates turn into flags: read as flags
             node = _at_path(root, path)
             if node is not None and is_map(node) and node.value and not node.flow_style \

@@ -120,6 +120,9 @@ EXPECT: dict[str, tuple[str, set[tuple[str, int]], list[str], list[str]]] = {
                            ["!{sys.executable} -m sglang.launch_server --model-path /m --enable-waterfill --moe-a2a-backend deepep &",
                             "--fp4-gemm-backend auto\\n"]),
     "kinds/dspark.ipynb": ("notebook", {("R516-07", 9)}, ["--speculative-algorithm DSPARK --model-path /m"], []),
+    # Azure Pipelines: a pwsh: step is reported, a bash: step fixed
+    "kinds/azure-pipelines.yml": ("yaml", {("unread", 4), ("R516-03", 7)}, ["        --enable-deepep-waterfill\n"],
+                                  ["--fp4-gemm-backend auto\n"]),
     # a CronJob with the launcher split across command and args; Ansible argv and shell; SkyPilot; Taskfile
     "kinds/cronjob.yaml": ("k8s", {("R516-02", 20), ("R516-50", 14)}, ['command: ["python3", "-m"]'],
                            ["- --optimistic-prefill-attempts=2\n"]),
