@@ -335,8 +335,9 @@ class _Reader:
             version = re.search(r'(?m)^version\s*=\s*"([^"]+)"', body)
             if name and version:
                 at = match.start(1) + version.start()
-                self.add(REQUIREMENT, f"{name.group(1)}=={version.group(1)}", None, at,
-                         f"{self.name or 'lock file'}", lock=(command or "the tool that wrote it").format(name=name.group(1)))
+                regenerate = (command or "the tool that wrote it").format(name=name.group(1))
+                self.add(REQUIREMENT, f"{name.group(1)}=={version.group(1)}", None, at, self.name or "lock file",
+                         lock=regenerate)
 
     # -- pyproject.toml ----------------------------------------------------------
 

@@ -212,7 +212,7 @@ def process_file(path: str, explicit: bool, rules: Sequence[Rule], to_release: s
                                if f.level in (FIX, UNSAFE) else f for f in report.findings]
     if fmt not in DEPENDENCY_FORMATS and path != STDIN:
         report.findings += _flag_files(path, work, rules, to_release)
-    if fmt in ("pyproject", "setupcfg", "pipfile", "tox"):
+    if fmt in ("pyproject", "setupcfg", "pipfile"):
         # a tool table holding launch flags (`[tool.x] args = ["--x"]`), a setup.cfg section of a
         # launcher's own: nothing there is read as a launch, so a rule's flag is reported
         report.findings += _unread_launches(work, result.findings, rules, to_release)

@@ -21,7 +21,8 @@ from sglaunch.migrate.tokens import TextEdit, TokenRef
 SHELL_CELL = re.compile(r"%%(bash|sh|script\s+(ba)?sh|system)\b")
 SHELL_MAGIC = re.compile(r"[ \t]*(?:[A-Za-z_][A-Za-z0-9_]*[ \t]*=[ \t]*)?(!|%(pip|conda|sx|system|uv|mamba)\b)")
 ENV_MAGIC = re.compile(r"^[ \t]*%env[ \t]+([A-Za-z_][A-Za-z0-9_]*)(?:[ \t]*=[ \t]*|[ \t]+)(\S*)[ \t]*$", re.M)
-PY_ENVIRON = re.compile(r"^[ \t]*os\.environ\[[\"']([A-Za-z_][A-Za-z0-9_]*)[\"']\][ \t]*=[ \t]*[\"']([^\"'\n]*)[\"']", re.M)
+PY_ENVIRON = re.compile(r"^[ \t]*os\.environ\[[\"']([A-Za-z_][A-Za-z0-9_]*)[\"']\][ \t]*=[ \t]*"
+                        r"[\"']([^\"'\n]*)[\"']", re.M)
 INTERPOLATION = re.compile(r"\{[^{}\n]*\}")  # IPython expands `{expr}` in ! lines: a value the rules cannot know
 
 
@@ -31,6 +32,7 @@ class Cell:
     positions: list[int]  # file offset of each character of `text`
     lines: list[int]  # file line (1-based) of each line of `text`
     end: int  # file offset just after the last character (before the closing quote)
+    ends: list[int] = field(default_factory=list)  # file offset just after each character (`\\"` is 2 long)
     shell: str = ""  # the cell with only its shell lines (others blanked), same length
     python: str = ""  # the cell with its magics blanked, same length
     errors: list = field(default_factory=list)
@@ -61,7 +63,7 @@ class Cell:
 
 def _after(cell: Cell, index: int) -> int:
     """File offset just after character `index` of the cell (escapes such as `\\"` are 2 long)."""
-    return cell.ends[index] if hasattr(cell, "ends") else cell.positions[index] + 1
+    return cell.ends[index] if index < len(cell.ends) else cell.positions[index] + 1
 
 
 def _decode(raw: str, start: int) -> tuple[str, list[int], list[int]]:
@@ -73,7 +75,7 @@ def _decode(raw: str, start: int) -> tuple[str, list[int], list[int]]:
         c = raw[k]
         if c == "\\" and k + 1 < len(raw):
             e = raw[k + 1]
-            if e == "u" and k + 5 < len(raw) + 0:
+            if e == "u" and k + 6 <= len(raw):
                 ch = chr(int(raw[k + 2:k + 6], 16))
                 width = 6
             else:
@@ -128,8 +130,7 @@ def cells(text: str) -> list[Cell]:
                 lines = [source.start_mark.line + 1]
             if body.endswith("\n"):
                 lines.append(lines[-1] + 1)
-            cell = Cell(body, positions, lines, end)
-            cell.ends = ends  # type: ignore[attr-defined]
+            cell = Cell(body, positions, lines, end, ends)
             cell.shell, cell.python = _split(body)
             found.append(cell)
     return found

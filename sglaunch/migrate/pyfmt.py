@@ -147,8 +147,8 @@ def read_python(text: str) -> Document:
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             run.update(id(n) for n in ast.walk(node.value) if isinstance(n, (ast.Constant, ast.JoinedStr)))
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(_is_sys_argv(t) and not isinstance(t, ast.Subscript) for t in targets) and isinstance(node.value, (ast.List, ast.Tuple)) \
-                    and RUNPY_LAUNCH.search(text):
+            argv = any(_is_sys_argv(t) and not isinstance(t, ast.Subscript) for t in targets)
+            if argv and isinstance(node.value, (ast.List, ast.Tuple)) and RUNPY_LAUNCH.search(text):
                 # sys.argv = ["sglang.launch_server", "--x", ...]; runpy.run_module("sglang.launch_server"):
                 # the list is the server's argv (its first element the program name)
                 node.value._sglaunch_argv = True  # type: ignore[attr-defined]

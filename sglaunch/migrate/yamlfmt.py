@@ -561,8 +561,9 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
             if container is None or not flag_list([t.value for t in container.tokens]):
                 continue
             tokens = container.tokens
+            line = node.start_mark.line + 1
             doc.sites.append(Site(args=tuple(t.value for t in tokens), dynamic=tuple(t.dynamic for t in tokens),
-                                  refs=tuple(TokenRef(container, k, node.start_mark.line + 1) for k in range(len(tokens))),
+                                  refs=tuple(TokenRef(container, k, line) for k in range(len(tokens))),
                                   line=node.start_mark.line + 1, fmt=fmt,
                                   launcher=f"a Helm chart's .Values.{path} (a template writes it into the command)",
                                   env_hint="set it in the chart's container env"))
@@ -607,7 +608,8 @@ def read_manifest(text: str, fmt: str, origin: str | None = None) -> Document:
 
 
 POSIX_SHELLS = ("bash", "sh", "zsh", "dash", "ksh", "ash")
-RANGE_VALUES = re.compile(r"\{\{-?\s*range\s+\$[A-Za-z0-9_]+\s*,\s*\$[A-Za-z0-9_]+\s*:=\s*\$?\.Values\.([A-Za-z0-9_.]+)")
+RANGE_VALUES = re.compile(r"\{\{-?\s*range\s+\$[A-Za-z0-9_]+\s*,\s*\$[A-Za-z0-9_]+\s*:=\s*"
+                          r"\$?\.Values\.([A-Za-z0-9_.]+)")
 
 
 def _default_shell(node) -> str | None:
@@ -768,7 +770,8 @@ def _non_shell_steps(text: str, root, consumed: set[int], doc: "Document") -> No
             wrapped: dict[int, _MappedContainer] = {}
             for site in inner.sites:
                 if mapper is not None:
-                    site.refs = tuple(TokenRef(wrapped.setdefault(id(r.container), _MappedContainer(r.container, mapper)),
+                    site.refs = tuple(TokenRef(wrapped.setdefault(id(r.container),
+                                                                  _MappedContainer(r.container, mapper)),
                                                r.index, first + r.line) for r in site.refs)
                 else:  # the block cannot be lined up with the file: nothing is edited, every rule reports
                     site.refs = tuple(TokenRef(_MappedContainer(r.container, lambda e: None), r.index, first + r.line)
