@@ -76,11 +76,10 @@ class ModelRunner:
         self.attn.set_query_dtype(self.model_dtype)
         self.step_greedy, self._greedy_read = None, None  # set by forward() (see greedy_host)
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
-        if self.graphs is not None and self.draft is not None:
-            from sglaunch.speculative.draft_graphs import enabled_from_env
+        if self.draft is not None:
+            from sglaunch.speculative.draft_graphs import start_up_graphs
 
-            if enabled_from_env():  # NOTE: on unless SGLAUNCH_DRAFT_CUDA_GRAPH=0 (docs/gpu.md)
-                self.draft.enable_graphs(list(self.graphs.plan.decode_sizes), max_positions)
+            start_up_graphs(self)  # every drafter graph, now (none is captured while serving)
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner

@@ -70,11 +70,15 @@ class DraftRunner:
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 
-    def enable_graphs(self, batch_sizes: list[int], max_context: int) -> None:
-        """CUDA graphs of the block forward (draft_graphs.py), captured as keys come up."""
+    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None) -> None:
+        """CUDA graphs of the block forward (draft_graphs.py), every key captured now (start-up),
+        none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in."""
         from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner
 
-        self.graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device)
+        graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device,
+                                  capture)
+        graphs.capture_all()
+        self.graphs = graphs
 
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """features [num_tokens, n * hidden] of one target forward -> draft K/V at its KV slots."""
