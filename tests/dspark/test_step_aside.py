@@ -249,3 +249,28 @@ def test_the_pruned_budget_search_is_exact():
         extra = rng.choice([0, 0, 5])
         scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
         assert choose_budget(values, R, sps, extra) == scores.index(max(scores))
+
+
+def test_the_vectorised_budget_search_equals_the_python_loop():
+    """At many requests the budget is searched with numpy (a stepping-aside step at 64 requests
+    must not pay a Python loop over 448 candidates): the same K and Theta, to the last bit."""
+    import random
+
+    import numpy as np
+
+    from sglaunch.speculative.planner import SMALL, _argmax_theta, best_budget, theta
+
+    rng = random.Random(4)
+    for _ in range(200):
+        R = rng.randint(1, 64)
+        values = sorted((rng.random() ** rng.choice([0.5, 1, 3]) for _ in range(R * GAMMA)), reverse=True)
+        points = {t: 100.0 / (1 + rng.random() * t / 8) for t in (1, 2, 4, 8, 16, 32, 64, 256)}
+        sps = SpsTable.from_points(points, rng.choice(["step", "linear"])).with_draft_costs(
+            {1: rng.random() * 0.02, 64: rng.random() * 0.04})
+        extra = rng.choice([0, 0, 5, 300])
+        loop = _argmax_theta(values, R, sps, extra)
+        assert _argmax_theta(np.asarray(values), R, sps, extra) == loop
+        assert best_budget(values, R, sps, extra) == loop  # either path, as the size picks
+        scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
+        assert loop[0] == scores.index(max(scores))
+    assert SMALL < 64 * GAMMA  # the engine's 64-request steps take the numpy path
