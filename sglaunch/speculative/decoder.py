@@ -44,17 +44,26 @@ STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even wh
 LOG_INTERVAL_S = 10.0
 
 
+def host_mode_lengths(mode: str, window: int, gamma: int) -> tuple[int, int]:
+    """accept.mode_lengths for one request on the host: (verify, accept) drafts of a window in
+    [0, gamma]."""
+    if mode == "static":
+        return gamma, gamma
+    return (gamma, window) if mode == "cap-accept" else (window, window)
+
+
 @dataclass
 class Proposal:
     """One step's drafts for the speculating chunks (in chunk order)."""
 
     chunks: list[Chunk]
     block: DraftBlock
-    greedy: torch.Tensor  # [R] bool
-    accept_uniforms: torch.Tensor  # [R, G]
-    sample_uniforms: torch.Tensor  # [R]
+    # the device accept's inputs; None for an all-greedy step drafted in a graph (host accept)
+    greedy: torch.Tensor | None  # [R] bool
+    accept_uniforms: torch.Tensor | None  # [R, G]
+    sample_uniforms: torch.Tensor | None  # [R]
     verify_lens: list[int]  # [R] drafts the target computes (rows 1 + v)
-    accept_lens: torch.Tensor  # [R] drafts eligible for acceptance (<= verify_lens), on the device
+    accept_lens: torch.Tensor | None  # [R] drafts eligible for acceptance (<= verify_lens), on the device
     draft_seconds: float
     planned_accepts: list[int] = field(default_factory=list)  # [R] accept_lens on the host
 
@@ -118,17 +127,16 @@ class DSparkDecoder:
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)])
         out = run_draft(step)
         greedy = [is_greedy(r.sampling) for r in reqs]
+        if all(greedy) and out.greedy is not None:
+            return self._propose_greedy(chunks, out.greedy, budget, extra_tokens, verify_tiers, start)
         draw, accept_u, sample_u = self._uniforms(reqs, greedy, generators)
         temps, anchors, caps, greedy_mask = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
             torch.tensor(step.anchor_tokens, dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
             torch.tensor(greedy, dtype=torch.bool)], self.device)
-        if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph
-            block = out.greedy
-        else:
-            block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
-                                              all_greedy=all(greedy))
+        block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
+                                          all_greedy=all(greedy))
         windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
         verify, accept = mode_lengths(self.mode, windows, self.gamma)
         verify, accept = torch.minimum(verify, caps), torch.minimum(accept, caps)
@@ -141,6 +149,35 @@ class DSparkDecoder:
             self.planner.observe([r.rid for r in reqs], [row[2 + self.gamma:] for row in planned])
         return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, accept,
                         time.perf_counter() - start, [int(row[1]) for row in planned])
+
+    def _propose_greedy(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int,
+                        verify_tiers: Sequence[int], start: float) -> Proposal:
+        """propose() of an all-greedy step whose block the drafter's graph sampled: no uniforms, no
+        host-to-device copy (caps go down only where tier alignment ranks by them), the mode's
+        verify / accept lengths and the caps applied on the host after the read-back. Its accept
+        is the host one (accept_greedy), so the Proposal carries no device accept inputs."""
+        caps_host = [c.lookahead for c in chunks]
+        survival = None
+        if block.conf_logits is None:  # static mode without a confidence head: the whole block
+            columns = [block.tokens]
+        else:
+            align = self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
+            caps = to_device([torch.tensor(caps_host, dtype=torch.int32)], self.device)[0] if align else None
+            windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
+            columns = [windows, block.tokens, survival]
+        planned = pack_for_host(columns).tolist()  # NOTE: the step's one device-to-host copy after planning
+        G, offset = self.gamma, 0 if survival is None else 1
+        verify_lens, accept_lens = [], []
+        for chunk, cap, row in zip(chunks, caps_host, planned):
+            window = G if survival is None else max(0, min(int(row[0]), G))
+            v, a = host_mode_lengths(self.mode, window, G)
+            v, a = min(v, cap), min(a, cap)
+            verify_lens.append(v)
+            accept_lens.append(a)
+            chunk.draft_tokens = [int(t) for t in row[offset: offset + v]]
+        if survival is not None:
+            self.planner.observe([c.req.rid for c in chunks], [row[1 + G:] for row in planned])
+        return Proposal(chunks, block, None, None, None, verify_lens, None, time.perf_counter() - start, accept_lens)
 
     def _uniforms(self, reqs, greedy: list[bool], generators: dict):
         """Per request 2G + 1 uniforms from its own generator (zeros for greedy rows)."""
@@ -172,12 +209,22 @@ class DSparkDecoder:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
         params = [c.req.sampling for c in proposal.chunks]
         sampled_rows, row_params = self._sampled_rows(params, row_starts, proposal.verify_lens)
-        starts, sampled_index, rows, slots = self._accept_layout(row_starts, sampled_rows, proposal.planned_accepts,
-                                                                 logits.device)
+        # NOTE: a Proposal drafted for the host accept (all greedy) has no device accept inputs: its
+        # accept lengths go down with the row layout (one copy still), the rest is constant
+        host_planned = proposal.greedy is None
+        starts, sampled_index, rows, slots, *lens = self._accept_layout(
+            row_starts, sampled_rows, proposal.planned_accepts, logits.device, with_accept_lens=host_planned)
         target = self._target_probs(logits, sampled_index, row_params)
         block = proposal.block
-        result = kernels.accept(block.tokens, block.probs, target, starts, proposal.accept_lens, proposal.greedy,
-                                proposal.accept_uniforms, proposal.sample_uniforms)
+        if host_planned:
+            R = len(proposal.chunks)
+            greedy = torch.ones(R, dtype=torch.bool, device=logits.device)
+            zeros = torch.zeros(R, self.gamma + 1, device=logits.device)
+            accept_lens, accept_u, sample_u = lens[0].to(torch.int32), zeros[:, :self.gamma], zeros[:, self.gamma]
+        else:
+            greedy, accept_lens = proposal.greedy, proposal.accept_lens
+            accept_u, sample_u = proposal.accept_uniforms, proposal.sample_uniforms
+        result = kernels.accept(block.tokens, block.probs, target, starts, accept_lens, greedy, accept_u, sample_u)
         committed = committed_grid(block.tokens, result)  # [R, G + 1]
         logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
         # NOTE: the step's one device-to-host copy after accepting
@@ -209,14 +256,16 @@ class DSparkDecoder:
         self._maybe_log()
         return out
 
-    def _accept_layout(self, row_starts: list[int], sampled_rows: list[int], eligible: list[int], device):
+    def _accept_layout(self, row_starts: list[int], sampled_rows: list[int], eligible: list[int], device,
+                       with_accept_lens: bool = False):
         """One copy down: anchor rows [R], sampled requests' rows, and the candidate rows [C] whose
         token may be committed (anchor .. anchor + accept_len, since n <= accept_len) with their
-        slots in the [R, G + 1] committed grid."""
+        slots in the [R, G + 1] committed grid (and the accept lengths [R] themselves if asked)."""
         width = self.gamma + 1
         rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
         slots = [r * width + j for r, a in enumerate(eligible) for j in range(a + 1)]
-        return to_device([torch.tensor(x, dtype=torch.int64) for x in (row_starts, sampled_rows, rows, slots)], device)
+        parts = (row_starts, sampled_rows, rows, slots) + ((eligible,) if with_accept_lens else ())
+        return to_device([torch.tensor(x, dtype=torch.int64) for x in parts], device)
 
     def _unpack(self, host: list[float], eligible: list[int]) -> list[Accepted]:
         """The accept read-back [n (R), committed grid (R x (G + 1)), log-probs (C)] -> per request."""

@@ -80,3 +80,65 @@ def test_the_start_up_profile_times_the_graph_path(dspark_files, monkeypatch):
         assert graphs.replays > 0 and graphs.captures == len(graphs.plan.keys())
     finally:
         cluster.stop(engine)
+
+
+@pytest.mark.parametrize("mode", ["static", "cap-accept", "compact"])
+def test_all_greedy_steps_draft_with_no_copy_down_and_equal_plain(dspark_files, batch, monkeypatch, mode):
+    """An all-greedy step whose block the drafter's graph sampled: no uniforms, no host-to-device
+    copy in propose (the mode's lengths and the caps are applied on the host), the host accept."""
+    from sglaunch.speculative import decoder as decoder_module
+
+    def greedy_requests(tag):
+        return [GenerateRequest(f"{tag}-{i}", tuple(p), SamplingParams(max_new_tokens=6 + 3 * i, temperature=0.0,
+                                                                        ignore_eos=True)) for i, p in enumerate(batch)]
+
+    base = dict(disable_radix_cache=True, cuda_graph_max_bs=8)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], **base))
+    try:
+        plain = run(engine, greedy_requests("g"))
+    finally:
+        cluster.stop(engine)
+    with_graphs(monkeypatch)
+    sps = dspark_files["sps"] if mode != "static" else None
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], mode, sps=sps, **base))
+    try:
+        calls = {"propose": 0, "greedy": 0, "copies": 0, "device accept": 0}
+        spec = engine.spec
+        for name, attr in (("propose", "propose"), ("greedy", "_propose_greedy"), ("device accept", "accept")):
+            def counted(*a, _f=getattr(spec, attr), _n=name, **k):
+                calls[_n] += 1
+                return _f(*a, **k)
+            setattr(spec, attr, counted)
+        real_to_device = decoder_module.to_device
+
+        def counted_to_device(*a, **k):
+            calls["copies"] += 1
+            return real_to_device(*a, **k)
+
+        monkeypatch.setattr(decoder_module, "to_device", counted_to_device)
+        got = run(engine, greedy_requests("g"))
+        stats = spec.stats.to_dict()
+    finally:
+        cluster.stop(engine)
+    assert {rid: v[0] for rid, v in got.items()} == {rid: v[0] for rid, v in plain.items()}
+    assert calls["propose"] > 3 and calls["greedy"] == calls["propose"]
+    assert calls["copies"] == 0 and calls["device accept"] == 0
+    assert stats["mean_accept_length"] > 1.5
+
+
+def test_a_device_accept_of_a_host_planned_proposal(dspark_files, monkeypatch):
+    """The device accept still takes a proposal drafted for the host accept (what `sglaunch
+    profile-sps`'s draft profile does without ProfilePlan.greedy)."""
+    from sglaunch.speculative.sps_profile import ProfilePlan, profile_draft_costs
+
+    with_graphs(monkeypatch)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+                           cuda_graph_max_bs=4)
+    engine, cluster = create_engine(config)
+    try:
+        for greedy in (False, True):
+            costs = profile_draft_costs(engine, ProfilePlan((5, 10), window=5, context_len=16, repeats=1, warmup=0,
+                                                            greedy=greedy))
+            assert sorted(costs) == [1, 2] and all(s > 0 for s in costs.values())
+    finally:
+        cluster.stop(engine)
