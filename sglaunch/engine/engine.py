@@ -182,8 +182,8 @@ class LLMEngine:
         candidates = self.scheduler.lookahead_candidates(chunks) if self.spec is not None else []
         if not candidates:
             return None
-        ids = {id(c) for c in candidates}
-        extra = sum(c.end - c.start for c in chunks if id(c) not in ids)
+        # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
+        extra = sum(c.end - c.start for c in chunks) - len(candidates)
         budget = self.spec.plan([c.req.rid for c in candidates], extra)
         if budget is None:
             return None
