@@ -120,15 +120,25 @@ class DraftGraphPlan:
 
 
 def padded_inputs(anchors: Sequence[int], positions: Sequence[int], slot_table: torch.Tensor,
-                  key: DraftGraphKey) -> torch.Tensor:
+                  key: DraftGraphKey, out: torch.Tensor | None = None) -> torch.Tensor:
     """Host values -> the graph's flat int64 input (CPU): anchors [B'], positions [B'] (also the
-    context lengths), slot table [B', C'] row-major. slot_table: [B, C] with C <= key.context."""
+    context lengths), slot table [B', C'] row-major. slot_table: [B, C] with C <= key.context.
+    out: a CPU int64 buffer of at least key.flat_size to fill (e.g. a persistent pinned one; every
+    entry of the key's span is written, padding with 0) -> its first key.flat_size entries.
+    NOTE: numpy fills, no torch operator (each is a dispatch on the host of every drafting step)."""
+    import numpy as np
+
     B, C = slot_table.shape
-    flat = torch.zeros(key.flat_size, dtype=torch.int64)
-    flat[:B] = torch.tensor(list(anchors), dtype=torch.int64)
-    flat[key.batch: key.batch + B] = torch.tensor(list(positions), dtype=torch.int64)
-    table = flat[2 * key.batch:].view(key.batch, key.context)
-    table[:B, :C] = slot_table
+    Bk, Ck = key.batch, key.context
+    flat = out[: key.flat_size] if out is not None else torch.empty(key.flat_size, dtype=torch.int64)
+    view = flat.numpy()
+    view[: 2 * Bk] = 0
+    view[:B] = anchors
+    view[Bk: Bk + B] = positions
+    grid = view[2 * Bk:].reshape(Bk, Ck)
+    grid[:B, :C] = slot_table.numpy() if isinstance(slot_table, torch.Tensor) else slot_table
+    grid[:B, C:] = 0
+    grid[B:] = 0
     return flat
 
 
@@ -238,6 +248,12 @@ class DraftGraphRunner:
         c = drafter.config
         self.feature_width, self.dtype = c.num_features * c.hidden_size, drafter.dtype
         self.flat = torch.zeros(max(plan.max_flat_size, 1), dtype=torch.int64, device=device)
+        # NOTE: the host side of `flat`, pinned and reused: one non-blocking copy a step, no new
+        # pinned buffer. A step's copy is done before the next step refills it: on rank 0 the
+        # planning read-back after the replay waits for the stream; a TP worker gets the next
+        # draft step only after rank 0's read-backs, which wait for the collectives that follow
+        # the worker's copy in its stream
+        self.host_flat = torch.zeros(self.flat.numel(), dtype=torch.int64, pin_memory=device.type == "cuda")
         self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device)
         self.capture = capture if capture is not None else CudaCapture(device)
         self.graphs: dict[DraftGraphKey, object] = {}
@@ -263,6 +279,11 @@ class DraftGraphRunner:
         logger.info("DSpark drafter: %d CUDA graphs (batch %s, context %s) captured in %.1f s; static "
                     "outputs %.1f MiB", len(self.graphs), _span(batches), _span(contexts), self.capture_seconds,
                     self.outputs.nbytes / 2**20)
+
+    def run_padded(self, key: DraftGraphKey, anchors: Sequence[int], positions: Sequence[int],
+                   slot_table: torch.Tensor) -> BlockOutput:
+        """padded_inputs into the persistent host buffer, then run() (one copy down)."""
+        return self.run(key, padded_inputs(anchors, positions, slot_table, key, self.host_flat), len(anchors))
 
     @torch.inference_mode()
     def run(self, key: DraftGraphKey, host_flat: torch.Tensor, batch: int) -> BlockOutput:

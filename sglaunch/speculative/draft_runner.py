@@ -89,12 +89,9 @@ class DraftRunner:
         """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
         batch, context = len(step.anchor_tokens), max(step.anchor_positions, default=0)
         key = self.graphs.pick(batch, context) if self.graphs is not None else None
-        if key is not None:
-            from sglaunch.speculative.draft_graphs import padded_inputs
-
+        if key is not None:  # one copy down, from the graphs' persistent pinned buffer
             table = context_slots(step.page_tables, step.anchor_positions, page_size)
-            flat = padded_inputs(step.anchor_tokens, step.anchor_positions, table, key)
-            return self.graphs.run(key, to_device([flat], self.device)[0], batch)  # one copy down
+            return self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table)
         host = [torch.tensor(step.anchor_tokens, dtype=torch.int64),
                 torch.tensor(step.anchor_positions, dtype=torch.int64),
                 context_slots(step.page_tables, step.anchor_positions, page_size)]
