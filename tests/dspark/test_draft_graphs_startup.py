@@ -104,11 +104,19 @@ def test_all_greedy_steps_draft_with_no_copy_down_and_equal_plain(dspark_files, 
     try:
         calls = {"propose": 0, "greedy": 0, "copies": 0, "device accept": 0}
         spec = engine.spec
-        for name, attr in (("propose", "propose"), ("greedy", "_propose_greedy"), ("device accept", "accept")):
-            def counted(*a, _f=getattr(spec, attr), _n=name, **k):
-                calls[_n] += 1
-                return _f(*a, **k)
-            setattr(spec, attr, counted)
+        propose, accept = spec.propose, spec.accept
+
+        def counted_propose(*a, **k):
+            proposal = propose(*a, **k)
+            calls["propose"] += 1
+            calls["greedy"] += proposal.greedy is None  # drafted for the host accept: no device inputs
+            return proposal
+
+        def counted_accept(*a, **k):
+            calls["device accept"] += 1
+            return accept(*a, **k)
+
+        spec.propose, spec.accept = counted_propose, counted_accept
         real_to_device = decoder_module.to_device
 
         def counted_to_device(*a, **k):

@@ -5,6 +5,8 @@ output is plain decoding's. Where drafting pays, the drafts run."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -274,3 +276,49 @@ def test_the_vectorised_budget_search_equals_the_python_loop():
         scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
         assert loop[0] == scores.index(max(scores))
     assert SMALL < 64 * GAMMA  # the engine's 64-request steps take the numpy path
+
+
+def test_a_stepped_aside_step_converts_and_copies_where_a_plain_step_does(dspark_files, batch_and_plain, tmp_path,
+                                                                          monkeypatch):
+    """Where drafting never pays, every step of a DSpark engine (its drafter's graphs captured, as
+    on a GPU: draft_graphs.EagerCapture) is a plain step: the drafter never runs (no replay, no
+    propose, no accept), and the step reads back and copies down at exactly the sites, and as
+    often, as a plain engine's step (the planner works on host lists only)."""
+    import functools
+
+    from test_sync_budget import Recorder
+    from sglaunch.speculative import draft_graphs
+
+    batch, plain = batch_and_plain
+
+    def census(config):
+        engine, cluster = create_engine(config)
+        try:
+            recorder = Recorder()
+            engine.step = recorder.wrap("step", engine.step)
+            if engine.spec is not None:
+                for name in ("propose", "accept", "accept_greedy"):
+                    setattr(engine.spec, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran in a stepped-aside step"))
+            with monkeypatch.context() as patch:
+                recorder.install(patch)
+                out = run(engine, make_requests(batch, "s"))
+            graphs = engine.runner.draft.graphs if engine.runner.draft is not None else None
+            return out, recorder, graphs, engine.spec.stats.to_dict() if engine.spec else None
+        finally:
+            cluster.stop(engine)
+
+    base = engine_config(dspark_files["target"], disable_radix_cache=True, cuda_graph_max_bs=8)
+    plain_out, plain_census, _, _ = census(base)
+    monkeypatch.setattr(draft_graphs, "start_up_graphs",
+                        functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(), force=True))
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           cuda_graph_max_bs=8, sps=write(tmp_path, "costly.json", table({1: 10.0})))
+    out, aside_census, graphs, stats = census(config)
+    assert_plain(out, plain)
+    assert stats["steps"] == 0 and stats["step_aside_steps"] > 0
+    assert graphs is not None and graphs.replays == 0
+    assert aside_census.calls["step"] == plain_census.calls["step"]
+    sites = lambda c: Counter({(f, text): n for (f, _, text), n in c.items() if f.startswith("sglaunch/")})  # noqa: E731
+    assert sites(plain_census.read_backs) and sites(plain_census.moves)  # the census sees a plain step's
+    assert sites(aside_census.read_backs) == sites(plain_census.read_backs)
+    assert sites(aside_census.moves) == sites(plain_census.moves)

@@ -539,11 +539,11 @@ def test_profile_sps_on_cuda(dspark_files, tmp_path):
 
 def test_graph_path_host_syncs(flashinfer_files):
     """With CUDA graphs and the drafter's graphs (all captured at start-up), an all-greedy compact
-    step synchronises exactly twice: the planning read-back of DSparkDecoder._propose_greedy and
+    step synchronises exactly twice: the planning read-back of DSparkDecoder._plan and
     the verify graph's greedy choices (ModelRunner.greedy_host, read by the host accept)."""
     from sglaunch.engine.launch import create_engine
 
-    allowed = (("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()", "_propose_greedy"),
+    allowed = (("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()", "_plan"),
                ("sglaunch/engine/model_runner.py", "greedy.tolist()", "greedy_host"))
     prompts = helpers.prompts(8, seed=7)
     engine, cluster = create_engine(flashinfer_files["config"])
