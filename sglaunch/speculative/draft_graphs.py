@@ -163,13 +163,6 @@ def graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool) -> 
     return out
 
 
-def first_rows(block: DraftBlock, batch: int) -> DraftBlock:
-    """The real requests' rows of a padded block."""
-    conf = block.conf_logits[:batch] if block.conf_logits is not None else None
-    logits = block.logits[:batch] if block.logits is not None else None
-    return DraftBlock(block.tokens[:batch], None, logits, conf)
-
-
 class DraftOutputs:
     """The static outputs every drafter graph writes its rows into (rows [:key.batch]): the block
     forward's hidden states and logits (a sampled step samples from them), the greedy block's
