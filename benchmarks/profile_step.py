@@ -28,6 +28,12 @@ overlap on and off by that column. E.g. SmolLM2 at batch 1 and 64:
     python benchmarks/profile_step.py --model SMOL --concurrency 1 --overlap both --steps 200
     python benchmarks/profile_step.py --model SMOL --concurrency 64 --overlap both --steps 200
 
+With a drafter the wall times are also split by kind of step: the median of the steps that
+stepped aside (the planner found drafting would not pay: a plain decode step of a DSpark engine,
+which should cost what a `plain` step costs) and of those that drafted; and the drafter's CUDA
+graphs are counted: captured at start-up, and captured while measuring (0 expected: every
+graph is captured at start-up).
+
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
 profile needs only a config and a tokenizer. Prints a report; `--json FILE` also saves the figures.
@@ -186,7 +192,7 @@ def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
 
     undo = [wrap(runner, "forward", "target forward"), wrap(runner, "draft_block", "draft forward")]
     if decoder is not None:
-        undo += [wrap(decoder, "propose", "propose (all)"), wrap(decoder.drafter, "sample_block", "sample_block"),
+        undo += [wrap(decoder, "plan", "plan (step aside?)"), wrap(decoder, "propose", "propose (all)"), wrap(decoder.drafter, "sample_block", "sample_block"),
                  wrap(decoder, "accept", "accept"), wrap(decoder, "accept_greedy", "accept")]
     graphs = getattr(runner, "graphs", None)
     before = dict(graphs.replays) if graphs is not None else {}
@@ -237,15 +243,20 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     try:
         load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size)
+        draft_graphs = getattr(engine.runner.draft, "graphs", None) if engine.runner.draft is not None else None
+        captured_at_start = draft_graphs.captures if draft_graphs is not None else None
         for _ in range(args.warmup):
             load.step()
         sync()
-        times = []
+        times, by_kind = [], {"aside": [], "drafted": []}
         for _ in range(args.steps):
+            drafted = engine.spec.stats.steps if engine.spec is not None else None
             t = time.perf_counter()
             load.step()
             sync()
             times.append(time.perf_counter() - t)
+            if drafted is not None:
+                by_kind["drafted" if engine.spec.stats.steps > drafted else "aside"].append(times[-1])
         pipelined = pipelined_step_ms(load, args.steps, sync)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         with profile(activities=activities) as prof:
@@ -280,15 +291,23 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
         pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
         stats = engine.live_stats() if hasattr(engine, "live_stats") else {}
         phases = phase_profile(engine, load, args.steps, sync)
+        graphs_info = None
+        if draft_graphs is not None:
+            graphs_info = {"captured_at_start_up": captured_at_start, "capture_seconds": round(draft_graphs.capture_seconds, 2),
+                           "captured_while_measuring": draft_graphs.captures - captured_at_start,
+                           "replays": draft_graphs.replays}
     finally:
         cluster.stop(engine)
+    kinds = {f"{kind}_steps": len(v) for kind, v in by_kind.items()} if engine.spec is not None else {}
+    kinds.update({f"{kind}_step_ms_median": round(1e3 * statistics.median(v), 3)
+                  for kind, v in by_kind.items() if v and engine.spec is not None})
     return {"config": name, "overlap": bool(getattr(engine, "overlap", False)),
             "pipelined_step_ms": round(pipelined, 3), "step_ms_median": round(1e3 * statistics.median(times), 3),
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
             "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
-            "cprofile": buf.getvalue(), "phases": phases,
+            "cprofile": buf.getvalue(), "phases": phases, "step_kinds": kinds, "drafter_graphs": graphs_info,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
 
@@ -355,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['graph_launches_per_step']} graph launches, {r['memcpy_or_sync_calls_per_step']} memcpy/sync")
             if r["spec"]:
                 print(f"spec: {json.dumps(r['spec'])[:600]}")
+            if r["step_kinds"]:
+                print(f"steps by kind: {json.dumps(r['step_kinds'])}")
+            if r["drafter_graphs"]:
+                print(f"drafter graphs: {json.dumps(r['drafter_graphs'])}")
             for name, v in r["phases"].items():
                 if "ms" in v:
                     print(f"  phase {name:<16} {v['ms']:8.3f} ms  {v['ops']:8.1f} ops/step")
@@ -369,11 +392,14 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r["cprofile"].splitlines()[:60]))
         if args.json:
             args.json.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "results": results}, indent=1))
-        print("\nconfig           step ms  pipelined ms  device ms   aten/step  launches/step  graphs/step")
+        print("\nconfig           step ms  pipelined ms  device ms   aten/step  launches/step  graphs/step  aside ms (n)  drafted ms (n)")
         for r in results:
+            k = r["step_kinds"]
+            kind = (f"  {k.get('aside_step_ms_median', float('nan')):8.2f} ({k['aside_steps']:2d})"
+                    f"  {k.get('drafted_step_ms_median', float('nan')):9.2f} ({k['drafted_steps']:2d})") if k else ""
             print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['pipelined_step_ms']:13.2f} "
                   f"{r['device_busy_ms_per_step']:10.2f} {r['aten_calls_per_step']:11.1f} "
-                  f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}")
+                  f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}" + kind)
         by_name = {r["config"]: r for r in results}
         if "plain" in by_name and "plain+overlap" in by_name:
             on, off = by_name["plain+overlap"], by_name["plain"]

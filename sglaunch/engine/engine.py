@@ -97,7 +97,9 @@ class LLMEngine:
         sizes = tuple(t for t in DEFAULT_TOKENS if t <= biggest)
         # NOTE: median of 5: with 3, two slow runs (a noisy host) set a size, and monotone forcing
         # then lifts every larger size to it (seen on the H200: a 10 ms plateau over 16-256 tokens)
-        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2)
+        # NOTE: greedy: timed as an all-greedy serving step runs (verify without an LM head after
+        # the graph, the host accept); the drafter's graphs were captured at start-up already
+        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2, greedy=True)
         while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
             plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
         plan = dataclasses.replace(plan, request_counts=self._profile_request_counts(plan))
@@ -254,8 +256,8 @@ class LLMEngine:
         candidates = self.scheduler.lookahead_candidates(chunks) if self.spec is not None else []
         if not candidates:
             return None
-        ids = {id(c) for c in candidates}
-        extra = sum(c.end - c.start for c in chunks if id(c) not in ids)
+        # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
+        extra = sum(c.end - c.start for c in chunks) - len(candidates)
         budget = self.spec.plan([c.req.rid for c in candidates], extra)
         if budget is None:
             return None

@@ -109,11 +109,10 @@ class ModelRunner:
         self._readback_buffers: list[torch.Tensor | None] = [None, None]  # pinned (greedy_readback)
         self._readback_turn = 0
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
-        if self.graphs is not None and self.draft is not None:
-            from sglaunch.speculative.draft_graphs import enabled_from_env
+        if self.draft is not None:
+            from sglaunch.speculative.draft_graphs import start_up_graphs
 
-            if enabled_from_env():  # NOTE: on unless SGLAUNCH_DRAFT_CUDA_GRAPH=0 (docs/gpu.md)
-                self.draft.enable_graphs(list(self.graphs.plan.decode_sizes), max_positions)
+            start_up_graphs(self)  # every drafter graph, now (none is captured while serving)
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -30,7 +30,7 @@ from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
 from sglaunch.engine.step import DraftStepInput
 from sglaunch.speculative import kernels
-from sglaunch.speculative.accept import committed_grid, mode_lengths
+from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
 from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier
 from sglaunch.speculative.stats import SpecStats
@@ -44,19 +44,27 @@ STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even wh
 LOG_INTERVAL_S = 10.0
 
 
+def host_mode_lengths(mode: str, window: int, gamma: int) -> tuple[int, int]:
+    """accept.mode_lengths for one request on the host: (verify, accept) drafts of a window in
+    [0, gamma]."""
+    if mode == "static":
+        return gamma, gamma
+    return (gamma, window) if mode == "cap-accept" else (window, window)
+
+
 @dataclass
 class Proposal:
     """One step's drafts for the speculating chunks (in chunk order)."""
 
     chunks: list[Chunk]
     block: DraftBlock
-    greedy: torch.Tensor  # [R] bool
-    accept_uniforms: torch.Tensor  # [R, G]
-    sample_uniforms: torch.Tensor  # [R]
+    # the device accept's inputs; None for an all-greedy step drafted in a graph (host accept)
+    greedy: torch.Tensor | None  # [R] bool
+    accept_uniforms: torch.Tensor | None  # [R, G]
+    sample_uniforms: torch.Tensor | None  # [R]
     verify_lens: list[int]  # [R] drafts the target computes (rows 1 + v)
-    accept_lens: torch.Tensor  # [R] drafts eligible for acceptance (<= verify_lens), on the device
     draft_seconds: float
-    planned_accepts: list[int] = field(default_factory=list)  # [R] accept_lens on the host
+    planned_accepts: list[int]  # [R] drafts eligible for acceptance (<= verify_lens)
 
 
 @dataclass
@@ -67,10 +75,14 @@ class Accepted:
 
 
 class DSparkDecoder:
-    """Host syncs per step: ONE device-to-host copy after planning (verify/accept lengths, drafts,
-    survivals for the lagged budget) and ONE after accepting (accept lengths, committed tokens,
-    their log-probabilities). Host-built inputs go down in one pinned non-blocking copy per phase
-    (transfer.to_device); the STS temperatures live on the device."""
+    """Host syncs per drafting step: ONE device-to-host copy after planning (the windows, drafts,
+    survivals for the lagged budget; the mode's verify / accept lengths and the caps are applied
+    on the host) and ONE after accepting (accept lengths, committed tokens, their
+    log-probabilities; for an all-greedy step the forward's greedy choices, read by
+    accept_greedy). Host-built inputs go down in one pinned non-blocking copy per phase
+    (transfer.to_device), none at all before an all-greedy step's drafts whose block a drafter
+    graph sampled; the STS temperatures live on the device. A stepped-aside step (plan() returned
+    None) does none of this: it is a plain decode step."""
 
     def __init__(self, config: EngineConfig, drafter: DSparkDrafter, page_size: int, device: torch.device):
         from sglaunch.speculative.sps import load_sps_table
@@ -118,29 +130,55 @@ class DSparkDecoder:
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)])
         out = run_draft(step)
         greedy = [is_greedy(r.sampling) for r in reqs]
+        if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
+            # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
+            # accept is the host one (accept_greedy), so the Proposal carries no device inputs
+            align = self._aligns(verify_tiers) and out.greedy.conf_logits is not None
+            caps = to_device([torch.tensor([c.lookahead for c in chunks], dtype=torch.int32)], self.device)[0] \
+                if align else None
+            verify_lens, accept_lens = self._plan(chunks, out.greedy, budget, extra_tokens, caps, verify_tiers)
+            return Proposal(chunks, out.greedy, None, None, None, verify_lens, time.perf_counter() - start,
+                            accept_lens)
         draw, accept_u, sample_u = self._uniforms(reqs, greedy, generators)
         temps, anchors, caps, greedy_mask = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
             torch.tensor(step.anchor_tokens, dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
             torch.tensor(greedy, dtype=torch.bool)], self.device)
-        if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph
-            block = out.greedy
+        block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
+                                          all_greedy=all(greedy))
+        verify_lens, accept_lens = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers)
+        return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, time.perf_counter() - start,
+                        accept_lens)
+
+    def _aligns(self, verify_tiers: Sequence[int]) -> bool:
+        return self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
+
+    def _plan(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int,
+              caps: torch.Tensor | None, verify_tiers: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Windows on the device (top-K of the current survivals under the lagged budget), then
+        the step's one read-back [windows, drafts, survivals]; the mode's verify / accept lengths
+        and each request's cap (its lookahead) are applied on the host. Sets chunk.draft_tokens,
+        records the survivals for the lagged budget; -> (verify_lens, accept_lens)."""
+        G, caps_host = self.gamma, [c.lookahead for c in chunks]
+        if block.conf_logits is None:  # static mode without a confidence head: the whole block
+            survival, columns = None, [block.tokens]
         else:
-            block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
-                                              all_greedy=all(greedy))
-        windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
-        verify, accept = mode_lengths(self.mode, windows, self.gamma)
-        verify, accept = torch.minimum(verify, caps), torch.minimum(accept, caps)
-        columns = [verify, accept, block.tokens] + ([survival] if survival is not None else [])
+            windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
+            columns = [windows, block.tokens, survival]
         planned = pack_for_host(columns).tolist()  # NOTE: the step's one device-to-host copy after planning
-        verify_lens = [int(row[0]) for row in planned]
-        for chunk, v, row in zip(chunks, verify_lens, planned):
-            chunk.draft_tokens = [int(t) for t in row[2: 2 + v]]
+        offset = 0 if survival is None else 1
+        verify_lens, accept_lens = [], []
+        for chunk, cap, row in zip(chunks, caps_host, planned):
+            window = G if survival is None else max(0, min(int(row[0]), G))
+            v, a = host_mode_lengths(self.mode, window, G)
+            v, a = min(v, cap), min(a, cap)
+            verify_lens.append(v)
+            accept_lens.append(a)
+            chunk.draft_tokens = [int(t) for t in row[offset: offset + v]]
         if survival is not None:
-            self.planner.observe([r.rid for r in reqs], [row[2 + self.gamma:] for row in planned])
-        return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, accept,
-                        time.perf_counter() - start, [int(row[1]) for row in planned])
+            self.planner.observe([c.req.rid for c in chunks], [row[1 + G:] for row in planned])
+        return verify_lens, accept_lens
 
     def _uniforms(self, reqs, greedy: list[bool], generators: dict):
         """Per request 2G + 1 uniforms from its own generator (zeros for greedy rows)."""
@@ -155,11 +193,9 @@ class DSparkDecoder:
 
     def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,
                  verify_tiers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Planned drafts to verify per request [R] and the survivals [R, G] (None without a
-        confidence head): the lagged budget (planned on the host before drafting), top-K on the device."""
-        if block.conf_logits is None:  # static mode without a confidence head: the whole block
-            return torch.full((len(chunks),), self.gamma, dtype=torch.int32, device=self.device), None
-        align = self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
+        """Planned drafts to verify per request [R] and the survivals [R, G] (a block with
+        confidence logits): the lagged budget (planned on the host before drafting), top-K on the device."""
+        align = self._aligns(verify_tiers)
         if align:  # the rows up to the graph's tier run anyway: make them the next-best drafts
             reachable = sum(min(c.lookahead, self.gamma) for c in chunks)
             budget = align_to_tier(budget, extra_tokens + len(chunks), reachable, verify_tiers)
@@ -172,12 +208,19 @@ class DSparkDecoder:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
         params = [c.req.sampling for c in proposal.chunks]
         sampled_rows, row_params = self._sampled_rows(params, row_starts, proposal.verify_lens)
-        starts, sampled_index, rows, slots = self._accept_layout(row_starts, sampled_rows, proposal.planned_accepts,
-                                                                 logits.device)
+        # NOTE: the accept lengths (planned on the host) go down with the row layout, one copy
+        starts, sampled_index, rows, slots, accept_lens = self._accept_layout(
+            row_starts, sampled_rows, proposal.planned_accepts, logits.device)
         target = self._target_probs(logits, sampled_index, row_params)
         block = proposal.block
-        result = kernels.accept(block.tokens, block.probs, target, starts, proposal.accept_lens, proposal.greedy,
-                                proposal.accept_uniforms, proposal.sample_uniforms)
+        if proposal.greedy is None:  # drafted for the host accept (all greedy): constant inputs
+            R = len(proposal.chunks)
+            greedy = torch.ones(R, dtype=torch.bool, device=logits.device)
+            zeros = torch.zeros(R, self.gamma + 1, device=logits.device)
+            accept_u, sample_u = zeros[:, :self.gamma], zeros[:, self.gamma]
+        else:
+            greedy, accept_u, sample_u = proposal.greedy, proposal.accept_uniforms, proposal.sample_uniforms
+        result = kernels.accept(block.tokens, block.probs, target, starts, accept_lens, greedy, accept_u, sample_u)
         committed = committed_grid(block.tokens, result)  # [R, G + 1]
         logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
         # NOTE: the step's one device-to-host copy after accepting
@@ -210,13 +253,14 @@ class DSparkDecoder:
         return out
 
     def _accept_layout(self, row_starts: list[int], sampled_rows: list[int], eligible: list[int], device):
-        """One copy down: anchor rows [R], sampled requests' rows, and the candidate rows [C] whose
+        """One copy down: anchor rows [R], sampled requests' rows, the candidate rows [C] whose
         token may be committed (anchor .. anchor + accept_len, since n <= accept_len) with their
-        slots in the [R, G + 1] committed grid."""
+        slots in the [R, G + 1] committed grid, and the accept lengths [R] themselves."""
         width = self.gamma + 1
         rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
         slots = [r * width + j for r, a in enumerate(eligible) for j in range(a + 1)]
-        return to_device([torch.tensor(x, dtype=torch.int64) for x in (row_starts, sampled_rows, rows, slots)], device)
+        parts = (row_starts, sampled_rows, rows, slots, eligible)
+        return to_device([torch.tensor(x, dtype=torch.int64) for x in parts], device)
 
     def _unpack(self, host: list[float], eligible: list[int]) -> list[Accepted]:
         """The accept read-back [n (R), committed grid (R x (G + 1)), log-probs (C)] -> per request."""

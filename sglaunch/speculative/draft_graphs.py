@@ -14,12 +14,17 @@ context of the step), so a graph is keyed on both, each rounded up:
   request's context length masks them, as it masks the table's own padding.
 Keys whose gathered context would be too large (B * C above MAX_CELLS) run eagerly.
 
-Graphs are captured lazily, the first time a key is used, by every rank in the same step (the
-drafter's collectives, under TP, are inside the graph). They share one memory pool; each keeps
-its output tensors, which the step reads before the next replay.
+Every key the plan can pick is captured at start-up (`DraftGraphRunner.capture_all`, from
+ModelRunner, before the step-cost profile), largest first, by every rank alike (the drafter's
+collectives, under TP, are inside the graph); a serving step never captures (`pick` only returns
+captured keys). The graphs share one memory pool for their intermediates and write their
+results into ONE set of static output buffers sized for the largest batch (`DraftOutputs`,
+outside the pool), so their memory does not grow with the number of keys: each replay's output
+rows are valid until the next replay.
 
-The layout (keys, padded inputs, the DraftBatch over the static buffer) is plain torch and
-tested on the CPU; DraftGraphRunner is the part that needs a GPU.
+The layout (keys, padded inputs, the DraftBatch over the static buffer, the static outputs) is
+plain torch and tested on the CPU, the runner included: `capture` is pluggable, and the CPU tests
+"capture" by keeping the body to re-run it (`EagerCapture`); `CudaCapture` is the real one.
 """
 
 from __future__ import annotations
@@ -45,6 +50,26 @@ def enabled_from_env() -> bool:
     """On unless SGLAUNCH_DRAFT_CUDA_GRAPH is 0/false/no/off. NOTE: on by default since the H200 run
     of 2026-12-01 (88 of 88 GPU tests; DSpark's work per step 2.5-4.8 ms against 5.6-7.4 eagerly)."""
     return os.environ.get(ENABLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def start_up_graphs(runner, capture=None, force: bool = False) -> None:
+    """ModelRunner's start-up, after the target's graphs: capture every drafter graph when the
+    target has CUDA graphs and SGLAUNCH_DRAFT_CUDA_GRAPH is not 0. Batch buckets: the target's
+    decode buckets; contexts: up to the context length. force / capture: CPU tests (no target
+    graphs there; EagerCapture stands in for CUDA)."""
+    if not force and (runner.graphs is None or not enabled_from_env()):
+        return
+    from sglaunch.engine.cuda_graph import capture_batch_sizes
+
+    sizes = (list(runner.graphs.plan.decode_sizes) if runner.graphs is not None
+             else capture_batch_sizes(runner.config.graph_batch_cap))
+    cuda = runner.device.type == "cuda"
+    before = torch.cuda.memory_reserved(runner.device) if cuda else 0
+    runner.draft.enable_graphs(sizes, runner.context_length, capture)
+    if cuda:  # NOTE: outside --mem-fraction-static's budget, like the target's graphs: say how much
+        reserved = torch.cuda.memory_reserved(runner.device)
+        logger.info("DSpark drafter graphs: %.1f MiB more reserved (static buffers and graph pool); %.2f GiB "
+                    "reserved by this process", (reserved - before) / 2**20, reserved / 2**30)
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,16 @@ class DraftGraphPlan:
             return None
         return DraftGraphKey(bucket, width)
 
+    def keys(self) -> list[DraftGraphKey]:
+        """Every key pick() can return, largest first (the capture order)."""
+        keys = []
+        for b in self.batch_sizes:
+            width = MIN_CONTEXT
+            while width <= self.max_context and b * width <= self.max_cells:
+                keys.append(DraftGraphKey(b, width))
+                width *= 2
+        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
+
     @property
     def max_flat_size(self) -> int:
         """The static input buffer's size: the largest flat_size of any key this plan can pick."""
@@ -85,15 +120,25 @@ class DraftGraphPlan:
 
 
 def padded_inputs(anchors: Sequence[int], positions: Sequence[int], slot_table: torch.Tensor,
-                  key: DraftGraphKey) -> torch.Tensor:
+                  key: DraftGraphKey, out: torch.Tensor | None = None) -> torch.Tensor:
     """Host values -> the graph's flat int64 input (CPU): anchors [B'], positions [B'] (also the
-    context lengths), slot table [B', C'] row-major. slot_table: [B, C] with C <= key.context."""
+    context lengths), slot table [B', C'] row-major. slot_table: [B, C] with C <= key.context.
+    out: a CPU int64 buffer of at least key.flat_size to fill (e.g. a persistent pinned one; every
+    entry of the key's span is written, padding with 0) -> its first key.flat_size entries.
+    NOTE: numpy fills, no torch operator (each is a dispatch on the host of every drafting step)."""
+    import numpy as np
+
     B, C = slot_table.shape
-    flat = torch.zeros(key.flat_size, dtype=torch.int64)
-    flat[:B] = torch.tensor(list(anchors), dtype=torch.int64)
-    flat[key.batch: key.batch + B] = torch.tensor(list(positions), dtype=torch.int64)
-    table = flat[2 * key.batch:].view(key.batch, key.context)
-    table[:B, :C] = slot_table
+    Bk, Ck = key.batch, key.context
+    flat = out[: key.flat_size] if out is not None else torch.empty(key.flat_size, dtype=torch.int64)
+    view = flat.numpy()
+    view[: 2 * Bk] = 0
+    view[:B] = anchors
+    view[Bk: Bk + B] = positions
+    grid = view[2 * Bk:].reshape(Bk, Ck)
+    grid[:B, :C] = slot_table.numpy() if isinstance(slot_table, torch.Tensor) else slot_table
+    grid[:B, C:] = 0
+    grid[B:] = 0
     return flat
 
 
@@ -110,60 +155,154 @@ def batch_from_flat(flat: torch.Tensor, key: DraftGraphKey, feature_width: int, 
 
 def graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool) -> BlockOutput:
     """What a drafter graph captures: the block forward, then the Markov block sampling of an
-    all-greedy batch (out.greedy). A step whose requests are all greedy reads that block (so its
-    85 or so sampling operators run inside the replay); any other step samples out eagerly."""
+    all-greedy batch (out.greedy, its logits not kept). A step whose requests are all greedy
+    reads that block (so its 85 or so sampling operators run inside the replay); any other step
+    samples out eagerly."""
     out = drafter.forward_block(batch, pool)
     out.greedy = drafter.greedy_block(out, batch.anchor_tokens)
     return out
 
 
-def first_rows(block: DraftBlock, batch: int) -> DraftBlock:
-    """The real requests' rows of a padded block."""
-    conf = block.conf_logits[:batch] if block.conf_logits is not None else None
-    return DraftBlock(block.tokens[:batch], None, block.logits[:batch], conf)
+class DraftOutputs:
+    """The static outputs every drafter graph writes its rows into (rows [:key.batch]): the block
+    forward's hidden states and logits (a sampled step samples from them), the greedy block's
+    tokens and confidence logits. Allocated once, for the largest batch, outside the graph pool."""
+
+    def __init__(self, drafter: DSparkDrafter, batch: int, device: torch.device):
+        c, G = drafter.config, drafter.config.block_size
+        vocab = drafter.draft_vocab.numel() if drafter.draft_vocab is not None else c.vocab_size
+        self.hidden = torch.zeros(batch, G, c.hidden_size, dtype=drafter.dtype, device=device)
+        self.logits = torch.zeros(batch, G, vocab, dtype=torch.float32, device=device)
+        self.tokens = torch.zeros(batch, G, dtype=torch.int64, device=device)
+        self.conf = (torch.zeros(batch, G, dtype=torch.float32, device=device)
+                     if drafter.confidence_head is not None else None)
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.hidden, self.logits, self.tokens] + ([self.conf] if self.conf is not None else [])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def store(self, out: BlockOutput) -> None:
+        """Inside the graph: the body's results -> rows [:B] of the static buffers."""
+        B = out.hidden.shape[0]
+        self.hidden[:B].copy_(out.hidden)
+        self.logits[:B].copy_(out.logits)
+        self.tokens[:B].copy_(out.greedy.tokens)
+        if self.conf is not None:
+            self.conf[:B].copy_(out.greedy.conf_logits)
+
+    def rows(self, batch: int) -> BlockOutput:
+        """The first `batch` (real) requests' rows: views, valid until the next replay."""
+        conf = self.conf[:batch] if self.conf is not None else None
+        greedy = DraftBlock(self.tokens[:batch], None, None, conf)
+        return BlockOutput(self.hidden[:batch], self.logits[:batch], greedy)
+
+
+class CudaCapture:
+    """Captures a body into a CUDA graph in one shared memory pool; `.replay()` runs it."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.mempool = device, torch.cuda.graph_pool_handle()
+
+    def __call__(self, body):
+        # NOTE: warm-up outside the capture (kernel selection, workspaces); with no pending
+        # context rows the forward writes nothing to the pool, so warm-up and capture are pure
+        body()
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool):
+            body()
+        return graph
+
+
+class EagerCapture:
+    """A stand-in for CudaCapture (CPU tests): `replay()` re-runs the body, which reads the same
+    static input buffer and writes the same static outputs as a CUDA graph would."""
+
+    class Replayable:
+        def __init__(self, body):
+            self.body = body
+
+        def replay(self) -> None:
+            self.body()
+
+    def __call__(self, body):
+        body()  # the warm-up, as CudaCapture does
+        return self.Replayable(body)
 
 
 class DraftGraphRunner:
-    """Captures (lazily) and replays the drafter's block forward per DraftGraphKey."""
+    """Captures (all at start-up: capture_all) and replays the drafter's block forward per
+    DraftGraphKey."""
 
-    def __init__(self, drafter: DSparkDrafter, pool: DraftKVPool, plan: DraftGraphPlan, device: torch.device):
+    def __init__(self, drafter: DSparkDrafter, pool: DraftKVPool, plan: DraftGraphPlan, device: torch.device,
+                 capture=None):
         self.drafter, self.pool, self.plan, self.device = drafter, pool, plan, device
         c = drafter.config
         self.feature_width, self.dtype = c.num_features * c.hidden_size, drafter.dtype
         self.flat = torch.zeros(max(plan.max_flat_size, 1), dtype=torch.int64, device=device)
-        self.mempool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[DraftGraphKey, tuple[torch.cuda.CUDAGraph, BlockOutput]] = {}
+        # NOTE: the host side of `flat`, pinned and reused: one non-blocking copy a step, no new
+        # pinned buffer. A step's copy is done before the next step refills it: on rank 0 the
+        # planning read-back after the replay waits for the stream; a TP worker gets the next
+        # draft step only after rank 0's read-backs, which wait for the collectives that follow
+        # the worker's copy in its stream
+        self.host_flat = torch.zeros(self.flat.numel(), dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device)
+        self.capture = capture if capture is not None else CudaCapture(device)
+        self.graphs: dict[DraftGraphKey, object] = {}
         self.replays = 0
+        self.captures = 0  # NOTE: all at start-up; a test checks serving adds none
+        self.capture_seconds = 0.0
 
     def pick(self, batch: int, context: int) -> DraftGraphKey | None:
-        return self.plan.pick(batch, context)
+        """The captured graph a draft step replays, or None (eager). Never a key to capture."""
+        key = self.plan.pick(batch, context)
+        return key if key in self.graphs else None
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture every key the plan can pick, largest first (later ones reuse the pool's memory)."""
+        start = time.perf_counter()
+        for key in self.plan.keys():
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(key)
+        self.capture_seconds += time.perf_counter() - start
+        batches = sorted({k.batch for k in self.graphs})
+        contexts = sorted({k.context for k in self.graphs})
+        logger.info("DSpark drafter: %d CUDA graphs (batch %s, context %s) captured in %.1f s; static "
+                    "outputs %.1f MiB", len(self.graphs), _span(batches), _span(contexts), self.capture_seconds,
+                    self.outputs.nbytes / 2**20)
+
+    def run_padded(self, key: DraftGraphKey, anchors: Sequence[int], positions: Sequence[int],
+                   slot_table: torch.Tensor) -> BlockOutput:
+        """padded_inputs into the persistent host buffer, then run() (one copy down)."""
+        return self.run(key, padded_inputs(anchors, positions, slot_table, key, self.host_flat), len(anchors))
 
     @torch.inference_mode()
     def run(self, key: DraftGraphKey, host_flat: torch.Tensor, batch: int) -> BlockOutput:
-        """host_flat: padded_inputs(...) for `key` (on the device already, or on the CPU).
-        -> the block output of the first `batch` (real) requests: views of the graph's outputs,
-        valid until the next replay."""
+        """host_flat: padded_inputs(...) for `key` (on the device already, or on the CPU); key: a
+        captured one (pick()). -> the block output of the first `batch` (real) requests: views of
+        the static outputs, valid until the next replay."""
         self.flat[: key.flat_size].copy_(host_flat, non_blocking=True)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(key)
-        graph, out = self.graphs[key]
-        graph.replay()
+        self.graphs[key].replay()
         self.replays += 1
-        return BlockOutput(out.hidden[:batch], out.logits[:batch], first_rows(out.greedy, batch))
+        return self.outputs.rows(batch)
 
     def _capture(self, key: DraftGraphKey):
-        start = time.perf_counter()
         batch = batch_from_flat(self.flat, key, self.feature_width, self.dtype)
-        # NOTE: warm-up outside the capture (kernel selection, workspaces); with no pending
-        # context rows the forward writes nothing to the pool, so warm-up and capture are pure
-        graph_body(self.drafter, batch, self.pool)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            out = graph_body(self.drafter, batch, self.pool)
-        logger.info("DSpark drafter: CUDA graph for batch %d, context %d captured in %.0f ms", key.batch,
-                    key.context, 1e3 * (time.perf_counter() - start))
-        return graph, out
+        self.flat[: key.flat_size].zero_()  # dummy requests: anchor 0 at position 0, no context
+
+        def body():
+            self.outputs.store(graph_body(self.drafter, batch, self.pool))
+
+        graph = self.capture(body)
+        self.captures += 1
+        logger.debug("DSpark drafter: graph for batch %d, context %d captured", key.batch, key.context)
+        return graph
+
+
+def _span(values: list[int]) -> str:
+    return f"{min(values)}-{max(values)}" if values else "none"
 
 
 def _round_up_pow2(n: int) -> int:

@@ -70,11 +70,15 @@ class DraftRunner:
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 
-    def enable_graphs(self, batch_sizes: list[int], max_context: int) -> None:
-        """CUDA graphs of the block forward (draft_graphs.py), captured as keys come up."""
+    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None) -> None:
+        """CUDA graphs of the block forward (draft_graphs.py), every key captured now (start-up),
+        none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in."""
         from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner
 
-        self.graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device)
+        graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device,
+                                  capture)
+        graphs.capture_all()
+        self.graphs = graphs
 
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """features [num_tokens, n * hidden] of one target forward -> draft K/V at its KV slots."""
@@ -85,12 +89,9 @@ class DraftRunner:
         """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
         batch, context = len(step.anchor_tokens), max(step.anchor_positions, default=0)
         key = self.graphs.pick(batch, context) if self.graphs is not None else None
-        if key is not None:
-            from sglaunch.speculative.draft_graphs import padded_inputs
-
+        if key is not None:  # one copy down, from the graphs' persistent pinned buffer
             table = context_slots(step.page_tables, step.anchor_positions, page_size)
-            flat = padded_inputs(step.anchor_tokens, step.anchor_positions, table, key)
-            return self.graphs.run(key, to_device([flat], self.device)[0], batch)  # one copy down
+            return self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table)
         host = [torch.tensor(step.anchor_tokens, dtype=torch.int64),
                 torch.tensor(step.anchor_positions, dtype=torch.int64),
                 context_slots(step.page_tables, step.anchor_positions, page_size)]

@@ -87,7 +87,7 @@ class BlockOutput:
 class DraftBlock:
     tokens: torch.Tensor  # [B, gamma] int64 x_0 .. x_{gamma-1}
     probs: torch.Tensor | None  # [B, gamma, V] float32 q_k (one-hot for greedy rows); None if not asked
-    logits: torch.Tensor  # [B, gamma, V] float32 Markov-corrected l_k = U_k + B_k (before temperature)
+    logits: torch.Tensor | None  # [B, gamma, V] float32 Markov-corrected l_k = U_k + B_k (before temperature); None: not kept
     conf_logits: torch.Tensor | None  # [B, gamma] float32 raw confidence-head logits (None: no head)
 
 
@@ -360,13 +360,14 @@ class DSparkDrafter(nn.Module):
     @torch.inference_mode()
     def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
                      uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                     return_probs: bool = True, all_greedy: bool = False) -> DraftBlock:
+                     return_probs: bool = True, all_greedy: bool = False, keep_logits: bool = True) -> DraftBlock:
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
         softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
         all_greedy: the caller knows every row is greedy (from the host, so no device read here):
         the softmax and the draw are skipped, and no probabilities are returned.
         With a draft vocabulary (restrict_vocab), out.logits and the returned logits are over its
-        K tokens; tokens are target ids and probs cover the whole vocabulary (0 outside it)."""
+        K tokens; tokens are target ids and probs cover the whole vocabulary (0 outside it).
+        keep_logits=False: the returned block's logits are None (not stacked: [B, G, V] a step)."""
         B, G, V = out.logits.shape  # V: the draft vocabulary's size
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
@@ -395,21 +396,23 @@ class DSparkDrafter(nn.Module):
             if self.draft_vocab is not None:
                 x = self.draft_vocab[x]  # the draft vocabulary's index -> the target's token id
             tokens.append(x)
-            logits.append(l_k)
+            if keep_logits:
+                logits.append(l_k)
             prev = x
         q_all = torch.stack(probs, 1) if probs else None
         if q_all is not None and self.draft_vocab is not None:  # [B, G, K] -> [B, G, vocab], 0 elsewhere
             full = q_all.new_zeros(B, G, self.config.vocab_size)
             q_all = full.index_copy_(2, self.draft_vocab, q_all)
-        return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1), torch.stack(conf, 1) if conf else None)
+        return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1) if logits else None,
+                          torch.stack(conf, 1) if conf else None)
 
     def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):
-        what a drafter CUDA graph captures after the forward."""
+        what a drafter CUDA graph captures after the forward (the block's logits not kept)."""
         B, G = anchor_tokens.shape[0], self.config.block_size
         zeros = torch.zeros(B, device=anchor_tokens.device)
         return self.sample_block(out, anchor_tokens, zeros, uniforms=torch.zeros(B, G, device=anchor_tokens.device),
-                                 return_probs=False, all_greedy=True)
+                                 return_probs=False, all_greedy=True, keep_logits=False)
 
     def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:
         """forward_block + sample_block."""

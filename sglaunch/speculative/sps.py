@@ -58,6 +58,8 @@ class SpsTable:
     # step_seconds by (tokens, requests): the planner prices every candidate budget of every step,
     # hundreds of lookups at 64 requests (a fresh table, e.g. from dataclasses.replace, starts empty)
     _step_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    # 1 / SPS(t) for t = 0 .. len - 1 as one numpy array (step_seconds_from), grown on demand
+    _time_cache: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     def with_draft_costs(self, points: dict[int, float]) -> SpsTable:
         """This table plus the draft stage's seconds per step by request count."""
@@ -82,6 +84,18 @@ class SpsTable:
                 self._step_cache.clear()
             seconds = self._step_cache[key] = 1.0 / self.sps(tokens) + self.draft_seconds(requests)
         return seconds
+
+    def step_seconds_from(self, tokens: int, count: int, requests: int):
+        """step_seconds(tokens + k, requests) for k = 0 .. count - 1 as a float64 numpy array,
+        each value exactly step_seconds' (the same float operations): the planner prices every
+        candidate budget of a step at once."""
+        import numpy as np
+
+        end = tokens + count
+        if not self._time_cache or len(self._time_cache[0]) < end:
+            size = max(end, 2 * len(self._time_cache[0]) if self._time_cache else 64)
+            self._time_cache[:] = [np.array([1.0 / self.sps(t) for t in range(size)], dtype=np.float64)]
+        return self._time_cache[0][tokens:end] + self.draft_seconds(requests)
 
     def plain_step_seconds(self, requests: int, extra_tokens: int = 0) -> float:
         """The step DSpark takes when it steps aside: `requests` decodes of one token each (plus

@@ -7,11 +7,19 @@ take part; the KV content is whatever the pool holds (timing only). Median of `r
 after `warmup` runs; SPS = 1 / median seconds.
 
 With a drafter (`profile_draft_costs`), DSpark's own work in a step is timed too, per number of
-requests R: rank 0's `propose` (the block forward on every rank, the Markov block sampling, the
-plan and its read-back) and `accept` (the accept rule, log-probabilities, the read-back) for R
-greedy requests with `context_len` tokens of context each, on logits of the verified rows. That
-is everything a DSpark step adds to the target forward. `profile_decode_costs` times the step
-DSpark takes when it steps aside: a plain decode step of R requests (forward and the sampler).
+requests R: rank 0's `propose` (the block forward on every rank, a drafter graph replay where
+serving replays one: they are all captured before this profile runs; the Markov block sampling,
+the plan and its read-back) and the accept for R greedy requests with `context_len` tokens of
+context each. That is everything a DSpark step adds to the target forward. `profile_decode_costs`
+times the step DSpark takes when it steps aside: a plain decode step of R requests (forward and
+the sampler).
+
+`ProfilePlan.greedy` (the engine's start-up profile sets it): every step is timed the way an
+all-greedy serving step runs: the verify forward with `logits=False` (a verify graph gives each
+row's greedy choice, no LM head after it), the host accept of `DSparkDecoder.accept_greedy` on
+one read-back, and the plain decode's choices read back by `ModelRunner.greedy_host`. Without it
+(`sglaunch profile-sps`), the logits of every row are computed and sampled from, as for sampled
+requests.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ class ProfilePlan:
     repeats: int = 5
     warmup: int = 2
     request_counts: tuple[int, ...] = ()  # of the draft and decode profiles (default: from token_sizes)
+    greedy: bool = False  # time the all-greedy serving path (see the module's docstring)
 
     def kv_tokens(self, page_size: int) -> int:
         """KV slots the largest step needs."""
@@ -63,6 +72,7 @@ def verify_step(engine, num_tokens: int, plan: ProfilePlan, rng: random.Random) 
         step.query_lens.append(rows)
         step.kv_lens.append(kv_len)
         step.page_tables.append(pages)
+    step.logits = not plan.greedy
     return step, borrowed
 
 
@@ -136,6 +146,14 @@ def profile_draft_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, f
             chunks = _profile_chunks(engine, tables, plan, rng)
             logits = torch.randn(requests * (gamma + 1), vocab, device=engine.runner.device)
 
+            # the greedy choices (token, log-probability) a verify graph leaves for the host accept
+            choices = torch.stack([logits.argmax(-1).double(), torch.zeros(logits.shape[0], dtype=torch.float64,
+                                                                            device=logits.device)])
+
+            def greedy_host(rows: list[int]):
+                host = choices.tolist()  # NOTE: one read-back, as ModelRunner.greedy_host does
+                return [int(host[0][r]) for r in rows], [host[1][r] for r in rows]
+
             def dspark_stage():
                 for chunk in chunks:
                     chunk.draft_tokens = []
@@ -143,7 +161,10 @@ def profile_draft_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, f
                 starts = [0]
                 for v in proposal.verify_lens[:-1]:
                     starts.append(starts[-1] + 1 + v)
-                spec.accept(proposal, logits[: starts[-1] + 1 + proposal.verify_lens[-1]], starts, 0.0)
+                if plan.greedy:  # what LLMEngine._accept does for an all-greedy step
+                    spec.accept_greedy(proposal, starts, greedy_host, 0.0)
+                else:
+                    spec.accept(proposal, logits[: starts[-1] + 1 + proposal.verify_lens[-1]], starts, 0.0)
 
             seconds[requests] = _median_seconds(engine, plan, dspark_stage)
         finally:
@@ -174,8 +195,15 @@ def profile_decode_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, 
             step = decode_step(requests, _borrow_pages(engine, requests, plan.context_len + 1, borrowed), plan,
                                vocab, rng)
             params = [SamplingParams(max_new_tokens=1, temperature=0.0)] * requests
-            seconds[requests] = _median_seconds(
-                engine, plan, lambda: sample(engine._run_on_all_ranks(step), params, [None] * requests))
+            step.logits = not plan.greedy
+
+            def plain_step():
+                logits = engine._run_on_all_ranks(step)
+                # NOTE: as LLMEngine._sample: an all-greedy step reads the forward's choices if it made them
+                if not plan.greedy or engine.runner.greedy_host(list(range(requests))) is None:
+                    sample(logits, params, [None] * requests)
+
+            seconds[requests] = _median_seconds(engine, plan, plain_step)
         finally:
             engine.allocator.free(borrowed)
         if progress is not None:

@@ -46,6 +46,11 @@ def test_profile_step_reports_phases_for_plain_and_dspark(tmp_path, capsys):
     parts = sum(dspark[p]["ops"] for p in ("propose (all)", "target forward", "accept"))
     assert parts <= dspark["step"]["ops"]
     assert results["dspark-static"]["spec"]["speculative"]["steps"] > 0
+    # steps by kind (static mode never steps aside); a CPU engine has no drafter graphs
+    kinds = results["dspark-static"]["step_kinds"]
+    assert kinds["drafted_steps"] == 3 and kinds["aside_steps"] == 0 and kinds["drafted_step_ms_median"] > 0
+    assert results["plain"]["step_kinds"] == {} and results["dspark-static"]["drafter_graphs"] is None
+    assert dspark["plan (step aside?)"]["ms"] > 0
     assert len(results["plain"]["top_ops"]) == 5 and "cumulative" in results["plain"]["cprofile"]
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("dspark-static")
 

@@ -5,6 +5,8 @@ output is plain decoding's. Where drafting pays, the drafts run."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -249,3 +251,74 @@ def test_the_pruned_budget_search_is_exact():
         extra = rng.choice([0, 0, 5])
         scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
         assert choose_budget(values, R, sps, extra) == scores.index(max(scores))
+
+
+def test_the_vectorised_budget_search_equals_the_python_loop():
+    """At many requests the budget is searched with numpy (a stepping-aside step at 64 requests
+    must not pay a Python loop over 448 candidates): the same K and Theta, to the last bit."""
+    import random
+
+    import numpy as np
+
+    from sglaunch.speculative.planner import SMALL, _argmax_theta, best_budget, theta
+
+    rng = random.Random(4)
+    for _ in range(200):
+        R = rng.randint(1, 64)
+        values = sorted((rng.random() ** rng.choice([0.5, 1, 3]) for _ in range(R * GAMMA)), reverse=True)
+        points = {t: 100.0 / (1 + rng.random() * t / 8) for t in (1, 2, 4, 8, 16, 32, 64, 256)}
+        sps = SpsTable.from_points(points, rng.choice(["step", "linear"])).with_draft_costs(
+            {1: rng.random() * 0.02, 64: rng.random() * 0.04})
+        extra = rng.choice([0, 0, 5, 300])
+        loop = _argmax_theta(values, R, sps, extra)
+        assert _argmax_theta(np.asarray(values), R, sps, extra) == loop
+        assert best_budget(values, R, sps, extra) == loop  # either path, as the size picks
+        scores = [theta(R + sum(values[:k]), extra + R + k, sps, R) for k in range(len(values) + 1)]
+        assert loop[0] == scores.index(max(scores))
+    assert SMALL < 64 * GAMMA  # the engine's 64-request steps take the numpy path
+
+
+def test_a_stepped_aside_step_converts_and_copies_where_a_plain_step_does(dspark_files, batch_and_plain, tmp_path,
+                                                                          monkeypatch):
+    """Where drafting never pays, every step of a DSpark engine (its drafter's graphs captured, as
+    on a GPU: draft_graphs.EagerCapture) is a plain step: the drafter never runs (no replay, no
+    propose, no accept), and the step reads back and copies down at exactly the sites, and as
+    often, as a plain engine's step (the planner works on host lists only)."""
+    import functools
+
+    from test_sync_budget import Recorder
+    from sglaunch.speculative import draft_graphs
+
+    batch, plain = batch_and_plain
+
+    def census(config):
+        engine, cluster = create_engine(config)
+        try:
+            recorder = Recorder()
+            engine.step = recorder.wrap("step", engine.step)
+            if engine.spec is not None:
+                for name in ("propose", "accept", "accept_greedy"):
+                    setattr(engine.spec, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran in a stepped-aside step"))
+            with monkeypatch.context() as patch:
+                recorder.install(patch)
+                out = run(engine, make_requests(batch, "s"))
+            graphs = engine.runner.draft.graphs if engine.runner.draft is not None else None
+            return out, recorder, graphs, engine.spec.stats.to_dict() if engine.spec else None
+        finally:
+            cluster.stop(engine)
+
+    base = engine_config(dspark_files["target"], disable_radix_cache=True, cuda_graph_max_bs=8)
+    plain_out, plain_census, _, _ = census(base)
+    monkeypatch.setattr(draft_graphs, "start_up_graphs",
+                        functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(), force=True))
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           cuda_graph_max_bs=8, sps=write(tmp_path, "costly.json", table({1: 10.0})))
+    out, aside_census, graphs, stats = census(config)
+    assert_plain(out, plain)
+    assert stats["steps"] == 0 and stats["step_aside_steps"] > 0
+    assert graphs is not None and graphs.replays == 0
+    assert aside_census.calls["step"] == plain_census.calls["step"]
+    sites = lambda c: Counter({(f, text): n for (f, _, text), n in c.items() if f.startswith("sglaunch/")})  # noqa: E731
+    assert sites(plain_census.read_backs) and sites(plain_census.moves)  # the census sees a plain step's
+    assert sites(aside_census.read_backs) == sites(plain_census.read_backs)
+    assert sites(aside_census.moves) == sites(plain_census.moves)

@@ -179,6 +179,10 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     out = {f"r{i}": ([], []) for i in range(len(prompts))}
     with booted(config) as engine:
+        draft = engine.runner.draft
+        if draft is not None and draft.graphs is not None:  # every key at start-up, none later
+            assert draft.graphs.captures == len(draft.graphs.plan.keys()) == len(draft.graphs.graphs)
+        captured = draft.graphs.captures if draft is not None and draft.graphs is not None else 0
         for i, p in enumerate(prompts):
             engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
         while engine.has_work:
@@ -190,6 +194,7 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
         draft = engine.runner.draft
         if draft is not None and draft.graphs is not None:
             replays["draft"] = draft.graphs.replays
+            replays["draft captures while serving"] = draft.graphs.captures - captured
     return out, replays
 
 
@@ -321,5 +326,6 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
     monkeypatch.delenv(ENABLE_ENV)  # the default: drafter graphs on
     graphed, replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
     assert replays.get("draft", 0) > 0, f"no drafter graph was replayed: {replays}"
+    assert replays["draft captures while serving"] == 0, f"a serving step captured a drafter graph: {replays}"
     assert_same_greedy(graphed, plain, f"DSpark ({drafter} drafter, drafter graphs) vs plain greedy")
     assert_same_greedy(graphed, eager, f"DSpark ({drafter} drafter) with drafter graphs vs without")

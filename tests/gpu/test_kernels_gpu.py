@@ -535,3 +535,34 @@ def test_profile_sps_on_cuda(dspark_files, tmp_path):
     for small, big in zip(seconds, seconds[1:]):
         assert big >= 0.5 * small, seconds
     assert seconds[-1] >= 0.8 * seconds[0], seconds
+
+
+def test_graph_path_host_syncs(flashinfer_files):
+    """With CUDA graphs and the drafter's graphs (all captured at start-up), an all-greedy compact
+    step synchronises exactly twice: the planning read-back of DSparkDecoder._plan and
+    the verify graph's greedy choices (ModelRunner.greedy_host, read by the host accept)."""
+    from sglaunch.engine.launch import create_engine
+
+    allowed = (("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()", "_plan"),
+               ("sglaunch/engine/model_runner.py", "greedy.tolist()", "greedy_host"))
+    prompts = helpers.prompts(8, seed=7)
+    engine, cluster = create_engine(flashinfer_files["config"])
+    try:
+        graphs = engine.runner.draft.graphs
+        assert graphs is not None and graphs.captures == len(graphs.plan.keys())
+        captured = graphs.captures
+        run(engine, prompts, greedy(16), "warm-graphs")
+        recorder = SyncRecorder()
+        engine.spec.propose = recorder.wrap("propose", engine.spec.propose)
+        engine.spec.accept_greedy = recorder.wrap("accept", engine.spec.accept_greedy)
+        run(engine, prompts, greedy(16), "graphs")
+        assert graphs.captures == captured, "a serving step captured a drafter graph"
+    finally:
+        cluster.stop(engine)
+    steps = recorder.calls["propose"]
+    assert steps > 0 and recorder.calls["accept"] == steps, recorder.calls
+    ok = [(s, n) for s, n in recorder.sites.items() if any(s[0] == f and t in s[2] and s[3] == fn for f, t, fn in allowed)]
+    extra = [(s, n) for s, n in recorder.sites.items() if (s, n) not in ok]
+    print(f"{steps} DSpark steps; syncs: {describe(recorder.sites.items())}")
+    assert not extra, f"host syncs beyond the two read-backs: {describe(extra)}"
+    assert sorted(n for _, n in ok) == [steps, steps], f"each read-back once per step: {describe(ok)}"

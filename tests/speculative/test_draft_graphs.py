@@ -9,7 +9,8 @@ import torch
 from spec_helpers import feature_rows, tiny_config
 from sglaunch.speculative.checkpoint import init_drafter_state, load_drafter, save_drafter
 from sglaunch.speculative.draft_graphs import (
-    MIN_CONTEXT, DraftGraphKey, DraftGraphPlan, batch_from_flat, first_rows, graph_body, padded_inputs)
+    MIN_CONTEXT, DraftGraphKey, DraftGraphPlan, DraftGraphRunner, EagerCapture, batch_from_flat, graph_body,
+    padded_inputs)
 from sglaunch.speculative.draft_runner import context_slots
 from sglaunch.speculative.drafter import DraftBatch
 
@@ -31,6 +32,10 @@ def test_static_buffer_holds_every_key_the_plan_picks():
     plan = DraftGraphPlan(BUCKETS, max_context=3000, max_cells=1 << 15)
     keys = {plan.pick(b, c) for b in range(1, 40) for c in range(1, 5000, 7)} - {None}
     assert keys and max(k.flat_size for k in keys) == plan.max_flat_size
+    # keys(): what start-up captures is exactly what pick() can ask for, largest first
+    assert set(plan.keys()) == keys and len(plan.keys()) == len(keys)
+    cells = [k.batch * k.context for k in plan.keys()]
+    assert cells == sorted(cells, reverse=True)
 
 
 def test_padded_inputs_layout():
@@ -75,7 +80,38 @@ def test_padded_batch_gives_the_eager_output(tmp_path, markov):
     # the greedy block sampled inside the graph equals the eager sampling of the real rows
     want = drafter.sample_block(eager, torch.tensor(anchors), torch.zeros(3), uniforms=torch.zeros(3, cfg.block_size),
                                 return_probs=False, all_greedy=True)
-    got = first_rows(padded.greedy, 3)
-    assert torch.equal(got.tokens, want.tokens) and got.probs is None
-    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.conf_logits, want.conf_logits, rtol=1e-5, atol=1e-5)
+    got = padded.greedy
+    assert torch.equal(got.tokens[:3], want.tokens) and got.probs is None and got.logits is None  # logits not kept
+    torch.testing.assert_close(got.conf_logits[:3], want.conf_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_runner_captures_at_start_up_only_and_shares_its_outputs(tmp_path):
+    cfg = tiny_config()
+    drafter = load_drafter(save_drafter(tmp_path / "d", cfg, init_drafter_state(cfg, seed=6)))
+    page_size, pool = 4, drafter.make_pool(64)
+    plan = DraftGraphPlan([1, 2, 4], max_context=256)
+    runner = DraftGraphRunner(drafter, pool, plan, torch.device("cpu"), capture=EagerCapture())
+    assert runner.pick(1, 5) is None  # nothing captured yet: eager, never a capture
+    runner.capture_all()
+    assert runner.captures == len(plan.keys()) == 6 and set(runner.graphs) == set(plan.keys())
+    pages, lengths, anchors = [[2, 3], [4, 5, 6]], [6, 10], [10, 20]
+    for r, (table, n) in enumerate(zip(pages, lengths)):
+        slots = torch.tensor([table[i // page_size] * page_size + i % page_size for i in range(n)])
+        drafter.write_context(feature_rows(n, cfg, seed=50 + r), torch.arange(n), slots, pool)
+    table = context_slots(pages, lengths, page_size)
+    positions = torch.tensor(lengths)
+    eager = drafter.forward_block(DraftBatch(
+        anchor_tokens=torch.tensor(anchors), anchor_positions=positions,
+        ctx_features=torch.empty(0, cfg.num_features * cfg.hidden_size), ctx_positions=torch.empty(0, dtype=torch.int64),
+        ctx_slots=torch.empty(0, dtype=torch.int64), slot_table=table, ctx_lens=positions), pool)
+    key = runner.pick(2, max(lengths))
+    assert key == DraftGraphKey(2, MIN_CONTEXT)
+    out = runner.run(key, padded_inputs(anchors, lengths, table, key), 2)
+    assert runner.captures == 6 and runner.replays == 1
+    torch.testing.assert_close(out.logits, eager.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.hidden, eager.hidden, rtol=1e-5, atol=1e-5)
+    # every key writes the same static buffers (memory does not grow with the number of graphs)
+    assert out.logits.data_ptr() == runner.outputs.logits.data_ptr()
+    one = runner.run(runner.pick(1, 300 // 2), padded_inputs(anchors[:1], lengths[:1], table[:1], DraftGraphKey(1, 256)), 1)
+    assert one.logits.data_ptr() == runner.outputs.logits.data_ptr()
+    torch.testing.assert_close(one.logits[0], eager.logits[0], rtol=1e-5, atol=1e-5)
