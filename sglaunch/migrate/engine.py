@@ -628,6 +628,9 @@ DEPENDENCY_FORMATS = ("requirements", "pyproject", "setupcfg", "pipfile", "lockf
 REQUIREMENTS_NAME = re.compile(r"(?i)(.*[-_.])?(requirements|constraints|reqs)([-_.].*)?\.(txt|in)")
 MAKEFILES = ("makefile", "gnumakefile")
 LOCK_FILES = ("uv.lock", "poetry.lock", "pdm.lock", "pipfile.lock")
+# documents without a suffix: a walk never reads them (a file named explicitly is read)
+DOCUMENT_NAMES = frozenset({"README", "CHANGELOG", "CHANGES", "NEWS", "NOTES", "HISTORY", "LICENSE", "COPYING",
+                            "AUTHORS", "CONTRIBUTING", "TODO", "RELEASE_NOTES"})
 SYSTEMD = (".service", ".socket", ".target", ".timer")
 
 
@@ -701,6 +704,8 @@ def detect_format(name: str, text: str, loose: bool = True) -> str | None:
         return "env"
     if lower.endswith((".py", ".pyw")):
         return "python"
+    if not loose and path.name.upper().split(".")[0] in DOCUMENT_NAMES:
+        return None
     if not loose and lower.endswith((".json", ".jsonl", ".md", ".rst", ".txt", ".csv", ".lock", ".toml", ".ini",
                                      ".cfg", ".html", ".js", ".ts", ".css", ".svg", ".ipynb")):
         return None  # data and documents: a walk does not sniff them (a file named explicitly is read)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from sglaunch.migrate.engine import DEPENDENCY_FORMATS, ConvergenceError, Result, detect_format, migrate_text
+from sglaunch.migrate.engine import (DEPENDENCY_FORMATS, DOCUMENT_NAMES, ConvergenceError, Result, detect_format,
+                                     migrate_text)
 from sglaunch.migrate.evaluate import ERROR, Finding
 from sglaunch.migrate.kinds import STDIN  # re-exported
 from sglaunch.migrate.rules import Rule
@@ -242,7 +243,7 @@ def _launch_in_unknown_kind(path: str, text: str, rules: Sequence[Rule] = (), re
     from sglaunch.migrate.engine import suspicious
     from sglaunch.migrate.shell import mentions
 
-    if path.lower().endswith(DOCUMENT_SUFFIXES):
+    if path.lower().endswith(DOCUMENT_SUFFIXES) or os.path.basename(path).upper().split(".")[0] in DOCUMENT_NAMES:
         return False
     if OUR_PIN.search(text):  # `deps = sglang==0.5.15` in a tox.ini
         return True

@@ -339,3 +339,10 @@ def test_decoys_a_flag_declaration_call_and_a_flag_schema_json(tmp_path):
     assert "flags.json" not in reports
     schema = reports["schema.py"]
     assert not schema.changed and not [f for f in schema.findings if f.level in (FIX, UNSAFE)]
+
+
+def test_documents_without_a_suffix_are_not_read(tmp_path):
+    (tmp_path / "CHANGELOG").write_text("0.5.16: use --enable-waterfill instead of --enable-deepep-waterfill\n")
+    (tmp_path / "NOTES").write_text("pinned sglang==0.5.15 until the upgrade\n")
+    reports = [process_file(p, e, RULES, TO, False) for p, e in iter_files([str(tmp_path)])]
+    assert [r for r in reports if r is not None] == []
