@@ -123,15 +123,28 @@ pipeline8() {  # session 7, run 2 (no model upload): the GPU tests of this sessi
   touch "$W/all.done"
 }
 
-pipeline9() {  # issue 15 item 4 (no model upload: `launch pipeline9`, then `wait 560`): the GPU tests with
-  # SGLAUNCH_OVERLAP=1 (its default goes to 1 when they pass), then plain decoding on random
-  # SmolLM2-shaped weights with overlap off and on in ONE run per batch size (the table's last line
-  # is the ratio of their pipelined step times; prediction: c=1 1.57 -> ~1.1 ms, c=64 2.32 -> ~1.3 ms)
-  part pytest 420 env SGLAUNCH_OVERLAP=1 python3 -m pytest -v -p no:cacheprovider tests/gpu
+pipeline9() {  # session 8 (model upload as session 7's run 1): the GPU tests with SGLAUNCH_OVERLAP=1
+  # (its default goes to 1 when they pass; DSpark engines stay synchronous), then random-weight
+  # SmolLM2-shaped profiles at c=1 and c=64: plain with overlap off and on in ONE run (the table's
+  # last line is their pipelined step ratio) and a random drafter's compact mode (it steps aside
+  # almost always: the `aside ms` column against plain's step; drafter graphs captured at start-up,
+  # none while measuring); drafter shapes (issue 19 item 3); then, with the real model and the
+  # bundled drafter, the in-process sweep with overlap on, HTTP against in-process (carry
+  # .out/http-wheels: `install .out/http-wheels`), and the fused kernels against transformers
+  part pytest 330 env SGLAUNCH_OVERLAP=1 python3 -m pytest -v -p no:cacheprovider tests/gpu tests/engine/test_layer_kernels.py
   for c in 1 64; do
     part "profile$c" 150 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
-      --concurrency $c --steps 100 --overlap both --json "$W/profile$c.json"
+      --drafter random --modes compact --concurrency $c --steps 100 --overlap both --json "$W/profile$c.json"
   done
+  part capacity 110 python3 benchmarks/drafter_capacity.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --shapes 2x1024r8,3x768r8,3x1024r8,4x1024r8,2x1024r16 --time-budget 90 --json "$W/capacity.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part sweep1 260 env SGLAUNCH_OVERLAP=1 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep1" --concurrency 1,8,32,64 \
+    --requests 16,48,128,256 --max-tokens 128 --time-budget 240 --modes compact
+  part http 200 env SGLAUNCH_OVERLAP=1 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+    --concurrency 64 --new-tokens 128 --repeats 2 --out "$W/http.json"
+  part fused 100 python3 benchmarks/fused_vs_hf.py --model "$SMOL" --prompts .gpu6/heldout_all.jsonl
   touch "$W/all.done"
 }
 
@@ -139,7 +152,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest profile profile1 profile64 decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http; do
+    for f in pytest profile profile1 profile64 capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -164,9 +177,9 @@ case "${1:-}" in
   start)  # install, then launch (when one call can carry .whl and .gpu6 beside the tree)
     bash "$0" install && bash "$0" launch "${2:-pipeline}"
     ;;
-  install)  # the wheels (carry .whl) -> /tmp/site
+  install)  # install [DIR]: the wheels of DIR (default .whl; carry it) -> /tmp/site
     mkdir -p "$W" /tmp/smol
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${2:-.whl}"/*.whl \
       || exit 1
     { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
       python3 -c "import torch, triton, flashinfer, transformers; print(torch.__version__, triton.__version__, flashinfer.__version__, transformers.__version__)"
@@ -219,7 +232,7 @@ case "${1:-}" in
     collect
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_session6.sh snapshot|install|launch P|start P|half1 a|b|half2q a|b [S]|half2 [S]|wait [S]" >&2
+    echo "usage: bash benchmarks/gpu_session6.sh snapshot|install [DIR]|launch P|start P|half1 a|b|half2q a|b [S]|half2 [S]|wait [S]" >&2
     exit 2
     ;;
 esac
