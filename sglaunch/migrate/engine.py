@@ -722,34 +722,45 @@ HELM_DIRECTIVE = re.compile(r"\{\{-?\s*(?:\.Values|\.Release|\.Chart|\$\.Values|
 
 
 def _json_launch(text: str) -> bool:
-    """A JSON file a walk reads: it names a launcher or an SGLang image, holds a string that is an
-    SGLang flag (`"args": ["--tp", "8"]`), or is a mapping of SGLang flags."""
+    """A JSON file a walk reads: it names a launcher or an SGLang image, holds an array of
+    arguments with a rule's flag (`"args": ["--tp", 8, "--x"]`) or a mapping keyed by such flags,
+    or is a mapping of SGLang flags (an SGLang config in JSON)."""
     from sglaunch.migrate.shell import mentions
-    from sglaunch.migrate.yamlfmt import detect_yaml
 
     if mentions(text) or "lmsysorg/sglang" in text:
         return True
     # an array of strings holding a flag some rule is about (a launcher's `"args": [...]`), or a mapping
     # keyed by such flags: benchmark records that only hold valid flags, and data that names flags as
     # values (`{"name": "--x", "removed": "0.5.16"}`, a flag schema) stay out of a walk
-    if '"--' in text and len(text) < 1_000_000:
-        import json
+    if len(text) >= 1_000_000:
+        return False
+    import json
 
+    from sglaunch.migrate.yamlfmt import mask_json
+
+    try:
+        data = json.loads(mask_json(text))
+    except ValueError:
+        return False
+    if isinstance(data, dict) and data:
+        # an SGLang config in JSON: at least half of the top-level keys are SGLang flags
+        from sglaunch.flags.registry import SCHEMA
+
+        flags = [k for k, v in data.items() if not isinstance(v, dict) and SCHEMA.lookup("--" + k)]
+        if flags and 2 * len(flags) >= len(data):
+            return True
+    if '"--' in text:
         from sglaunch.migrate.rules import load_rules
-        from sglaunch.migrate.yamlfmt import mask_json
         from sglaunch.releases import KNOWN_RELEASES
 
-        try:
-            data = json.loads(mask_json(text))
-        except ValueError:
-            data = None
         rules = load_rules().rules
         stack = [data]
         while stack:
             item = stack.pop()
             if isinstance(item, list):
-                strings = [v for v in item if isinstance(v, str)]
-                if strings and strings == item and suspicious(" ".join(strings), rules, KNOWN_RELEASES[-1]):
+                scalars = [str(v) for v in item if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+                if scalars and len(scalars) == len(item) and any(v.startswith("--") for v in scalars) \
+                        and suspicious(" ".join(scalars), rules, KNOWN_RELEASES[-1]):
                     return True
                 stack.extend(v for v in item if isinstance(v, (list, dict)))
             elif isinstance(item, dict):
@@ -757,7 +768,7 @@ def _json_launch(text: str) -> bool:
                 if keys and suspicious(" ".join(f"{k} {item[k]}" for k in keys), rules, KNOWN_RELEASES[-1]):
                     return True
                 stack.extend(v for v in item.values() if isinstance(v, (list, dict)))
-    return len(text) < 1_000_000 and detect_yaml(text) == "config"
+    return False
 
 
 def _not_yaml(text: str) -> bool:
