@@ -123,14 +123,12 @@ pipeline8() {  # session 7, run 2 (no model upload): the GPU tests of this sessi
   touch "$W/all.done"
 }
 
-pipeline9() {  # session 8 (model upload as session 7's run 1): the GPU tests with SGLAUNCH_OVERLAP=1
+pipeline9() {  # session 8, run 1 (no model upload: `install`, then `launch pipeline9 && wait 540`): the GPU tests with SGLAUNCH_OVERLAP=1
   # (its default goes to 1 when they pass; DSpark engines stay synchronous), then random-weight
   # SmolLM2-shaped profiles at c=1 and c=64: plain with overlap off and on in ONE run (the table's
   # last line is their pipelined step ratio) and a random drafter's compact mode (it steps aside
   # almost always: the `aside ms` column against plain's step; drafter graphs captured at start-up,
-  # none while measuring); drafter shapes (issue 19 item 3); then, with the real model and the
-  # bundled drafter, the in-process sweep with overlap on, HTTP against in-process (carry
-  # .out/http-wheels: `install .out/http-wheels`), and the fused kernels against transformers
+  # none while measuring); drafter shapes (issue 19 item 3)
   part pytest 330 env SGLAUNCH_OVERLAP=1 python3 -m pytest -v -p no:cacheprovider tests/gpu tests/engine/test_layer_kernels.py
   for c in 1 64; do
     part "profile$c" 150 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
@@ -138,6 +136,11 @@ pipeline9() {  # session 8 (model upload as session 7's run 1): the GPU tests wi
   done
   part capacity 110 python3 benchmarks/drafter_capacity.py --model "$REPO/.gpu6/smolcfg" --random-like \
     --shapes 2x1024r8,3x768r8,3x1024r8,4x1024r8,2x1024r16 --time-budget 90 --json "$W/capacity.json"
+  touch "$W/all.done"
+}
+
+pipeline9b() {  # session 8, run 2 (the model upload): the in-process sweep with overlap on, HTTP
+  # against in-process (carry .out/http-wheels: `install .out/http-wheels`), fused kernels vs HF
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   part sweep1 260 env SGLAUNCH_OVERLAP=1 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
     --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep1" --concurrency 1,8,32,64 \
@@ -194,7 +197,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
