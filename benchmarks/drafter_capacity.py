@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=0, help="stop starting shapes after S seconds (0: none)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from profile_step import random_like
+    from profile_step import random_like, release_device_memory
 
     shapes = parse_shapes(args.shapes)
     began, results = time.perf_counter(), []
@@ -117,6 +117,9 @@ def main() -> None:
             folder, params = make_drafter(args.model, shape, work)
             row = {"shape": "%dx%dr%d" % shape, "layers": shape[0], "mlp_width": shape[1], "markov_rank": shape[2],
                    "params_m": round(params / 1e6, 2), "bundle_mb": round(params * 2 / 1e6, 1), **measure(args, folder)}
+            # NOTE: the next engine plans its KV cache from the free memory; without this the third
+            # engine found none (H200, session 8: "budget -1.87 GiB")
+            release_device_memory()
             results.append(row)
             w = row["dspark_work_ms"]
             print(f"{row['shape']}: {row['params_m']}M params, {row['bundle_mb']} MB; DSpark work "

@@ -41,13 +41,14 @@ def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def overlap_from_env() -> bool:
-    """SGLAUNCH_OVERLAP (0 or 1, default 0), read once per process at start-up: every rank sees
-    the same environment, so every rank agrees."""
-    value = os.environ.get(OVERLAP_ENV, "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"{OVERLAP_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+def overlap_from_env(device_type: str = "cpu") -> bool:
+    """SGLAUNCH_OVERLAP (0, 1 or auto, the default: on for CUDA devices, where the host work it
+    hides is measured, off on CPUs, whose operators run synchronously so there is nothing to hide),
+    read once per process at start-up: every rank sees the same environment, so every rank agrees."""
+    value = os.environ.get(OVERLAP_ENV, "auto").strip() or "auto"
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: expected 0 or 1, or auto (the default)")
+    return value == "1" or (value == "auto" and device_type == "cuda")
 
 
 def configure_cpu_rank(ranks_on_this_node: int) -> None:
@@ -86,8 +87,8 @@ class ModelRunner:
             # on an H200; the drafter's and the torch backend's attention change shape every step
             torch.backends.cuda.enable_cudnn_sdp(False)
         # NOTE: set before the graphs are captured (their input copies); DSpark steps stay synchronous
-        self.overlap = overlap_from_env() and config.speculative is None
-        if overlap_from_env() and not self.overlap and tp.rank == 0:
+        self.overlap = overlap_from_env(device.type) and config.speculative is None
+        if overlap_from_env(device.type) and not self.overlap and tp.rank == 0:
             logger.info("%s=1: DSpark steps stay synchronous (overlap is for plain decoding)", OVERLAP_ENV)
         self.context_length = resolve_context_length(spec, config.context_length)
         max_positions = max(self.context_length, spec.max_position_embeddings)

@@ -258,7 +258,7 @@ def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch):
     sites = []
 
     def show(message, *args, **kwargs):
-        if "synchroniz" in str(message):
+        if "synchroniz" in str(message) and "prototype feature" not in str(message):  # torch's one-off notice
             frames = [f for f in traceback.extract_stack() if Path(f.filename).resolve().is_relative_to(root / "sglaunch")]
             sites.append(f"{frames[-1].filename}:{frames[-1].lineno} `{frames[-1].line}`" if frames else str(message))
 

@@ -344,8 +344,13 @@ def test_compact_dspark_step_runs_the_triton_kernels(dspark_files, monkeypatch):
 # NOTE: the host scheduler needs, per step, the planned lengths and drafts (to lay out the
 # verify batch) and the committed tokens with their log-probs: one packed read-back each. Host
 # inputs go down by pinned non-blocking copies (transfer.to_device), which do not synchronise.
-ALLOWED = (("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()"),  # after planning
-           ("sglaunch/speculative/decoder.py", "pack_flat([result.num_accepted"))  # after accepting
+PLAN_READBACK = ("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()")  # after planning
+# after accepting: the device accept's packed results (sampled or mixed batches), or, for an
+# all-greedy batch accepted on the host, the verify forward's greedy choices (ModelRunner.greedy_host;
+# read at most once per step: a plain row's sampling in the same step may have read them first)
+ACCEPT_READBACKS = (("sglaunch/speculative/decoder.py", "pack_flat([result.num_accepted"),
+                    ("sglaunch/engine/model_runner.py", "greedy.tolist()"))
+ALLOWED = (PLAN_READBACK,) + ACCEPT_READBACKS
 # NOTE: sampled (non-greedy) requests build their top-k/top-p/min-p tensors in the engine's sampler;
 # it now moves them with one pinned copy (engine/transfer.py), but until a GPU run confirms that,
 # its syncs are listed, not failed
@@ -369,7 +374,8 @@ class SyncRecorder:
     @contextlib.contextmanager
     def watching(self):
         def show(message, category, filename, lineno, file=None, line=None):
-            if "synchroniz" in str(message):
+            # NOTE: torch's one-off "sync debug mode is a prototype feature" notice is no sync
+            if "synchroniz" in str(message) and "prototype feature" not in str(message):
                 self.sites[self._site()] += 1
 
         with warnings.catch_warnings():
@@ -409,6 +415,7 @@ def watched_run(files, params, tag: str, config=None):
         recorder = SyncRecorder()
         engine.spec.propose = recorder.wrap("propose", engine.spec.propose)
         engine.spec.accept = recorder.wrap("accept", engine.spec.accept)
+        engine.spec.accept_greedy = recorder.wrap("accept", engine.spec.accept_greedy)  # all-greedy batches
         run(engine, prompts, params, tag)
     finally:
         cluster.stop(engine)
@@ -426,9 +433,13 @@ def check_budget(recorder, tolerated: tuple[str, ...] = ()) -> None:
     if known:
         print(f"known syncs outside the DSpark modules: {describe(known)}")
     assert not extra, f"host syncs in the DSpark step beyond the two allowed read-backs: {describe(extra)}"
-    assert len(allowed) == len(ALLOWED), f"expected both read-backs, saw: {describe(recorder.sites.items())}"
-    wrong = [(s, n) for s, n in allowed if n != steps]
-    assert not wrong, f"each read-back once per step ({steps} steps): {describe(wrong)}"
+    is_plan = lambda s: s[0] == PLAN_READBACK[0] and PLAN_READBACK[1] in s[2]  # noqa: E731
+    plan = [n for s, n in allowed if is_plan(s)]
+    assert plan == [steps], f"the planning read-back once per step ({steps} steps): {describe(recorder.sites.items())}"
+    accepted = [(s, n) for s, n in allowed if not is_plan(s)]
+    assert accepted, f"no accept read-back seen: {describe(recorder.sites.items())}"
+    assert len(accepted) == 1 and 0 < accepted[0][1] <= steps, \
+        f"one accept read-back, at most once per step ({steps} steps): {describe(accepted)}"
 
 
 def test_compact_hot_path_host_syncs(dspark_files):
@@ -565,4 +576,8 @@ def test_graph_path_host_syncs(flashinfer_files):
     extra = [(s, n) for s, n in recorder.sites.items() if (s, n) not in ok]
     print(f"{steps} DSpark steps; syncs: {describe(recorder.sites.items())}")
     assert not extra, f"host syncs beyond the two read-backs: {describe(extra)}"
-    assert sorted(n for _, n in ok) == [steps, steps], f"each read-back once per step: {describe(ok)}"
+    counts = {fn: n for (_, _, _, fn), n in ok}
+    # NOTE: the greedy choices are read once per step, inside the accept unless a plain row's
+    # sampling in the same step (a request not drafting) read them first, outside the watch
+    assert counts.get("_plan") == steps and 0 < counts.get("greedy_host", 0) <= steps, \
+        f"the planning read-back once per step, the greedy read at most once: {describe(ok)}"
