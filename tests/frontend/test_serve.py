@@ -75,7 +75,7 @@ def test_valid_launch_hands_a_frozen_resolved_config(captured, make_checkpoint):
     assert config.context_length == 4096 and config.served_model_name == str(model)
     spec = config.speculative
     assert (spec.algorithm, spec.block_size, spec.num_draft_tokens, spec.ragged_verify_mode) == ("DSPARK", 5, 6, "compact")
-    assert config.max_running_requests == 48  # DSpark's default
+    assert config.max_running_requests == 64  # the CPU's default, DSpark or not
     assert "resolved --speculative-dspark-block-size = 5 (block_size of the draft checkpoint)" in \
         " ".join(result.stderr.split())
 
