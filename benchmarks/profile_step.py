@@ -19,8 +19,11 @@ ignored), warms up, then measures `--steps` steps three ways:
   forwards replayed a CUDA graph.
 
 `--overlap both` profiles plain decoding twice in one run, `plain` with SGLAUNCH_OVERLAP=0 and
-`plain+overlap` with SGLAUNCH_OVERLAP=1 (0 or 1: only that one; DSpark configurations are
-synchronous either way), and the table ends with their ratio. A device sync after every step
+`plain+overlap` with SGLAUNCH_OVERLAP=1 (0 or 1: only that one), and each DSpark mode too
+(`dspark-compact` and `dspark-compact+overlap`: with overlap its stepped-aside steps are
+pipelined and a drafting step drains the pipeline first); the table ends with their ratio and,
+per DSpark configuration with overlap, its stepped-aside steps' pipelined time (each step's own
+unsynchronised wall time in the pipelined windows) beside plain+overlap's pipelined step. A device sync after every step
 would drain the overlap pipeline, so each configuration also reports the pipelined step time:
 `--steps` steps back to back, synchronised at both ends only (median of three windows); compare
 overlap on and off by that column. E.g. SmolLM2 at batch 1 and 64:
@@ -219,15 +222,21 @@ def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
     return out
 
 
-def pipelined_step_ms(load, steps: int, sync, windows: int = 3) -> float:
+def pipelined_step_ms(load, steps: int, sync, windows: int = 3, by_kind: dict | None = None) -> float:
     """Milliseconds per step over `steps` steps back to back, synchronised at both ends only
-    (what a serving loop sees; with overlap the host builds step N + 1 while step N runs)."""
-    times = []
+    (what a serving loop sees; with overlap the host builds step N + 1 while step N runs).
+    by_kind (a DSpark engine): each step's own wall time, unsynchronised, appended by kind
+    ("aside" / "drafted"): with overlap a stepped-aside step's is its share of the pipeline."""
+    times, spec = [], getattr(load.engine, "spec", None)
     for _ in range(windows):
         sync()
         t = time.perf_counter()
         for _ in range(steps):
+            drafted = spec.stats.steps if spec is not None else None
+            s = time.perf_counter()
             load.step()
+            if by_kind is not None and drafted is not None:
+                by_kind["drafted" if spec.stats.steps > drafted else "aside"].append(time.perf_counter() - s)
         sync()
         times.append((time.perf_counter() - t) / steps)
     return 1e3 * statistics.median(times)
@@ -257,7 +266,8 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
             times.append(time.perf_counter() - t)
             if drafted is not None:
                 by_kind["drafted" if engine.spec.stats.steps > drafted else "aside"].append(times[-1])
-        pipelined = pipelined_step_ms(load, args.steps, sync)
+        pipelined_kinds = {"aside": [], "drafted": []}
+        pipelined = pipelined_step_ms(load, args.steps, sync, by_kind=pipelined_kinds)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
         with profile(activities=activities) as prof:
             for _ in range(args.steps):
@@ -301,6 +311,8 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
     kinds = {f"{kind}_steps": len(v) for kind, v in by_kind.items()} if engine.spec is not None else {}
     kinds.update({f"{kind}_step_ms_median": round(1e3 * statistics.median(v), 3)
                   for kind, v in by_kind.items() if v and engine.spec is not None})
+    kinds.update({f"{kind}_pipelined_step_ms_median": round(1e3 * statistics.median(v), 3)
+                  for kind, v in pipelined_kinds.items() if v and engine.spec is not None})
     return {"config": name, "overlap": bool(getattr(engine, "overlap", False)),
             "pipelined_step_ms": round(pipelined, 3), "step_ms_median": round(1e3 * statistics.median(times), 3),
             "step_ms_min": round(1e3 * min(times), 3), "aten_calls_per_step": round(aten_calls * per, 1),
@@ -356,7 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         plain = {"both": [("plain", "0"), ("plain+overlap", "1")], "0": [("plain", "0")],
                  "1": [("plain+overlap", "1")], None: [("plain", None)]}[args.overlap]
         configs = [(name, None, overlap) for name, overlap in plain]
-        configs += [(f"dspark-{m}", m, None) for m in args.modes.split(",") if drafter is not None and m]
+        # NOTE: DSpark with overlap too (its stepped-aside steps pipelined, drafting steps draining
+        # first), beside plain+overlap: a stepped-aside step should cost what a plain+overlap one does
+        dspark = {"both": [("", "0"), ("+overlap", "1")], "0": [("", "0")], "1": [("+overlap", "1")],
+                  None: [("", None)]}[args.overlap]
+        configs += [(f"dspark-{m}{suffix}", m, overlap) for m in args.modes.split(",") if drafter is not None and m
+                    for suffix, overlap in dspark]
         results = []
         saved = os.environ.get(OVERLAP_ENV)
         for name, mode, overlap in configs:
@@ -401,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['device_busy_ms_per_step']:10.2f} {r['aten_calls_per_step']:11.1f} "
                   f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}" + kind)
         by_name = {r["config"]: r for r in results}
+        for r in results:  # with overlap, a stepped-aside step against a plain+overlap one
+            k, plain_on = r["step_kinds"], by_name.get("plain+overlap")
+            if r["overlap"] and k.get("aside_pipelined_step_ms_median") is not None and plain_on is not None:
+                print(f"{r['config']}: stepped-aside step {k['aside_pipelined_step_ms_median']:.3f} ms pipelined "
+                      f"({k['aside_steps']} synced: {k.get('aside_step_ms_median', float('nan')):.3f} ms) against "
+                      f"plain+overlap {plain_on['pipelined_step_ms']:.3f} ms")
         if "plain" in by_name and "plain+overlap" in by_name:
             on, off = by_name["plain+overlap"], by_name["plain"]
             print(f"overlap on / off (same run): pipelined step {on['pipelined_step_ms']:.3f} / "

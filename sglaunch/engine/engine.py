@@ -73,9 +73,12 @@ class LLMEngine:
             from sglaunch.speculative.decoder import DSparkDecoder
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
-        # SGLAUNCH_OVERLAP=1 (the runner read it; never with DSpark): see _step_overlapped
-        self.overlap = runner.overlap and self.spec is None
+        # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
+        # that step aside are pipelined; a drafting step drains the pipeline first
+        self.overlap = runner.overlap
         self._in_flight: InFlight | None = None
+        # steps left in flight; drafting steps that drained one; requests found finished by a drain
+        self.overlap_counts = {"in_flight": 0, "drains": 0, "drain_finished": 0}
 
     def profile_sps_if_missing(self) -> None:
         """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
@@ -99,7 +102,10 @@ class LLMEngine:
         # then lifts every larger size to it (seen on the H200: a 10 ms plateau over 16-256 tokens)
         # NOTE: greedy: timed as an all-greedy serving step runs (verify without an LM head after
         # the graph, the host accept); the drafter's graphs were captured at start-up already
-        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2, greedy=True)
+        # NOTE: pipelined: with overlap a stepped-aside step is a pipelined plain step, so drafting
+        # is priced against that (the synchronous plain step costs ~1.3-1.5x as much on an H200)
+        plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2, greedy=True,
+                           pipelined=self.overlap)
         while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
             plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
         plan = dataclasses.replace(plan, request_counts=self._profile_request_counts(plan))
@@ -168,12 +174,22 @@ class LLMEngine:
             return self._step_overlapped()
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
+        outputs = self._step_now(chunks, self._decide(chunks))
+        if self.spec is not None:  # what the planned step really took (calibrates its step costs)
+            self.spec.planner.observe_step_seconds(time.perf_counter() - began)
+        return outputs
+
+    def _step_now(self, chunks: list[Chunk], decision) -> list[TokenOutput]:
+        """A synchronous step of scheduled chunks (no placeholder among their tokens): (draft,)
+        forward, sample or accept, commit. decision: _decide's (None: a plain step)."""
         sampled: list = [None] * len(chunks)  # per chunk: a token, a list (speculative) or None
         logprobs: list = [None] * len(chunks)
         failed: dict[int, Exception] = {}  # chunk index -> why its request could not be sampled
         if chunks:
-            proposal = self._propose(chunks)
+            proposal = self._propose(chunks, decision)
             step = build_step_input(chunks, self.config.page_size)
+            if step.future_rows:
+                raise RuntimeError("a synchronous step with placeholder tokens (the pipeline was not drained)")
             # NOTE: an all-greedy step needs no logits, only each row's greedy choice
             step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead)
             start = time.perf_counter()
@@ -185,8 +201,6 @@ class LLMEngine:
             self.counters["steps"] += 1
         finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
-        if self.spec is not None:  # what the planned step really took (calibrates its step costs)
-            self.spec.planner.observe_step_seconds(time.perf_counter() - began)
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
@@ -197,7 +211,51 @@ class LLMEngine:
         step N back (stop rules, outputs) while N + 1 runs. An all-greedy step N + 1 stays in
         flight; any other is finished at once, as step() does. NOTE: a request that stops at
         step N also ran in step N + 1; that extra token is never emitted, its pages are freed."""
+        began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)
+        drained: list[TokenOutput] = []
+        if self.spec is not None and chunks:
+            decision = self._decide(chunks)
+            drain_seconds = 0.0
+            if decision is not None and self._in_flight is not None:
+                # DSpark drafts this step: drain first, so the anchors and the verify input are
+                # real ids (the stop rules applied, finished requests' pages freed)
+                t = time.perf_counter()
+                drained = self._resolve_in_flight()
+                drain_seconds = time.perf_counter() - t
+                self.overlap_counts["drains"] += 1
+                live = [c for c in chunks if c.req.status is ReqStatus.RUNNING]
+                if len(live) < len(chunks):  # some finished at the step drained: decide again
+                    self.overlap_counts["drain_finished"] += len(chunks) - len(live)
+                    chunks = live
+                    decision = self._decide(chunks) if chunks else None
+            if decision is not None:
+                outputs = drained + self._step_now(chunks, decision)
+                # NOTE: calibrated on drafting steps without the drain (the tail of the plain step
+                # before, which the pipelined decode profile prices); see _observe_overlapped
+                self._observe_overlapped(time.perf_counter() - began - drain_seconds)
+                return outputs
+        pipelined = self._in_flight is not None  # this step's wall time covers one pipelined step
+        outputs = drained + self._step_plain_overlapped(chunks)
+        if self.spec is not None:
+            if pipelined and self._in_flight is not None:
+                self._observe_overlapped(time.perf_counter() - began)
+            else:
+                self.spec.planner.observe_step_seconds(None)
+        return outputs
+
+    def _observe_overlapped(self, seconds: float) -> None:
+        """NOTE: with overlap, the start-up profile prices a plain step pipelined (decode steps
+        back to back, each launched before the one before it is read back), and a stepped-aside
+        step's wall time in steady state (schedule, launch, wait for the step before, resolve) is
+        one such pipelined step: observed as it is. A stepped-aside step with nothing in flight
+        before it (after a drafting step) or none after it (it finished at once) is no
+        pipelined step: it teaches nothing. A drafting step is observed without its drain."""
+        self.spec.planner.observe_step_seconds(seconds)
+
+    def _step_plain_overlapped(self, chunks: list[Chunk]) -> list[TokenOutput]:
+        """Launch a plain step (placeholders filled on the device), then resolve the step in
+        flight; an all-greedy step stays in flight."""
         logits, readback, rows = None, None, sample_rows(chunks)
         if chunks:
             step = build_step_input(chunks, self.config.page_size)
@@ -213,6 +271,7 @@ class LLMEngine:
             marks = [placeholder(r) if r is not None else None for r in rows]
             indices = self.scheduler.commit_placeholders(chunks, marks)
             self._in_flight = InFlight(chunks, rows, indices, readback)
+            self.overlap_counts["in_flight"] += 1
             return outputs
         return outputs + self._finish_now(chunks, rows, logits)
 
@@ -249,18 +308,25 @@ class LLMEngine:
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
-    def _propose(self, chunks: list[Chunk]):
-        """DSpark: draft for the chunks that speculate (their draft_tokens get filled), or None when
-        nothing can speculate or the planner steps aside (a plain decode step: no drafter, and no
-        draft pages reserved)."""
+    def _decide(self, chunks: list[Chunk]):
+        """DSpark's decision before anything is drafted or reserved -> (candidates, extra tokens,
+        budget K), or None for a plain step (nothing can speculate, or the planner steps aside:
+        counted). NOTE: reads request ids, lengths and lookahead caps only, never a token's value,
+        so it may run while the last token of a request is still a placeholder."""
         candidates = self.scheduler.lookahead_candidates(chunks) if self.spec is not None else []
         if not candidates:
             return None
         # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
         extra = sum(c.end - c.start for c in chunks) - len(candidates)
         budget = self.spec.plan([c.req.rid for c in candidates], extra)
-        if budget is None:
+        return None if budget is None else (candidates, extra, budget)
+
+    def _propose(self, chunks: list[Chunk], decision):
+        """DSpark: draft for the chunks that speculate (their draft_tokens get filled) after
+        _decide said so; None for a plain decode step (no drafter, and no draft pages reserved)."""
+        if decision is None:
             return None
+        candidates, extra, budget = decision
         self.scheduler.reserve_lookahead(candidates)
         spec_chunks = [c for c in candidates if c.lookahead]
         if not spec_chunks:

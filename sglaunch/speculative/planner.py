@@ -308,9 +308,15 @@ class DSparkPlanner:
                                       ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))))
         return budget
 
-    def observe_step_seconds(self, seconds: float) -> None:
-        """The engine step planned last took `seconds` (calibrates the table's step times)."""
-        if self.calibration is not None:
+    def observe_step_seconds(self, seconds: float | None) -> None:
+        """The engine step planned last took `seconds` (calibrates the table's step times); None:
+        its wall time prices nothing the table models (overlap: a pipeline's first or last step),
+        so it is forgotten."""
+        if self.calibration is None:
+            return
+        if seconds is None:
+            self.calibration.pending = None
+        else:
             self.calibration.observe(seconds)
 
     def allocate(self, conf_logits, budget: int, active=None, caps=None):

@@ -14,6 +14,10 @@ context each. That is everything a DSpark step adds to the target forward. `prof
 times the step DSpark takes when it steps aside: a plain decode step of R requests (forward and
 the sampler).
 
+`ProfilePlan.pipelined` (the start-up profile of an engine with overlap on): the plain decode
+is timed pipelined, as the engine runs a stepped-aside step then (see `_pipelined_seconds`);
+drafting steps run synchronously either way, so the verify and DSpark-work profiles do not change.
+
 `ProfilePlan.greedy` (the engine's start-up profile sets it): every step is timed the way an
 all-greedy serving step runs: the verify forward with `logits=False` (a verify graph gives each
 row's greedy choice, no LM head after it), the host accept of `DSparkDecoder.accept_greedy` on
@@ -47,6 +51,8 @@ class ProfilePlan:
     warmup: int = 2
     request_counts: tuple[int, ...] = ()  # of the draft and decode profiles (default: from token_sizes)
     greedy: bool = False  # time the all-greedy serving path (see the module's docstring)
+    # overlap (with greedy): time plain decode pipelined, as a stepped-aside step runs then
+    pipelined: bool = False
 
     def kv_tokens(self, page_size: int) -> int:
         """KV slots the largest step needs."""
@@ -203,12 +209,41 @@ def profile_decode_costs(engine, plan: ProfilePlan, progress=None) -> dict[int, 
                 if not plan.greedy or engine.runner.greedy_host(list(range(requests))) is None:
                     sample(logits, params, [None] * requests)
 
-            seconds[requests] = _median_seconds(engine, plan, plain_step)
+            if plan.greedy and plan.pipelined:
+                seconds[requests] = _pipelined_seconds(engine, plan, step)
+            else:
+                seconds[requests] = _median_seconds(engine, plan, plain_step)
         finally:
             engine.allocator.free(borrowed)
         if progress is not None:
             progress(requests, seconds[requests])
     return seconds
+
+
+PIPELINE_DEPTH = 4  # decode steps per timed run of the pipelined profile
+
+
+def _pipelined_seconds(engine, plan: ProfilePlan, step: StepInput) -> float:
+    """Seconds per plain decode step when steps run as an overlapped engine runs its stepped-
+    aside steps: step N + 1 (every token a placeholder its forward fills from step N's greedy
+    choices on the device) is launched before step N's choices are read back. Median over runs
+    of PIPELINE_DEPTH steps, synchronised at both ends, divided by the depth."""
+    import dataclasses
+
+    rows = list(range(step.batch_size))
+    chained = dataclasses.replace(step, input_ids=[-1 - r for r in rows], future_rows=rows, future_sources=rows)
+
+    def pipeline():
+        engine._run_on_all_ranks(step)  # NOTE: no placeholders: the chain's first step
+        readback = engine.runner.greedy_readback()
+        for _ in range(PIPELINE_DEPTH - 1):
+            engine._run_on_all_ranks(chained)
+            following = engine.runner.greedy_readback()
+            readback.get(rows)  # step N, read while step N + 1 runs
+            readback = following
+        readback.get(rows)
+
+    return _median_seconds(engine, plan, pipeline) / PIPELINE_DEPTH
 
 
 def profile_sps(engine, plan: ProfilePlan, progress=None) -> tuple[SpsTable, dict[int, float]]:
