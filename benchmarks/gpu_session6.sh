@@ -139,20 +139,22 @@ pipeline9() {  # session 8, run 1 (no model upload: `install`, then `launch pipe
   touch "$W/all.done"
 }
 
-pipeline9b() {  # session 8, run 2 (the model upload): while the model arrives, the GPU tests of
-  # what changed after run 1 (the overlap and DSpark files, the fixed sync censuses) and a c=64
-  # profile of a DSpark engine with overlap; then the in-process sweep (overlap on: the default),
-  # HTTP against in-process (carry .out/http-wheels: `install .out/http-wheels`), fused kernels vs HF
-  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
-    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_compact_sampled_step_host_syncs \
-    tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs tests/gpu/test_kernels_gpu.py::test_compact_dspark_step_runs_the_triton_kernels
-  part profile64 120 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+pipeline9b() {  # session 8, run 2 (the model upload): while the model arrives, the graph tests with
+  # SGLAUNCH_OVERLAP=1 (DSpark's stepped-aside steps pipelined, drafting steps draining first), the
+  # fixed sync censuses under the default (auto: DSpark synchronous), and a c=64 profile with plain,
+  # plain+overlap, DSpark and DSpark+overlap; then the in-process sweep (plain overlapped by auto;
+  # DSpark synchronous and with SGLAUNCH_OVERLAP=1), HTTP against in-process (carry
+  # .out/http-wheels: `install .out/http-wheels`), fused kernels vs HF
+  part pytest 200 env SGLAUNCH_OVERLAP=1 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
+  part pytest2 120 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs \
+    tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  part profile64 160 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
     --drafter random --modes compact --concurrency 64 --steps 100 --overlap both --json "$W/profile64.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part sweep1 260 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
-    --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep1" --concurrency 1,8,32,64 \
-    --requests 16,48,128,256 --max-tokens 128 --time-budget 240 --modes compact
-  part http 200 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+  part sweep1 240 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts .gpu6/heldout_code.jsonl --max-prompts 48 --out "$W/sweep1" --concurrency 1,8,64 \
+    --requests 16,48,256 --max-tokens 128 --time-budget 220 --modes "compact,compact+SGLAUNCH_OVERLAP=1"
+  part http 150 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
     --concurrency 64 --new-tokens 128 --repeats 2 --out "$W/http.json"
   part fused 100 python3 benchmarks/fused_vs_hf.py --model "$SMOL" --prompts .gpu6/heldout_all.jsonl
   touch "$W/all.done"
@@ -162,7 +164,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest profile profile1 profile64 capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
+    for f in pytest pytest2 profile profile1 profile64 capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
