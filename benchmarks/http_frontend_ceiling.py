@@ -39,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH_DIR))
+from http_vs_inprocess import Server as InProcessComparisonServer  # noqa: E402
 TOKENIZER_DIR = BENCH_DIR / "gpu6" / "smolcfg"
 PROMPTS = BENCH_DIR / "gpu6" / "heldout_code.jsonl"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -117,8 +119,11 @@ def token_corpus(path: Path) -> None:
     path.write_text(json.dumps(ids))
 
 
-class Server:
-    def __init__(self, tree: Path, hide: list[str], args, env_extra: dict, log_path: Path):
+class Server(InProcessComparisonServer):
+    """The real server on a synthetic token source; health wait and SIGTERM stop as in
+    http_vs_inprocess.py."""
+
+    def __init__(self, tree: Path, hide: list[str], args, env_extra: dict, log_path: Path):  # noqa: D107
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         fields = dict(model_path=str(TOKENIZER_DIR), tokenizer_path=str(TOKENIZER_DIR), served_model_name="bench",
@@ -135,30 +140,6 @@ class Server:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", LAUNCH_SNIPPET, str(tree), str(BENCH_DIR), json.dumps(hide),
                  json.dumps(fields)], stdout=out, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(), env=env)
-
-    def wait_healthy(self, timeout: float = 120) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server not healthy in time")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
 
 
 def load_requests(count: int, new_tokens: int, endpoint: str):
