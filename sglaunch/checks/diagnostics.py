@@ -52,6 +52,7 @@ CODES: dict[str, CodeInfo] = {
     "ENV002": CodeInfo(W, "SGLANG_* variable the target release does not read"),
     "ENV003": CodeInfo(W, "deprecated name of an environment variable"),
     "ENV004": CodeInfo(W, "environment variable set to a value it does not take"),
+    "ENV005": CodeInfo(E, "environment variable set to a value the engine refuses at start-up"),
     # quantization and checkpoints
     "QUANT001": CodeInfo(E, "checkpoint quantization method removed"),
     "QUANT002": CodeInfo(E, "NVFP4 needs FlashInfer >= 0.6.14"),

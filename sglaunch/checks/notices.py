@@ -142,6 +142,8 @@ def check_env_values(ctx: LaunchContext) -> list[Diagnostic]:
         value = ctx.environ.get(var.name)
         if value is None or not var.choices or value in var.choices or var.name == "SGLANG_RAGGED_VERIFY_MODE":
             continue
-        found.append(diag("ENV004", f"{var.name}={value} is not one of {', '.join(var.choices)}",
+        # NOTE: a value the engine itself refuses would stop it after the spawn: refuse it here
+        code, what = ("ENV005", "; the engine refuses it") if var.refused else ("ENV004", "")
+        found.append(diag(code, f"{var.name}={value} is not one of {', '.join(var.choices)}{what}",
                           flags=(var.name,), origin="env", fix=f"set {var.name} to one of {', '.join(var.choices)}"))
     return found

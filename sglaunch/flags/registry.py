@@ -337,11 +337,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
            "rotary embedding, SiLU-and-multiply): auto (on GPUs), torch, or triton.",
-           choices=("auto", "torch", "triton"), sglaunch_only=True),
+           choices=("auto", "torch", "triton"), sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_OVERLAP", "Overlap the host with the device: launch each decode step before reading "
            "the last one back (greedy tokens reach the next step on the device, stops are learnt a step "
            "late): 1 on, 0 off, auto (default) on for CUDA devices and off on CPUs.", choices=("0", "1", "auto"),
-           sglaunch_only=True),
+           sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_VERIFY_GRAPH_WINDOW", "Without a drafter, capture verify graphs for this window "
            "(set by `sglaunch profile-sps`).", sglaunch_only=True),
     EnvVar("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "Debugging aid: seconds the engine waits before "

@@ -146,6 +146,7 @@ class EnvVar:
     replaced_by_flag: str | None = None
     note: str = ""
     sglaunch_only: bool = False  # read by sglaunch's engine, not by SGLang
+    refused: bool = False  # the engine refuses a value outside `choices` at start-up (ENV005, an error)
 
 
 @dataclass

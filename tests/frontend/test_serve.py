@@ -51,6 +51,14 @@ def test_every_error_is_listed_and_nothing_starts(captured):
     assert "Not starting: 4 errors" in " ".join(err.split())
 
 
+def test_an_engine_variable_the_engine_refuses_stops_serve_before_boot(captured, make_checkpoint):
+    result = invoke("serve", "--model-path", str(make_checkpoint()), env={"SGLAUNCH_OVERLAP": "yes"})
+    assert result.exit_code == 2 and captured == []
+    err = " ".join(result.stderr.split())
+    assert "Error: [ENV005] SGLAUNCH_OVERLAP=yes is not one of 0, 1, auto" in err
+    assert "set SGLAUNCH_OVERLAP to one of 0, 1, auto" in err
+
+
 def test_unimplemented_backend_falls_back_with_a_warning(captured, make_checkpoint):
     model = make_checkpoint()
     result = invoke("serve", "--model-path", str(model), "--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e4m3")
