@@ -106,8 +106,10 @@ async def closed_loop(one, count: int, concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, count)))))
 
 
-async def open_loop(one, offsets: Sequence[float], max_concurrency: int | None) -> None:
-    """Start request i at offsets[i] seconds (later when `max_concurrency` are in flight)."""
+async def open_loop(one, offsets: Sequence[float], max_concurrency: int | None,
+                    indices: Sequence[int] | None = None) -> None:
+    """Start request i at offsets[i] seconds (later when `max_concurrency` are in flight), for
+    every i, or for those of `indices` (one client process's share)."""
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     start = time.perf_counter()
 
@@ -119,8 +121,8 @@ async def open_loop(one, offsets: Sequence[float], max_concurrency: int | None) 
             await one(index)
 
     tasks = []
-    for index, offset in enumerate(offsets):
-        delay = start + offset - time.perf_counter()
+    for index in range(len(offsets)) if indices is None else indices:
+        delay = start + offsets[index] - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(gated(index)))
@@ -257,20 +259,4 @@ async def _shard_level(shard: _Shard, counter, outbox, go) -> None:
             await asyncio.gather(*(worker() for _ in range(max(1, streams))))
         else:
             mine = range(shard.index, len(requests), shard.processes)
-            gate = asyncio.Semaphore(streams) if level.max_concurrency else None
-            start = time.perf_counter()
-
-            async def gated(index: int) -> None:
-                if gate is None:
-                    await one(index)
-                    return
-                async with gate:
-                    await one(index)
-
-            tasks = []
-            for index in mine:
-                delay = start + shard.offsets[index] - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(gated(index)))
-            await asyncio.gather(*tasks)
+            await open_loop(one, shard.offsets, streams if level.max_concurrency else None, indices=mine)

@@ -429,6 +429,17 @@ class ConfigContainer:
         return [TextEdit(start, end, sep.join(json_entries(new_tokens)))]
 
 
+def flag_groups(tokens: Sequence[str]) -> list[list[str]]:
+    """Tokens cut into `[--flag, values...]` groups (tokens before the first flag dropped)."""
+    groups: list[list[str]] = []
+    for token in tokens:
+        if token.startswith("--"):
+            groups.append([token])
+        elif groups:
+            groups[-1].append(token)
+    return groups
+
+
 def json_entries(tokens: Sequence[str]) -> list[str]:
     """`--flag v` groups as JSON `"flag": v` entries (switches true, numbers bare, lists as arrays)."""
     def value(v: str) -> str:
@@ -437,13 +448,7 @@ def json_entries(tokens: Sequence[str]) -> list[str]:
         return json.dumps(v)
 
     out = []
-    groups: list[list[str]] = []
-    for token in tokens:
-        if token.startswith("--"):
-            groups.append([token])
-        elif groups:
-            groups[-1].append(token)
-    for flag, *values in groups:
+    for flag, *values in flag_groups(tokens):
         shown = "true" if not values else value(values[0]) if len(values) == 1 else \
             "[" + ", ".join(value(v) for v in values) + "]"
         out.append(f"{json.dumps(flag[2:])}: {shown}")
@@ -453,13 +458,7 @@ def json_entries(tokens: Sequence[str]) -> list[str]:
 def config_lines(tokens: Sequence[str]) -> list[str]:
     """`--flag v` groups as `flag: v` lines (switches as `flag: true`, lists as flow lists)."""
     lines: list[str] = []
-    groups: list[list[str]] = []
-    for token in tokens:
-        if token.startswith("--"):
-            groups.append([token])
-        elif groups:
-            groups[-1].append(token)
-    for flag, *values in groups:
+    for flag, *values in flag_groups(tokens):
         key = flag[2:]
         if not values:
             lines.append(f"{key}: true")
