@@ -20,12 +20,11 @@ CPU_KV_TOKENS = 16384  # KV pool of a CPU rank in tokens
 CUDA_GRAPH_MAX_BS = 256  # largest decode batch captured (never above --max-running-requests)
 
 
-def default_max_running_requests(device: str, speculative: bool) -> int:
+def default_max_running_requests(device: str) -> int:
     """--max-running-requests when not given: by device, with DSpark as without. NOTE: SGLang caps
     DSpark at 48 running requests; ours steps aside (plain decode steps) when drafting would not
     pay, so a lower cap would only queue requests that plain decoding serves: at concurrency 64 a
     DSpark server ran 48 where plain ran 64 (session 7's `bench --compare`, 0.74x)."""
-    del speculative  # the same either way (kept: callers say which they mean)
     return 256 if device == "cuda" else 64
 
 
@@ -90,7 +89,7 @@ class EngineConfig:
     @property
     def running_cap(self) -> int:
         """max_running_requests, or its default for this device and algorithm."""
-        return self.max_running_requests or default_max_running_requests(self.device, self.speculative is not None)
+        return self.max_running_requests or default_max_running_requests(self.device)
 
     @property
     def graph_batch_cap(self) -> int:

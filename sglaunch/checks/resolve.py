@@ -138,7 +138,7 @@ def resolve_memory(ctx: LaunchContext) -> None:
     if ctx.get("chunked_prefill_size") is None:
         ctx.resolve("chunked_prefill_size", 8192 if on_gpu else 4096, "default for the device")
     if ctx.get("max_running_requests") is None:
-        ctx.resolve("max_running_requests", default_max_running_requests(ctx.get("device"), bool(ctx.dspark)),
+        ctx.resolve("max_running_requests", default_max_running_requests(ctx.get("device")),
                     "default for the device (DSpark too: it steps aside when drafting would not pay)"
                     if ctx.dspark else "default for the device")
     if on_gpu and not _graphs_off(ctx) and ctx.get("cuda_graph_max_bs_decode") is None:
