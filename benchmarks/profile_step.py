@@ -2,7 +2,7 @@
 
     python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
         [--concurrency 1] [--steps 30] [--attention-backend flashinfer] [--random-like]
-        [--overlap 0|1|both]
+        [--overlap 0|1|both] [--force-aside [--no-context-write]]
 
 For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
 given) it builds the engine in-process, keeps `--concurrency` greedy requests in flight (EOS
@@ -36,6 +36,25 @@ stepped aside (the planner found drafting would not pay: a plain decode step of 
 which should cost what a `plain` step costs) and of those that drafted; and the drafter's CUDA
 graphs are counted: captured at start-up, and captured while measuring (0 expected: every
 graph is captured at start-up).
+
+Every configuration also gets a host timeline (`host_timeline` in the JSON, one line each in a
+second table, then each DSpark configuration less plain's with the same overlap setting): a pass of
+`--steps` steps, unsynchronised between steps, with time.perf_counter wrappers on the engine
+instance: the per-step means (ms) of the host time blocked on the device (the overlap read-back's
+event, the graph inputs' event in `CudaGraphRunner._load`, any `.tolist()` of a device tensor),
+inside `torch.cuda.CUDAGraph.replay` (the graph launch), in `_load` less its wait, the rest of
+`ModelRunner.forward`, `_decide`, `scheduler.schedule`, `build_step_input`, `_resolve_in_flight`
+less its wait, DSpark's propose and accept, and the remainder (see `host_timeline`).
+
+`--force-aside` makes every step of the DSpark configurations step aside (named
+`dspark-MODE-aside`, `+overlap` too: the planner still decides, the step-aside is recorded as the
+real one is, and the step decodes plainly); `--no-context-write` (with `--force-aside` only) adds
+`dspark-MODE-aside-nowrite`, whose target graphs are captured (and eager forwards run) without the
+draft-context K/V write. Together they split a stepped-aside step's extra cost over a plain one into
+host work, graph launch, the context write on the device, and waits, in one run:
+
+    python benchmarks/profile_step.py --model SMOL --random-like --drafter random --modes compact \
+        --concurrency 64 --steps 100 --overlap both --force-aside --no-context-write --json out.json
 
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
@@ -242,7 +261,222 @@ def pipelined_step_ms(load, steps: int, sync, windows: int = 3, by_kind: dict | 
     return 1e3 * statistics.median(times)
 
 
-def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: str | None = None) -> dict:
+def patch(obj, attr: str, new):
+    """Set obj.attr = new (an instance, class or module attribute) -> undo: puts back exactly what
+    was there (an attribute found only on a class is deleted from the instance again)."""
+    had, old = attr in vars(obj), vars(obj).get(attr)
+    setattr(obj, attr, new)
+
+    def undo():
+        if had:
+            setattr(obj, attr, old)
+        else:
+            delattr(obj, attr)
+
+    return undo
+
+
+def force_aside(engine):
+    """--force-aside: every step of this DSpark engine steps aside. Its plan still runs the
+    planner's decision (the host work of a real stepped-aside step's `_decide`), ignores the answer
+    and records the step-aside as DSparkDecoder.plan does; -> undo."""
+    spec = engine.spec
+    planner = spec.planner
+
+    def plan(rids, extra_tokens):
+        budget = planner.plan_drafts(rids, extra_tokens)
+        if budget is not None and planner.can_step_aside and planner.calibration is not None:
+            # the planner expected a drafting step: this one is a plain one (what the real aside expects)
+            planner.calibration.expect("plain", planner.sps.plain_step_seconds(len(rids), extra_tokens))
+        spec.stats.record_step_aside(len(rids))
+        planner.skip_step()
+        spec._maybe_log()
+        return None
+
+    return patch(spec, "plan", plan)
+
+
+@contextlib.contextmanager
+def without_context_write(enabled: bool):
+    """--no-context-write: DraftRunner.write_context is a no-op while this configuration is built
+    (so the target's CUDA graphs are captured without the draft-context K/V write) and measured (so
+    eager steps skip it too); restored afterwards. Only with --force-aside: the drafter has no
+    context, its drafts would be garbage."""
+    if not enabled:
+        yield
+        return
+    from sglaunch.speculative.draft_runner import DraftRunner
+
+    undo = patch(DraftRunner, "write_context", lambda self, features, positions, slots: None)
+    try:
+        yield
+    finally:
+        undo()
+
+
+# host timeline categories (exclusive times: a nested category's time is not its caller's)
+WAITS = ("wait_readback", "wait_inputs", "wait_tolist")
+TIMELINE = WAITS + ("graph_replay", "graph_inputs", "forward_other", "readback_launch", "greedy_host", "decide",
+                    "schedule", "build_step_input", "resolve", "propose", "accept")
+
+
+class HostTimeline:
+    """Exclusive host time per category: a stack of open categories; entering one pauses its caller."""
+
+    def __init__(self):
+        self.spent = {k: 0.0 for k in TIMELINE}
+        self.stack: list[list] = []  # [category, since]
+        self.active = True
+
+    def wrap(self, fn, name: str):
+        timeline = self
+
+        def timed(*a, **k):
+            if not timeline.active:
+                return fn(*a, **k)
+            now = time.perf_counter()
+            if timeline.stack:
+                caller = timeline.stack[-1]
+                timeline.spent[caller[0]] += now - caller[1]
+            frame = [name, now]
+            timeline.stack.append(frame)
+            try:
+                return fn(*a, **k)
+            finally:
+                now = time.perf_counter()
+                timeline.spent[name] += now - frame[1]
+                timeline.stack.pop()
+                if timeline.stack:
+                    timeline.stack[-1][1] = now
+
+        return timed
+
+
+class TimedEvent:
+    """A CUDA event whose synchronize() is charged to a wait category; the rest is the event's."""
+
+    def __init__(self, event, synchronize):
+        self.event, self.synchronize = event, synchronize
+
+    def __getattr__(self, name):
+        return getattr(self.event, name)
+
+
+def host_timeline(engine, load, steps: int, sync) -> dict:
+    """A pass of `steps` steps, unsynchronised between steps (synchronised at both ends), with
+    time.perf_counter wrappers on the engine instance (and a few module and class attributes, put
+    back afterwards): per-step means in ms of each category's exclusive host time.
+    - waits for the device: wait_readback (the overlap read-back's event: GreedyReadback.get),
+      wait_inputs (CudaGraphRunner._load's wait for the previous replay's input copies), wait_tolist
+      (any Tensor.tolist() of a device tensor: ModelRunner.greedy_host, sampling, DSpark's plan
+      and accept);
+    - graph_replay: inside torch.cuda.CUDAGraph.replay (cudaGraphLaunch; every graph, the drafter's
+      too); graph_inputs: CudaGraphRunner._load minus its wait (static rows, pinned copies,
+      FlashInfer plan); forward_other: ModelRunner.forward minus those (pick, pad, placeholders,
+      eager forwards); readback_launch: ModelRunner.greedy_readback (the pinned copy and its event);
+      greedy_host: ModelRunner.greedy_host minus its .tolist() (a synchronous step's greedy rows);
+    - decide (LLMEngine._decide, DSpark's plan inside), schedule (scheduler.schedule),
+      build_step_input, resolve (_resolve_in_flight minus its wait), propose and accept (DSpark's
+      drafting steps);
+    - remainder: the step's wall time less all of those (outputs, commits, the loop itself)."""
+    import torch
+
+    import sglaunch.engine.engine as engine_mod
+
+    timeline = HostTimeline()
+    runner, spec, graphs = engine.runner, engine.spec, getattr(engine.runner, "graphs", None)
+    wait_readback = timeline.wrap(lambda event: event.synchronize(), "wait_readback")
+    wait_inputs = timeline.wrap(lambda event: event.synchronize(), "wait_inputs")
+
+    def timed_event(event, wait):
+        if event is None or isinstance(event, TimedEvent):
+            return event
+        return TimedEvent(event, lambda: wait(event))
+
+    undo = []
+
+    def wrap(obj, attr: str, name: str):
+        undo.append(patch(obj, attr, timeline.wrap(getattr(obj, attr), name)))
+
+    wrap(engine, "_decide", "decide")
+    wrap(engine, "_resolve_in_flight", "resolve")
+    wrap(engine.scheduler, "schedule", "schedule")
+    wrap(engine_mod, "build_step_input", "build_step_input")
+    wrap(runner, "forward", "forward_other")
+    wrap(runner, "greedy_host", "greedy_host")  # its wait is the .tolist() inside
+    readback = runner.greedy_readback
+
+    def greedy_readback():
+        out = readback()
+        if getattr(out, "event", None) is not None:
+            out.event = timed_event(out.event, wait_readback)
+        return out
+
+    wrap_readback = timeline.wrap(greedy_readback, "readback_launch")
+    undo.append(patch(runner, "greedy_readback", wrap_readback))
+    if spec is not None:
+        wrap(spec, "propose", "propose")
+        wrap(spec, "accept", "accept")
+        wrap(spec, "accept_greedy", "accept")
+    if graphs is not None:
+        load_inputs = graphs._load
+
+        def _load(padded, wrapper):
+            out = load_inputs(padded, wrapper)
+            graphs._loaded = timed_event(graphs._loaded, wait_inputs)
+            return out
+
+        graphs._loaded = timed_event(graphs._loaded, wait_inputs)
+        undo.append(patch(graphs, "_load", timeline.wrap(_load, "graph_inputs")))
+
+        def unwrap_loaded():
+            if isinstance(graphs._loaded, TimedEvent):
+                graphs._loaded = graphs._loaded.event
+
+        undo.append(unwrap_loaded)
+    cuda_graph = getattr(torch.cuda, "CUDAGraph", None)
+    if cuda_graph is not None:
+        wrap(cuda_graph, "replay", "graph_replay")
+    tolist, timed_tolist = torch.Tensor.tolist, None
+
+    def device_tolist(self):
+        return tolist(self) if self.device.type == "cpu" else timed_tolist(self)
+
+    timed_tolist = timeline.wrap(tolist, "wait_tolist")
+    undo.append(patch(torch.Tensor, "tolist", device_tolist))
+    walls = []
+    try:
+        sync()
+        begin = time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            load.step()
+            walls.append(time.perf_counter() - t)
+        sync()
+        pipelined = time.perf_counter() - begin
+    finally:
+        timeline.active = False  # a read-back still in flight keeps its TimedEvent: now inert
+        for u in reversed(undo):
+            u()
+    per = 1e3 / steps
+    out = {"steps": steps, "step_ms": round(sum(walls) * per, 4), "pipelined_ms": round(pipelined * per, 4)}
+    out.update({f"{k}_ms": round(timeline.spent[k] * per, 4) for k in TIMELINE})
+    out["wait_ms"] = round(sum(timeline.spent[k] for k in WAITS) * per, 4)
+    out["remainder_ms"] = round(max(0.0, sum(walls) - sum(timeline.spent.values())) * per, 4)
+    return out
+
+
+def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: str | None = None,
+            aside: bool = False, context_write: bool = True) -> dict:
+    """One configuration; aside: --force-aside (a DSpark engine's every step steps aside);
+    context_write False: --no-context-write (the target never writes the draft context)."""
+    with without_context_write(not context_write):
+        r = _measure(args, name, mode, drafter, overlap, aside)
+    r.update(force_aside=aside, context_write=context_write if mode is not None else None)
+    return r
+
+
+def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: str | None, aside: bool) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -250,6 +484,7 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
         os.environ[OVERLAP_ENV] = overlap
     engine, cluster = build_engine(args, mode, drafter)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    unforce = force_aside(engine) if aside and engine.spec is not None else (lambda: None)
     try:
         load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size)
         draft_graphs = getattr(engine.runner.draft, "graphs", None) if engine.runner.draft is not None else None
@@ -301,12 +536,14 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
         pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
         stats = engine.live_stats() if hasattr(engine, "live_stats") else {}
         phases = phase_profile(engine, load, args.steps, sync)
+        timeline = host_timeline(engine, load, args.steps, sync)
         graphs_info = None
         if draft_graphs is not None:
             graphs_info = {"captured_at_start_up": captured_at_start, "capture_seconds": round(draft_graphs.capture_seconds, 2),
                            "captured_while_measuring": draft_graphs.captures - captured_at_start,
                            "replays": draft_graphs.replays}
     finally:
+        unforce()
         cluster.stop(engine)
     kinds = {f"{kind}_steps": len(v) for kind, v in by_kind.items()} if engine.spec is not None else {}
     kinds.update({f"{kind}_step_ms_median": round(1e3 * statistics.median(v), 3)
@@ -319,8 +556,36 @@ def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: st
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
             "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
-            "cprofile": buf.getvalue(), "phases": phases, "step_kinds": kinds, "drafter_graphs": graphs_info,
+            "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline, "step_kinds": kinds, "drafter_graphs": graphs_info,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
+
+
+TIMELINE_COLUMNS = (("wait", "wait_ms"), ("wait rb", "wait_readback_ms"), ("wait in", "wait_inputs_ms"),
+                    ("wait tl", "wait_tolist_ms"), ("replay", "graph_replay_ms"), ("inputs", "graph_inputs_ms"),
+                    ("fwd", "forward_other_ms"), ("rb", "readback_launch_ms"), ("gr host", "greedy_host_ms"),
+                    ("decide", "decide_ms"), ("sched", "schedule_ms"), ("build", "build_step_input_ms"),
+                    ("resolve", "resolve_ms"), ("propose", "propose_ms"), ("accept", "accept_ms"),
+                    ("rest", "remainder_ms"))
+
+
+def print_timelines(results: list[dict]) -> None:
+    """One line per configuration: its host timeline (HostTimeline), ms per step."""
+    print("\nhost timeline, ms per step (unsynchronised steps; wait = rb (read-back event) + in (graph inputs' "
+          "event) + tl (device .tolist()); see host_timeline)")
+    w = max([15] + [len(r["config"]) for r in results])
+    print(f"{'config':<{w}} {'step':>7}" + "".join(f" {label:>7}" for label, _ in TIMELINE_COLUMNS))
+    for r in results:
+        t = r["host_timeline"]
+        print(f"{r['config']:<{w}} {t['step_ms']:7.3f}" + "".join(f" {t[key]:7.3f}" for _, key in TIMELINE_COLUMNS))
+
+
+def timeline_difference(r: dict, base: dict) -> str:
+    """A DSpark configuration's host timeline less plain's, largest differences first."""
+    t, b = r["host_timeline"], base["host_timeline"]
+    diffs = sorted(((label, t[key] - b[key]) for label, key in TIMELINE_COLUMNS if label != "wait"),
+                   key=lambda d: -abs(d[1]))
+    return (f"{r['config']} - {base['config']}: step {t['step_ms'] - b['step_ms']:+.3f} ms = "
+            + ", ".join(f"{label} {d:+.3f}" for label, d in diffs if abs(d) >= 0.0005))
 
 
 def release_device_memory() -> None:
@@ -352,8 +617,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", choices=["0", "1", "both"], default=None,
                         help="SGLAUNCH_OVERLAP for plain decoding; both: plain and plain+overlap in one run "
                              "(default: the environment's)")
+    parser.add_argument("--force-aside", action="store_true",
+                        help="every step of the DSpark configurations steps aside (named dspark-MODE-aside)")
+    parser.add_argument("--no-context-write", action="store_true",
+                        help="with --force-aside: also dspark-MODE-aside-nowrite, whose target graphs (and eager "
+                             "forwards) do not write the draft context K/V")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.no_context_write and not args.force_aside:
+        parser.error("--no-context-write needs --force-aside (without the context the drafts would be garbage)")
     work = Path(tempfile.mkdtemp(prefix="profile-step-"))
     try:
         if args.random_like:
@@ -367,18 +639,23 @@ def main(argv: list[str] | None = None) -> int:
                 drafter = random_drafter(args.model, drafter, work)
         plain = {"both": [("plain", "0"), ("plain+overlap", "1")], "0": [("plain", "0")],
                  "1": [("plain+overlap", "1")], None: [("plain", None)]}[args.overlap]
-        configs = [(name, None, overlap) for name, overlap in plain]
+        configs = [(name, None, overlap, False, True) for name, overlap in plain]
         # NOTE: DSpark with overlap too (its stepped-aside steps pipelined, drafting steps draining
         # first), beside plain+overlap: a stepped-aside step should cost what a plain+overlap one does
         dspark = {"both": [("", "0"), ("+overlap", "1")], "0": [("", "0")], "1": [("+overlap", "1")],
                   None: [("", None)]}[args.overlap]
-        configs += [(f"dspark-{m}{suffix}", m, overlap) for m in args.modes.split(",") if drafter is not None and m
-                    for suffix, overlap in dspark]
+        # --force-aside: every DSpark step steps aside; --no-context-write: and again without the
+        # draft-context write in the target's graphs (what that write costs a stepped-aside step)
+        variants = ([("-aside", True)] + ([("-aside-nowrite", False)] if args.no_context_write else [])
+                    if args.force_aside else [("", True)])
+        configs += [(f"dspark-{m}{variant}{suffix}", m, overlap, args.force_aside, write)
+                    for m in args.modes.split(",") if drafter is not None and m
+                    for variant, write in variants for suffix, overlap in dspark]
         results = []
         saved = os.environ.get(OVERLAP_ENV)
-        for name, mode, overlap in configs:
+        for name, mode, overlap, aside, write in configs:
             try:
-                r = measure(args, name, mode, drafter, overlap)
+                r = measure(args, name, mode, drafter, overlap, aside, write)
             finally:
                 os.environ.pop(OVERLAP_ENV, None)
                 if saved is not None:
@@ -395,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"steps by kind: {json.dumps(r['step_kinds'])}")
             if r["drafter_graphs"]:
                 print(f"drafter graphs: {json.dumps(r['drafter_graphs'])}")
+            print(f"host timeline (ms/step): {json.dumps(r['host_timeline'])}")
             for name, v in r["phases"].items():
                 if "ms" in v:
                     print(f"  phase {name:<16} {v['ms']:8.3f} ms  {v['ops']:8.1f} ops/step")
@@ -409,14 +687,16 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(r["cprofile"].splitlines()[:60]))
         if args.json:
             args.json.write_text(json.dumps({"argv": sys.argv if argv is None else argv, "results": results}, indent=1))
-        print("\nconfig           step ms  pipelined ms  device ms   aten/step  launches/step  graphs/step  aside ms (n)  drafted ms (n)")
+        w = max([15] + [len(r["config"]) for r in results])
+        print(f"\n{'config':<{w}}  step ms  pipelined ms  device ms   aten/step  launches/step  graphs/step  aside ms (n)  drafted ms (n)")
         for r in results:
             k = r["step_kinds"]
             kind = (f"  {k.get('aside_step_ms_median', float('nan')):8.2f} ({k['aside_steps']:2d})"
                     f"  {k.get('drafted_step_ms_median', float('nan')):9.2f} ({k['drafted_steps']:2d})") if k else ""
-            print(f"{r['config']:<15} {r['step_ms_median']:8.2f} {r['pipelined_step_ms']:13.2f} "
+            print(f"{r['config']:<{w}} {r['step_ms_median']:8.2f} {r['pipelined_step_ms']:13.2f} "
                   f"{r['device_busy_ms_per_step']:10.2f} {r['aten_calls_per_step']:11.1f} "
                   f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}" + kind)
+        print_timelines(results)
         by_name = {r["config"]: r for r in results}
         for r in results:  # with overlap, a stepped-aside step against a plain+overlap one
             k, plain_on = r["step_kinds"], by_name.get("plain+overlap")
@@ -424,6 +704,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['config']}: stepped-aside step {k['aside_pipelined_step_ms_median']:.3f} ms pipelined "
                       f"({k['aside_steps']} synced: {k.get('aside_step_ms_median', float('nan')):.3f} ms) against "
                       f"plain+overlap {plain_on['pipelined_step_ms']:.3f} ms")
+        for r in results:  # each DSpark configuration's host timeline less plain's (same overlap setting)
+            base = by_name.get("plain+overlap" if r["overlap"] else "plain")
+            if r["config"].startswith("dspark") and base is not None:
+                print(timeline_difference(r, base))
         if "plain" in by_name and "plain+overlap" in by_name:
             on, off = by_name["plain+overlap"], by_name["plain"]
             print(f"overlap on / off (same run): pipelined step {on['pipelined_step_ms']:.3f} / "

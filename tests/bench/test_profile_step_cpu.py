@@ -1,5 +1,6 @@
 """benchmarks/profile_step.py on the CPU: plain and DSpark steps of a small random model, with
-per-phase times, operator counts and the report's table."""
+per-phase times, operator counts, host timelines and the report's tables; --force-aside and
+--no-context-write."""
 
 from __future__ import annotations
 
@@ -52,7 +53,79 @@ def test_profile_step_reports_phases_for_plain_and_dspark(tmp_path, capsys):
     assert results["plain"]["step_kinds"] == {} and results["dspark-static"]["drafter_graphs"] is None
     assert dspark["plan (step aside?)"]["ms"] > 0
     assert len(results["plain"]["top_ops"]) == 5 and "cumulative" in results["plain"]["cprofile"]
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("dspark-static")
+    for r in results.values():
+        check_timeline(r["host_timeline"], steps=3)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("dspark-static ") and "(" in line for line in lines)  # the main table's row
+    assert lines[-1].startswith("dspark-static - plain: step ")
+
+
+def check_timeline(timeline: dict, steps: int) -> None:
+    """host_timeline: every category there, non-negative, adding up to at most the step."""
+    assert timeline["steps"] == steps and timeline["step_ms"] > 0 and timeline["pipelined_ms"] > 0
+    parts = [k for k in timeline if k.endswith("_ms") and k not in ("step_ms", "pipelined_ms", "wait_ms", "remainder_ms")]
+    assert set(parts) == {f"{k}_ms" for k in ("wait_readback", "wait_inputs", "wait_tolist", "graph_replay",
+                                              "graph_inputs", "forward_other", "readback_launch", "greedy_host",
+                                              "decide", "schedule", "build_step_input", "resolve", "propose",
+                                              "accept")}
+    assert all(timeline[k] >= 0 for k in parts + ["wait_ms", "remainder_ms"])
+    assert timeline["forward_other_ms"] > 0 and timeline["schedule_ms"] > 0  # a CPU forward runs eagerly
+    total = sum(timeline[k] for k in parts) + timeline["remainder_ms"]
+    assert sum(timeline[k] for k in parts) <= timeline["step_ms"] + 1e-3
+    assert abs(total - timeline["step_ms"]) < 2e-3  # rounding of 4 decimals per figure
+
+
+def test_profile_step_forced_aside_with_and_without_the_context_write(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from sglaunch.speculative.draft_runner import DraftRunner
+
+    tps = load("bench_script_tp_scaling_for_aside", "tp_scaling.py")
+    profile_step = load("bench_script_profile_step_aside", "profile_step.py")
+    monkeypatch.delenv("SGLAUNCH_OVERLAP", raising=False)
+    with pytest.raises(SystemExit):  # the drafter would have no context: only with --force-aside
+        profile_step.main(["--model", str(tmp_path), "--no-context-write"])
+    write_context, replay = DraftRunner.write_context, torch.cuda.CUDAGraph.replay
+    threads = torch.get_num_threads()
+    try:
+        args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
+                               "--device", "cpu", "--dtype", "float32"])
+        tps.build_models(args)
+        out = tmp_path / "profile.json"
+        # static: the real planner never steps aside, so every aside step here is the forced one
+        code = profile_step.main(["--model", str(tmp_path / "m" / "target"), "--drafter", str(tmp_path / "m" / "drafter"),
+                                  "--device", "cpu", "--dtype", "float32", "--modes", "static", "--overlap", "1",
+                                  "--force-aside", "--no-context-write", "--concurrency", "2", "--steps", "3",
+                                  "--warmup", "2", "--prompt-len", "8", "--top", "2", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    # every patch undone: the context write, graph replay, Tensor.tolist
+    assert DraftRunner.write_context is write_context and torch.cuda.CUDAGraph.replay is replay
+    assert "tolist" not in vars(torch.Tensor)
+    results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["plain+overlap", "dspark-static-aside+overlap", "dspark-static-aside-nowrite+overlap"]
+    aside, nowrite = results["dspark-static-aside+overlap"], results["dspark-static-aside-nowrite+overlap"]
+    for r in (aside, nowrite):
+        assert r["overlap"] and r["force_aside"]
+        assert r["step_kinds"]["aside_steps"] == 3 and r["step_kinds"]["drafted_steps"] == 0
+        spec = r["spec"]["speculative"]
+        assert spec["steps"] == 0 and spec["step_aside_steps"] > 0 and spec["step_aside_fraction"] == 1.0
+        assert r["host_timeline"]["decide_ms"] > 0 and r["host_timeline"]["propose_ms"] == 0
+    assert aside["context_write"] is True and nowrite["context_write"] is False
+    assert results["plain+overlap"]["context_write"] is None
+    # without the draft-context write the target forward dispatches fewer operators (the plain ones)
+    target_ops = {name: r["phases"]["target forward"]["ops"] for name, r in results.items()}
+    assert target_ops["dspark-static-aside-nowrite+overlap"] < target_ops["dspark-static-aside+overlap"]
+    assert target_ops["dspark-static-aside-nowrite+overlap"] <= target_ops["plain+overlap"] + 5
+    for r in results.values():
+        check_timeline(r["host_timeline"], steps=3)
+        assert r["host_timeline"]["resolve_ms"] > 0 and r["host_timeline"]["readback_launch_ms"] > 0  # pipelined
+    lines = capsys.readouterr().out.strip().splitlines()
+    timeline_rows = [line for line in lines if line.split(" ")[0] in results and len(line.split()) == 18]
+    assert [row.split()[0] for row in timeline_rows] == list(results)
+    assert any(line.startswith("dspark-static-aside+overlap: stepped-aside step ") for line in lines)
+    assert lines[-1].startswith("dspark-static-aside-nowrite+overlap - plain+overlap: step ")
 
 
 def test_profile_step_compares_overlap_off_and_on_in_one_run(tmp_path, capsys, monkeypatch):
