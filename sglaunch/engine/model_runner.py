@@ -164,6 +164,7 @@ class ModelRunner:
 
         def fill(input_ids: torch.Tensor) -> None:
             self._fill_placeholders(input_ids, step, previous)
+            self._fill_drafts(input_ids, step)
 
         self.step_greedy, self._greedy_read = None, None
         if key is not None:
@@ -213,6 +214,24 @@ class ModelRunner:
             return
         (index,) = to_device([torch.tensor([step.future_rows, columns], dtype=torch.int64)], self.device)
         input_ids[index[0]] = greedy[0, index[1]].to(input_ids.dtype)
+
+    def _fill_drafts(self, input_ids: torch.Tensor, step: StepInput) -> None:
+        """DSpark: write the drafter's last block over the draft-marker rows of `input_ids`, on the
+        device (the host never read the drafts before this verify step). Every rank fills them
+        from its own drafter output (the same on every rank, as its greedy choices are)."""
+        if not step.draft_rows:
+            return
+        tokens, rows, sources = self.draft.block_tokens(), step.draft_rows, step.draft_sources
+        G = self.draft.block_size
+        R = len(step.query_lens)
+        # NOTE: the common layout, every request [anchor, G drafts] in draft order: one strided copy
+        if (len(rows) == R * G and step.num_tokens == R * (G + 1) and rows[0] == 1 and sources[0] == 0
+                and rows[-1] == R * (G + 1) - 1 and sources[-1] == R * G - 1
+                and all(q == G + 1 for q in step.query_lens)):
+            input_ids[: R * (G + 1)].view(R, G + 1)[:, 1:].copy_(tokens[: R * G].view(R, G))
+            return
+        (index,) = to_device([torch.tensor([rows, sources], dtype=torch.int64)], self.device)
+        input_ids[index[0]] = tokens[index[1]]
 
     def greedy_readback(self) -> GreedyReadback:
         """Start copying the last forward's greedy choices to the host without waiting for them

@@ -28,6 +28,11 @@ class StepInput:
     # whose greedy choice fills it in; every rank fills them from its own greedy buffer
     future_rows: list[int] = field(default_factory=list)
     future_sources: list[int] = field(default_factory=list)
+    # DSpark, drafts left on the device: rows of input_ids holding a draft marker, and for each
+    # the flat index (request * gamma + slot) of the draft token in the drafter's last block that
+    # fills it in on the device; every rank fills them from its own (identical) drafter output
+    draft_rows: list[int] = field(default_factory=list)
+    draft_sources: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +54,10 @@ def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
         if chunk.end == len(req.token_ids) and ids[chunk.end - chunk.start - 1] < 0:
             step.future_rows.append(len(step.input_ids) + chunk.end - chunk.start - 1)
             step.future_sources.append(placeholder_source(ids[chunk.end - chunk.start - 1]))
+        if chunk.draft_tokens and chunk.draft_tokens[0] <= DRAFT_MARK:
+            first = len(step.input_ids) + chunk.end - chunk.start
+            step.draft_rows.extend(range(first, first + len(chunk.draft_tokens)))
+            step.draft_sources.extend(DRAFT_MARK - t for t in chunk.draft_tokens)
         step.input_ids.extend(ids)
         step.positions.extend(range(chunk.start, end))
         step.query_lens.append(len(ids))
@@ -68,6 +77,16 @@ def placeholder(logit_row: int) -> int:
 
 def placeholder_source(token: int) -> int:
     return -1 - token
+
+
+# NOTE: far below every placeholder (-1 - logit row): the two kinds of marker never meet
+DRAFT_MARK = -(1 << 40)
+
+
+def draft_marker(flat_index: int) -> int:
+    """The token id standing for draft `flat_index` (request * gamma + slot) of the drafter's
+    last block, still on the device (DSpark's verify inputs filled in there)."""
+    return DRAFT_MARK - flat_index
 
 
 def sample_rows(chunks: list[Chunk]) -> list[int | None]:

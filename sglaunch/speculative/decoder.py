@@ -28,7 +28,7 @@ from sglaunch.config import EngineConfig
 from sglaunch.engine.interface import SamplingParams
 from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
-from sglaunch.engine.step import DraftStepInput
+from sglaunch.engine.step import DraftStepInput, draft_marker
 from sglaunch.speculative import kernels
 from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
@@ -65,6 +65,11 @@ class Proposal:
     verify_lens: list[int]  # [R] drafts the target computes (rows 1 + v)
     draft_seconds: float
     planned_accepts: list[int]  # [R] drafts eligible for acceptance (<= verify_lens)
+    # drafts left on the device (every window full, so the host needed none of them to lay out
+    # the verify step): chunk.draft_tokens hold markers until accept_greedy reads the block back
+    # with the forward's choices; survival [R, G] (None: no confidence head) for the lagged budget
+    device_drafts: bool = False
+    survival: torch.Tensor | None = None
 
 
 @dataclass
@@ -77,7 +82,10 @@ class Accepted:
 class DSparkDecoder:
     """Host syncs per drafting step: ONE device-to-host copy after planning (the windows, drafts,
     survivals for the lagged budget; the mode's verify / accept lengths and the caps are applied
-    on the host) and ONE after accepting (accept lengths, committed tokens, their
+    on the host), none when every window is known to be full before drafting (static mode, or a
+    budget covering every draft, with an all-greedy block from a drafter graph: the drafts stay on
+    the device, the verify forward fills them in, and they are read back after it with the
+    forward's choices), and ONE after accepting (accept lengths, committed tokens, their
     log-probabilities; for an all-greedy step the forward's greedy choices, read by
     accept_greedy). Host-built inputs go down in one pinned non-blocking copy per phase
     (transfer.to_device), none at all before an all-greedy step's drafts whose block a drafter
@@ -133,6 +141,9 @@ class DSparkDecoder:
         if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
             # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
             # accept is the host one (accept_greedy), so the Proposal carries no device inputs
+            full = self._full_windows(chunks, budget, extra_tokens, verify_tiers)
+            if full is not None:
+                return self._device_drafts(chunks, out.greedy, full, time.perf_counter() - start)
             align = self._aligns(verify_tiers) and out.greedy.conf_logits is not None
             caps = to_device([torch.tensor([c.lookahead for c in chunks], dtype=torch.int32)], self.device)[0] \
                 if align else None
@@ -150,6 +161,47 @@ class DSparkDecoder:
         verify_lens, accept_lens = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers)
         return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, time.perf_counter() - start,
                         accept_lens)
+
+    def _full_windows(self, chunks: list[Chunk], budget: int, extra_tokens: int,
+                      verify_tiers: Sequence[int]) -> list[int] | None:
+        """The verify lengths when every request's window is known to be full (its whole block up
+        to its cap) before any draft is read: static mode, or a budget that covers every draft
+        the windows could take; None when the windows depend on the drafts' confidences."""
+        G = self.gamma
+        lengths = [min(G, c.lookahead) for c in chunks]
+        if self.mode != "static":
+            if self._aligns(verify_tiers):  # ranked with the caps: the drafts past a cap come last
+                budget = align_to_tier(budget, extra_tokens + len(chunks), sum(lengths), verify_tiers)
+                if budget < sum(lengths):
+                    return None
+            elif budget < len(chunks) * G:  # ranked without caps: any slot may take the budget
+                return None
+        return lengths
+
+    def _device_drafts(self, chunks: list[Chunk], block: DraftBlock, lengths: list[int],
+                       draft_seconds: float) -> Proposal:
+        """Full windows: the verify step's drafts are markers the forward fills in from the
+        drafter's block on the device (ModelRunner._fill_drafts); nothing is read back before the
+        target forward. The survivals are computed now (device) and read back with the drafts."""
+        G = self.gamma
+        for r, (chunk, v) in enumerate(zip(chunks, lengths)):
+            chunk.draft_tokens = [draft_marker(r * G + j) for j in range(v)]
+        survival = None
+        if block.conf_logits is not None:
+            survival = kernels.survival(block.conf_logits, self.planner.device_temperatures(block.conf_logits.device))
+        return Proposal(chunks, block, None, None, None, lengths, draft_seconds, list(lengths),
+                        device_drafts=True, survival=survival)
+
+    def _read_device_drafts(self, proposal: Proposal) -> None:
+        """After the verify forward: the block's drafts (and survivals) in one read-back; the
+        chunks get their real draft tokens, the planner this step's survivals."""
+        parts = [proposal.block.tokens] + ([proposal.survival] if proposal.survival is not None else [])
+        host = pack_for_host(parts).tolist()  # NOTE: the drafts' read-back, after the forward's: no wait
+        G = self.gamma
+        for chunk, v, row in zip(proposal.chunks, proposal.verify_lens, host):
+            chunk.draft_tokens = [int(t) for t in row[:v]]
+        if proposal.survival is not None:
+            self.planner.observe([c.req.rid for c in proposal.chunks], [row[G:] for row in host])
 
     def _aligns(self, verify_tiers: Sequence[int]) -> bool:
         return self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
@@ -206,6 +258,8 @@ class DSparkDecoder:
     def accept(self, proposal: Proposal, logits: torch.Tensor, row_starts: list[int],
                verify_seconds: float) -> list[Accepted]:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
+        if proposal.device_drafts:  # NOTE: the device accept reads the block itself; the host needs the drafts too
+            self._read_device_drafts(proposal)
         params = [c.req.sampling for c in proposal.chunks]
         sampled_rows, row_params = self._sampled_rows(params, row_starts, proposal.verify_lens)
         # NOTE: the accept lengths (planned on the host) go down with the row layout, one copy
@@ -236,6 +290,8 @@ class DSparkDecoder:
         eligible = proposal.planned_accepts
         logit_rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
         tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
+        if proposal.device_drafts:
+            self._read_device_drafts(proposal)
         out, offset = [], 0
         for chunk, a in zip(proposal.chunks, eligible):
             drafts, n = chunk.draft_tokens, 0

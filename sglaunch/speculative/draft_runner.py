@@ -80,6 +80,13 @@ class DraftRunner:
         graphs.capture_all()
         self.graphs = graphs
 
+    def block_tokens(self) -> torch.Tensor:
+        """The last graph-drafted block's tokens, flat [max batch * gamma] (request r's slot j at
+        r * gamma + j), on the device: a verify step's drafts left there are filled from it."""
+        if self.graphs is None:
+            raise RuntimeError("drafts left on the device need the drafter's graphs")
+        return self.graphs.outputs.tokens.view(-1)
+
     def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """features [num_tokens, n * hidden] of one target forward -> draft K/V at its KV slots."""
         self.drafter.write_context(features, positions, slots, self.pool)

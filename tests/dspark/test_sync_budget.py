@@ -32,6 +32,8 @@ from sglaunch.engine import transfer
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSIONS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 PLANNING_READ_BACK = ("sglaunch/speculative/decoder.py", "pack_for_host(columns).tolist()")
+# full windows: the drafts stay on the device and are read back after the verify forward
+DEVICE_DRAFTS_READ_BACK = ("sglaunch/speculative/decoder.py", "pack_for_host(parts).tolist()")
 ACCEPT_READ_BACK = ("sglaunch/speculative/decoder.py", "pack_flat([result.num_accepted")
 ONE_COPY_DOWN = ("sglaunch/engine/transfer.py", "buffer.to(device, non_blocking=True)")
 
@@ -324,18 +326,22 @@ def test_profile_sps_resolves_auto_like_serve(dspark_files, captured_configs, mo
     assert captured_configs[-1][0].attention_backend == "torch"
 
 
-def test_graph_path_converts_only_at_its_two_read_backs(dspark_files, monkeypatch):
+@pytest.mark.parametrize("mode", ["compact", "static"])
+def test_graph_path_converts_only_at_its_two_read_backs(dspark_files, monkeypatch, mode):
     """The drafter-graph path (draft_graphs.EagerCapture standing in for CUDA graphs), all greedy:
-    inside propose and the host accept the only device-to-host conversions are the planning
-    read-back and the forward's greedy choices (ModelRunner.greedy_host); the padded drafter
-    input is filled through numpy views of host buffers (no device tensor); nothing goes down
-    through `to_device` in propose (the graph's input is one copy_ into its static buffer)."""
+    inside propose and the host accept the only device-to-host conversions are, per step, the
+    planning read-back (windows from the drafts' confidences) or, when every window is known to
+    be full before drafting (static mode always), the drafts' read-back after the verify forward
+    (they stay on the device until then), and the forward's greedy choices
+    (ModelRunner.greedy_host); the padded drafter input is filled through numpy views of host
+    buffers (no device tensor); nothing goes down through `to_device` in propose (the graph's
+    input is one copy_ into its static buffer)."""
     from sglaunch.speculative import decoder as decoder_module
     from sglaunch.speculative import draft_graphs
 
     monkeypatch.setattr(draft_graphs, "start_up_graphs",
                         functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(), force=True))
-    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode, sps=dspark_files["sps"],
                            disable_radix_cache=True, cuda_graph_max_bs=8)
     requests = [GenerateRequest(f"g-{i}", tuple(p), SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
                 for i, p in enumerate(prompts(6, seed=22))]
@@ -356,11 +362,61 @@ def test_graph_path_converts_only_at_its_two_read_backs(dspark_files, monkeypatc
     assert steps > 3 and recorder.calls["accept"] == steps and replays >= steps
     ours = Counter({s: n for s, n in recorder.read_backs.items() if s[0].startswith("sglaunch/")})
     planning = {s: n for s, n in ours.items() if s[0] == PLANNING_READ_BACK[0] and PLANNING_READ_BACK[1] in s[2]}
+    drafts = {s: n for s, n in ours.items()
+              if s[0] == DEVICE_DRAFTS_READ_BACK[0] and DEVICE_DRAFTS_READ_BACK[1] in s[2]}
     greedy = {s: n for s, n in ours.items() if s[0] == "sglaunch/engine/model_runner.py" and "greedy.tolist()" in s[2]}
     host_views = {s: n for s, n in ours.items() if s[0] == "sglaunch/speculative/draft_graphs.py" and ".numpy()" in s[2]}
-    rest = {s: n for s, n in ours.items() if s not in planning and s not in greedy and s not in host_views}
+    rest = {s: n for s, n in ours.items() if s not in planning and s not in drafts and s not in greedy and s not in host_views}
     assert not rest, f"other conversions: {described(Counter(rest))}"
-    assert list(planning.values()) == [steps], described(ours)
+    # one of the two per step, never both
+    assert sum(planning.values()) + sum(drafts.values()) == steps, described(ours)
+    if mode == "static":
+        assert not planning and sum(drafts.values()) == steps, described(ours)
+    else:
+        assert sum(planning.values()) > 0, described(ours)
     assert 0 < sum(greedy.values()) <= steps  # NOTE: a step that also samples a prefill reads it in _sample first
     assert sum(host_views.values()) >= steps  # the graph path ran (host buffers filled through numpy)
     assert copies["to_device"] == 0
+
+
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_drafts_left_on_the_device_give_plain_greedy_output(dspark_files, monkeypatch, mode):
+    """Full windows (static mode; compact with a budget that covers every draft, as at low load):
+    the verify step's drafts are markers the forward fills in on the device from the drafter's
+    block. Greedy output token-identical to plain decoding, with every drafting step taking
+    that path and the drafter's graph path running (EagerCapture for CUDA graphs)."""
+    from sglaunch.engine import model_runner as runner_module
+    from sglaunch.speculative import draft_graphs
+    from sglaunch.speculative.planner import DSparkPlanner
+
+    monkeypatch.setattr(draft_graphs, "start_up_graphs",
+                        functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(), force=True))
+    if mode == "compact":  # the budget covers every draft: no window depends on a confidence
+        monkeypatch.setattr(DSparkPlanner, "plan_drafts", lambda self, rids, extra=0: len(rids) * GAMMA)
+    filled, real_fill = Counter(), runner_module.ModelRunner._fill_drafts
+
+    def fill(self, input_ids, step):
+        filled["rows"] += len(step.draft_rows)
+        filled["steps"] += bool(step.draft_rows)
+        return real_fill(self, input_ids, step)
+
+    monkeypatch.setattr(runner_module.ModelRunner, "_fill_drafts", fill)
+    requests = [GenerateRequest(f"d-{i}", tuple(p), SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True))
+                for i, (p, n) in enumerate(zip(prompts(5, seed=31), (3, 9, 12, 5, 16)))]
+    engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
+    try:
+        plain = outputs(engine, requests)
+    finally:
+        cluster.stop(engine)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode, sps=dspark_files["sps"],
+                           disable_radix_cache=True, cuda_graph_max_bs=8)
+    engine, cluster = create_engine(config)
+    try:
+        drafted = {rid: list(c.token_ids) for rid, c in run_requests(engine, requests).items()}
+        steps, accept = engine.spec.stats.steps, engine.spec.stats.to_dict()["mean_accept_length"]
+    finally:
+        cluster.stop(engine)
+    assert drafted == {rid: list(t) for rid, t in plain.items()}
+    assert steps > 3 and filled["steps"] == steps and filled["rows"] > steps
+    # the oracle drafter's drafts are accepted: a draft filled in wrong would change the output
+    assert accept > 2.0
