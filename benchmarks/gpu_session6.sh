@@ -160,6 +160,22 @@ pipeline9b() {  # session 8, run 2 (the model upload): while the model arrives, 
   touch "$W/all.done"
 }
 
+pipeline10() {  # session 9, run 1 (no model upload: `install .whlA`, then `install .whlB && launch pipeline10
+  # && wait 480`): the graph tests (DSpark's drafts left on the device with full windows, through
+  # real CUDA graphs), the sync censuses; at c=64 every DSpark step forced aside, with and without
+  # the draft-context write in the target's graphs, with the host timeline (where the stepped-aside
+  # step's 2.57 ms against plain's 1.40 go); at c=1 drafting at every step (SGLAUNCH_DSPARK_STEP_ASIDE=0),
+  # static mode (full windows: drafts on the device) against compact (the planning read-back)
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  part profile64 200 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --drafter random --modes compact --concurrency 64 --steps 100 --overlap both --force-aside \
+    --no-context-write --json "$W/profile64.json"
+  part profile1 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" \
+    --random-like --drafter random --modes static,compact --concurrency 1 --steps 100 --overlap 1 --json "$W/profile1.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -206,7 +222,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

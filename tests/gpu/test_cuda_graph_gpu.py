@@ -292,6 +292,29 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     assert_same_greedy(spec, plain, f"DSpark ({drafter} drafter, graphs on) vs plain greedy")
 
 
+def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch):
+    """Static mode (every window full): each drafting step's verify inputs are filled in on the
+    device from the drafter graph's block (no planning read-back), inside CUDA graph replays."""
+    from sglaunch.engine import model_runner as runner_module
+
+    filled, real = [], runner_module.ModelRunner._fill_drafts
+
+    def fill(self, input_ids, step):
+        filled.append(len(step.draft_rows))
+        return real(self, input_ids, step)
+
+    monkeypatch.setattr(runner_module.ModelRunner, "_fill_drafts", fill)
+    batch = prompts(10, seed=5)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 20)
+    config = cuda_config(files, drafter="oracle")
+    config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode="static"))
+    filled.clear()
+    spec, replays = greedy_outputs(config, batch, 20)
+    assert replays.get("verify", 0) > 0 and replays.get("draft", 0) > 0, replays
+    assert sum(1 for n in filled if n) >= replays["draft"], (filled, replays)
+    assert_same_greedy(spec, plain, "DSpark static (drafts on the device, graphs on) vs plain greedy")
+
+
 def test_torch_backend_on_cuda_runs_eagerly(files):
     batch = prompts(4, seed=4)
     torch_out, replays = greedy_outputs(cuda_config(files, backend="torch"), batch, 8)
