@@ -17,6 +17,7 @@ target's own distribution (the L1 term), so only the contexts come from the text
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import random
@@ -141,7 +142,9 @@ def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, 
     config = EngineConfig(model_path=str(target), tokenizer_path=str(target), served_model_name="train-draft",
                           dtype=dtype, context_length=None, device=device, kv_cache_dtype=dtype,
                           random_seed=seed, attention_backend=generation_backend(attention_backend, device, dtype, target))
-    config = dataclasses.replace(config, max_running_requests=max_running or (256 if device == "cuda" else 32),
+    running = max_running or (256 if device == "cuda" else 32)
+    # NOTE: decode graphs for every batch up to `running` (the engine's default cap is 256)
+    config = dataclasses.replace(config, max_running_requests=running, cuda_graph_max_bs=running,
                                  **({"mem_fraction_static": 0.4} if device == "cuda" else {"max_total_tokens": 32768}))
     requests, kept = [], []
     for i, p in enumerate(prompts):
@@ -162,7 +165,7 @@ def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, 
         raise SglaunchError(f"the engine cannot run the target {target}: {exc}") from None
     try:
         if deadline is not None:
-            return _run_until(engine, requests, kept, deadline, min_partial)
+            return _run_until(engine, requests, kept, deadline, min_partial, running)
         done = _run_with_progress(engine, requests)
     finally:
         cluster.stop(engine)
@@ -170,8 +173,14 @@ def generate_responses(target: Path, prompts: Sequence[Prompt], *, device: str, 
             if done[r.rid].token_ids]
 
 
-def _run_until(engine, requests, prompts, deadline: float, min_partial: int) -> list[Sample]:
-    """run_requests with a deadline: all requests queued at once, stepped until the deadline."""
+def _run_until(engine, requests, prompts, deadline: float, min_partial: int, running: int | None = None,
+               wave: int | None = None) -> list[Sample]:
+    """run_requests with a deadline, stepped until the deadline. With `running` (the engine's
+    running cap) requests are handed to the engine in waves: once `wave` of them (default an
+    eighth of `running`) have finished, enough to fill the cap again. The engine admits waiting
+    requests in the step after a slot frees, and a step that admits one mixes prefill with
+    decode, so it cannot replay a decode CUDA graph; queued all at once, with a request finishing
+    nearly every step, almost every step would run eagerly."""
     import time
 
     tokens: dict[str, list[int]] = {r.rid: [] for r in requests}
@@ -183,10 +192,24 @@ def _run_until(engine, requests, prompts, deadline: float, min_partial: int) -> 
             if out.finished:
                 finished.add(out.rid)
 
-    for request in requests:
-        collect(engine.add_request(request))
-    while engine.has_work and time.monotonic() < deadline:
+    cap = running or len(requests)
+    wave = max(1, min(cap, wave or cap // 8))
+    queue = iter(requests)
+    added = 0
+
+    def top_up() -> None:
+        nonlocal added
+        # NOTE: an idle engine gets a full wave whatever was counted (a request dropped unanswered)
+        free = cap - (added - len(finished)) if engine.has_work else cap
+        if added < len(requests) and free >= min(wave, len(requests) - added):
+            for request in itertools.islice(queue, free):
+                added += 1
+                collect(engine.add_request(request))
+
+    top_up()
+    while (engine.has_work or added < len(requests)) and time.monotonic() < deadline:
         collect(engine.step())
+        top_up()
     return [Sample(p.ids, tokens[r.rid], p.type) for p, r in zip(prompts, requests)
             if tokens[r.rid] and (r.rid in finished or len(tokens[r.rid]) >= min_partial)]
 

@@ -193,9 +193,12 @@ class Trainer:
         self.total_steps = max(1, a.max_steps if a.max_steps is not None else steps)
         if a.train_minutes is not None:  # provisional, until fit_steps_to_budget has timed the first steps
             self.total_steps = (CALIBRATION_WARMUP + CALIBRATION_STEPS) * 40
+        self.warmup_steps: int | None = None  # fixed at the --train-minutes calibration (refits keep it)
+        self.fit_at: tuple[int, float] = (0, 0.0)  # (step, elapsed_s) of the last --train-minutes fit
         # NOTE: the lambda reads total_steps each call, so a --train-minutes calibration reshapes the schedule
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: cosine(s, max(1, round(self.total_steps * a.warmup_fraction)), self.total_steps))
+            self.optimizer, lambda s: cosine(s, self.warmup_steps or max(1, round(self.total_steps * a.warmup_fraction)),
+                                             self.total_steps))
         self.step = 0
         self.calibrated = False
         if a.resume:
@@ -334,6 +337,10 @@ class Trainer:
                     elif done >= CALIBRATION_WARMUP + CALIBRATION_STEPS:
                         self.fit_steps_to_budget(row["elapsed_s"], row["elapsed_s"] - warm_at, CALIBRATION_STEPS)
                     bars.update(task, total=self.total_steps)
+                elif (a.train_minutes is not None and not a.resume and done % REFIT_EVERY == 0
+                      and self.step < self.total_steps):
+                    self.refit_steps_to_budget(row["elapsed_s"])
+                    bars.update(task, total=self.total_steps)
                 bars.update(task, completed=self.step, loss=f"loss {row.get('loss', float('nan')):.4f}")
                 if self.step % a.log_every == 0 or self.step == self.total_steps or self.step == 1:
                     self.log(row)
@@ -356,8 +363,31 @@ class Trainer:
         self.total_steps = max(self.step + 1, self.step + int(left * steps / max(timed, 1e-6)))
         self.total_steps = int(self.agree(self.total_steps, "rank0"))  # every rank follows rank 0's clock
         self.calibrated = True
+        self.warmup_steps = max(1, round(self.total_steps * self.args.warmup_fraction))
+        self.fit_at = (self.step, elapsed)
         self.say(f"{steps} steps took {timed:.1f} s after warm-up: training for {self.total_steps} steps "
                  f"(--train-minutes {self.args.train_minutes:g})")
+
+    def refit_steps_to_budget(self, elapsed: float) -> None:
+        """--train-minutes, every REFIT_EVERY steps after the calibration: refit total_steps from the
+        speed since the last fit, so that a slow calibration (another process sharing the GPU at
+        first, as the round's baseline evaluation does) does not end training early (session 8's
+        rounds: calibrated at 2.4-2.9 steps/s, ran at 6, stopped with 40% of the budget unused).
+        The warm-up stays as calibrated; no refit in the last REFIT_TAIL of the budget, nor after
+        --resume (the resumed run keeps the step count it saved)."""
+        budget = self.args.train_minutes * 60.0
+        step0, t0 = self.fit_at
+        total, rate = -1, 0.0  # -1: no refit (every rank calls agree, and follows rank 0)
+        if elapsed <= budget * (1.0 - REFIT_TAIL) and elapsed > t0 and self.step > step0:
+            rate = (self.step - step0) / (elapsed - t0)
+            total = max(self.step + 1, self.step + int((budget - elapsed) * rate))
+        total = int(self.agree(total, "rank0"))
+        if total < 0:
+            return
+        self.fit_at = (self.step, elapsed)
+        if abs(total - self.total_steps) > 0.02 * self.total_steps:
+            self.say(f"{rate:.2f} steps/s since step {step0}: training for {total} steps (was {self.total_steps})")
+            self.total_steps = total
 
     # ------------------------------------------------------------------ files
     def log(self, row: dict[str, Any]) -> None:
@@ -376,7 +406,8 @@ class Trainer:
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_drafter(tmp, self.dcfg, model.export_state(self.drafter), self.target_cfg)
-        torch.save({"step": self.step, "total_steps": self.total_steps, "drafter": model.torch_state(self.drafter),
+        torch.save({"step": self.step, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                    "drafter": model.torch_state(self.drafter),
                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "drafter_config": self.dcfg.to_dict(), "args": self.args.to_json()}, tmp / "trainer.pt")
         shutil.rmtree(folder, ignore_errors=True)
@@ -400,6 +431,7 @@ class Trainer:
         self.step = int(state["step"])
         if self.args.train_minutes is not None:
             self.total_steps = int(state["total_steps"])
+            self.warmup_steps = state.get("warmup_steps")
             self.calibrated = True
         self.say(f"resumed from {found[-1]} at step {self.step}")
 
@@ -430,6 +462,7 @@ class Trainer:
 
 
 CALIBRATION_WARMUP, CALIBRATION_STEPS = 5, 20
+REFIT_EVERY, REFIT_TAIL = 50, 0.15  # --train-minutes: refit total_steps every 50 steps, not in the last 15%
 
 
 def cosine(step: int, warmup: int, total: int) -> float:
