@@ -11,9 +11,17 @@
 #   bash benchmarks/gpu_drafter_round.sh run [--budget 540] [options]                    (device)
 #   bash benchmarks/gpu_drafter_round.sh run --smoke --corpus DIR [--budget 300]         (CPU check)
 #
+# On a machine left warm by benchmarks/gpu_session6.sh (wheels incl. FlashInfer in /tmp/site, its
+# JIT cache in /tmp/flashinfer-ws, SmolLM2 in /tmp/cache/models): carry .round only and run
+#   bash benchmarks/gpu_drafter_round.sh run --budget 540 --target /tmp/cache/models/smollm2-135m-instruct \
+#     --gen-attention-backend auto --responses benchmarks/drafter_rounds/s8-round1/responses.jsonl.gz \
+#     --responses benchmarks/drafter_rounds/s8-round2/responses.jsonl.gz        (timeout_s 600)
+# (no wheel is reinstalled that /tmp/site already holds; FLASHINFER_WORKSPACE_BASE defaults to
+# /tmp/flashinfer-ws when that folder exists).
+#
 # prepare (on the development machine): writes the git-ignored .round/train.jsonl.gz, records
 #   R*N .. R*N+N-1 of the seeded prompt stream (`python -m sglaunch.training.prompt_set`, seed 0;
-#   default R 0, N 20000, about 2 MB), building the corpus first if --corpus is not given
+#   default R 0, N 20000, about 2 MB; --start S: S .. S+N-1 instead), building the corpus first if --corpus is not given
 #   (shared/tools/build_corpus.sh, network needed), .round/wheels/ (the wheels of .whl/ without
 #   FlashInfer and its CUDA parts, ~7 MB), and SmolLM2's wheel in three pieces of about
 #   30 MiB (.rw1/ .rw2/ .rw3/), since a call carries 64 MiB with the ~25 MiB tree.
@@ -43,11 +51,14 @@
 #   --budget S (540)  --out DIR ($OUT)  --prompts FILE  --corpus DIR  --start N (0)  --count N (20000)
 #   --heldout FILE  --responses FILE (repeatable)  --target DIR  --wheel FILE  --stage PATH (repeatable)
 #   --init-from DIR (the bundled drafter)  --seed N (0)  --gen-seconds S (half of what is left)
-#   --train-seconds S (the rest)  --max-gen-prompts N (30000)  --gen-rate-cap R (60 prompts per second of generation)  --gen-batch N (512)  --max-new-tokens N (192)
-#   --max-length N (768)  --gen-temperatures LIST (0,0.7)  --gen-attention-backend B (torch: FlashInfer's
-#   JIT costs 65-118 s on a fresh machine unless its cache is restored, FI_CACHE_IN=tgz)
+#   --train-seconds S (the rest)  --max-gen-prompts N (30000)  --gen-rate-cap R (prompts per second of
+#   generation: 60 with torch, 600 otherwise)  --gen-batch N (running requests, and decode graphs up
+#   to it: 512 with torch, 256 otherwise)  --max-new-tokens N (192)
+#   --max-length N (768)  --gen-temperatures LIST (0,0.7)  --gen-attention-backend B (torch; auto:
+#   FlashInfer with decode graphs where it runs, ~10x faster, but its JIT costs 65-118 s on a fresh
+#   machine unless its cache is there: /tmp/flashinfer-ws on a warm machine, or FI_CACHE_IN=tgz)
 #   --train-args "..." (--lr 1e-3 --batch-size 32 --anchors-per-seq 128)  --save-every N (300)
-#   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (100)  --draft-vocab-size K (0: keep INIT's)
+#   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (80)  --draft-vocab-size K (0: keep INIT's)
 #   --no-baseline  --device cpu|cuda
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,10 +71,11 @@ die() { echo "gpu_drafter_round: $*" >&2; exit 2; }
 
 # ------------------------------------------------------------------------------------------ prepare
 prepare() {
-  local round=0 count=20000 corpus=""
+  local round=0 count=20000 corpus="" first=""
   while [ $# -gt 0 ]; do
     case $1 in
       --round) round=$2; shift 2 ;; --count) count=$2; shift 2 ;; --corpus) corpus=$2; shift 2 ;;
+      --start) first=$2; shift 2 ;;
       *) die "prepare: unknown option $1" ;;
     esac
   done
@@ -74,7 +86,7 @@ prepare() {
     [ -f "$corpus/pystdlib.txt" ] || bash "$REPO/../shared/tools/build_corpus.sh" "$corpus" || die "corpus build failed"
   fi
   mkdir -p .round
-  "$PY" -m sglaunch.training.prompt_set "$corpus" --out .round --seed 0 --start $(( round * count )) \
+  "$PY" -m sglaunch.training.prompt_set "$corpus" --out .round --seed 0 --start "${first:-$(( round * count ))}" \
     --train-count "$count" --heldout-per-kind 0 --gzip || exit 1
   if ! cmp -s <("$PY" -m sglaunch.training.prompt_set "$corpus" --out /tmp/round-heldout-check --seed 0 --train-count 0 \
         --heldout-per-kind 150 >/dev/null && cat /tmp/round-heldout-check/heldout.jsonl) benchmarks/prompt_set/heldout.jsonl; then
@@ -105,6 +117,8 @@ Device calls, each within 30 s of the last (the machine stays warm that long):
   carry [.rw3]:         bash benchmarks/gpu_drafter_round.sh stage .rw3
   carry [.round]:       bash benchmarks/gpu_drafter_round.sh run --budget 540   (timeout_s 600)
 (.round/wheels holds .whl/ without FlashInfer; carry .whl too only to generate with FlashInfer)
+On a machine left warm by gpu_session6.sh (FlashInfer, its JIT cache and SmolLM2 there), one call:
+  carry [.round]:       bash benchmarks/gpu_drafter_round.sh run --budget 540 --target /tmp/cache/models/smollm2-135m-instruct --gen-attention-backend auto --responses benchmarks/drafter_rounds/s8-round1/responses.jsonl.gz --responses benchmarks/drafter_rounds/s8-round2/responses.jsonl.gz   (timeout_s 600)
 EOF
 }
 
@@ -120,9 +134,9 @@ stage() {
 # ------------------------------------------------------------------------------------------ run
 run() {
   local start budget=540 out=${OUT:-} prompts="" corpus="" pstart=0 count=20000 heldout=$REPO/benchmarks/prompt_set/heldout.jsonl
-  local target="" wheel="" init=$HUB_DRAFTER seed=0 gen_s="" train_s="" max_gen=30000 gen_batch=512 max_new=192
+  local target="" wheel="" init=$HUB_DRAFTER seed=0 gen_s="" train_s="" max_gen=30000 gen_batch="" max_new=192
   local max_len=768 gen_temps=0,0.7 gen_backend=torch train_args="--lr 1e-3 --batch-size 32 --anchors-per-seq 128"
-  local save_every=300 rate_cap=60 eval_k=24 eval_tokens=96 eval_reserve=100 vocab=0 baseline=1 device="" smoke=0
+  local save_every=300 rate_cap="" eval_k=24 eval_tokens=96 eval_reserve=80 vocab=0 baseline=1 device="" smoke=0
   local -a responses=() staged=()
   start=$(date +%s)
   while [ $# -gt 0 ]; do
@@ -149,6 +163,10 @@ run() {
     train_args="--lr 1e-4 --batch-size 2 --anchors-per-seq 16 --log-every 5"
   fi
   device=${device:-cuda}
+  # generation defaults by backend: the torch one (no graphs) makes ~3,200 tok/s at 512 running
+  # (session 8), FlashInfer with decode graphs ~10x that at 256 (graphs up to --gen-batch)
+  if [ "$gen_backend" = torch ]; then gen_batch=${gen_batch:-512} rate_cap=${rate_cap:-60}
+  else gen_batch=${gen_batch:-256} rate_cap=${rate_cap:-600}; fi
   [ -n "$out" ] || die "run: --out DIR (or \$OUT) is required"
   mkdir -p "$out" || exit 1
   local deadline=$(( start + budget ))
@@ -174,11 +192,28 @@ run() {
   [ ${#staged[@]} -gt 0 ] && stage "${staged[@]}" > /dev/null
   local -a wheels=()
   for f in "$REPO"/.whl/*.whl "$REPO"/.round/wheels/*.whl "$STAGE"/*.whl; do [ -f "$f" ] && wheels+=("$f"); done
-  if [ ${#wheels[@]} -gt 0 ] && [ "$device" = cuda ] && [ ! -f /tmp/site/.round-installed ]; then
+  # a warm machine (benchmarks/gpu_session6.sh install, or an earlier round) has /tmp/site: only
+  # the wheels whose NAME-VERSION.dist-info is not there yet are installed, so the site in use is
+  # never replaced under a running process
+  local -a missing=()
+  local f base ver
+  for f in "${wheels[@]}"; do
+    base=$(basename "$f" .whl); ver=${base#*-}; ver=${ver%%-*}
+    [ -d "/tmp/site/${base%%-*}-$ver.dist-info" ] || missing+=("$f")
+  done
+  if [ ${#missing[@]} -gt 0 ] && [ "$device" = cuda ] && [ ! -f /tmp/site/.round-installed ]; then
     step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      "${wheels[@]}" && touch /tmp/site/.round-installed
+      "${missing[@]}" && touch /tmp/site/.round-installed
+  elif [ ${#wheels[@]} -gt 0 ] && [ "$device" = cuda ]; then
+    say "wheels: all ${#wheels[@]} already in /tmp/site"
   fi
   [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH} || export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+  # FlashInfer's JIT cache: a warm machine's (gpu_session6.sh builds it in /tmp/flashinfer-ws) is
+  # reused, else FI_CACHE_IN=TGZ restores one; without either, the JIT costs 65-118 s
+  if [ -z "${FLASHINFER_WORKSPACE_BASE:-}" ] && [ -d /tmp/flashinfer-ws ]; then
+    export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-ws
+    say "FlashInfer JIT cache: /tmp/flashinfer-ws ($(du -sh /tmp/flashinfer-ws 2>/dev/null | cut -f1))"
+  fi
   if [ -n "${FI_CACHE_IN:-}" ] && [ -f "$FI_CACHE_IN" ]; then
     export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}
     mkdir -p "$FLASHINFER_WORKSPACE_BASE" && tar -xzf "$FI_CACHE_IN" -C "$FLASHINFER_WORKSPACE_BASE" && say "FlashInfer cache restored"
@@ -231,6 +266,7 @@ prompts_file, target, out, until, device, max_new, max_len, temps, seed, batch, 
 t0 = time.time()
 records = data.read_prompt_records(Path(prompts_file))[: int(limit)]
 prompts = data.tokenize_prompts(records, Path(target), Path(prompts_file))
+resolved = data.generation_backend(backend, device, "bfloat16" if device == "cuda" else "float32", Path(target))
 t1 = time.time()
 samples = data.generate_responses(
     Path(target), prompts, device=device, dtype="bfloat16" if device == "cuda" else "float32",
@@ -241,7 +277,8 @@ data.save_samples(samples, Path(out))
 kinds = {}
 for s in samples:
     kinds[s.type] = kinds.get(s.type, 0) + 1
-print(json.dumps({"prompts_tokenized": len(prompts), "tokenize_s": round(t1 - t0, 1),
+print(json.dumps({"prompts_tokenized": len(prompts), "tokenize_s": round(t1 - t0, 1), "backend": resolved,
+                  "running": int(batch),
                   "generate_s": round(time.time() - t1, 1), "responses": len(samples),
                   "response_tokens": sum(len(s.response) for s in samples), "per_kind": kinds}))
 PY
