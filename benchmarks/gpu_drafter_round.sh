@@ -205,7 +205,7 @@ run() {
     step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       "${missing[@]}" && touch /tmp/site/.round-installed
   elif [ ${#wheels[@]} -gt 0 ] && [ "$device" = cuda ]; then
-    say "wheels: all ${#wheels[@]} already in /tmp/site"
+    say "wheels: none installed (${#missing[@]} of ${#wheels[@]} not in /tmp/site)"
   fi
   [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$REPO${PYTHONPATH:+:$PYTHONPATH} || export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
   # FlashInfer's JIT cache: a warm machine's (gpu_session6.sh builds it in /tmp/flashinfer-ws) is
