@@ -189,8 +189,19 @@ class Scheduler:
         return spare - need >= len(self.running)
 
     def lookahead_candidates(self, chunks: list[Chunk]) -> list[Chunk]:
-        """The running decodes that could verify drafts this step (before any page is reserved)."""
-        return [chunk for chunk in chunks if self._chunk_lookahead(chunk) > 0]
+        """The running decodes that could verify drafts this step (before any page is reserved):
+        those whose _chunk_lookahead is positive. NOTE: inlined, with the cap's three bounds
+        tested directly (it runs before every step of a DSpark engine, on every chunk)."""
+        if self.limits.spec_lookahead <= 0:
+            return []
+        context, running, out = self.limits.context_length, ReqStatus.RUNNING, []
+        for chunk in chunks:
+            req = chunk.req
+            n = len(req.token_ids)
+            if (chunk.end - chunk.start == 1 and n - req.num_computed == 1 and req.status is running
+                    and req.sampling.max_new_tokens - (n - req.num_prompt_tokens) > 1 and context - n > 1):
+                out.append(chunk)
+        return out
 
     def reserve_lookahead(self, chunks: list[Chunk]) -> None:
         """Pages for the drafts each running decode may verify, from what is left after

@@ -178,6 +178,8 @@ def run_speculative(sched: Scheduler, reqs: list[Req], seed: int) -> None:
         sched.add(req)
     while sched.has_work:
         chunks = sched.schedule()
+        # the engine's inlined candidates rule is the per-chunk one
+        assert sched.lookahead_candidates(chunks) == [c for c in chunks if sched._chunk_lookahead(c) > 0]
         sampled = []
         for c in chunks:
             req = c.req
@@ -199,6 +201,19 @@ def run_speculative(sched: Scheduler, reqs: list[Req], seed: int) -> None:
         sched.commit(chunks, sampled)
         for req in sched.running:  # rollback: pages hold exactly the committed KV
             assert len(req.pages) == -(-req.num_computed // ps)
+
+
+def test_lookahead_candidates_near_the_length_and_context_limits():
+    """Requests a token or two from max_new_tokens or the context length: the candidates (the
+    inlined rule) are the chunks whose per-chunk lookahead cap is positive, step after step."""
+    sched = make_scheduler(400, chunk=8, context=40)
+    sched.limits = SchedulerLimits(1, 8, 8, 40, (), spec_lookahead=5)
+    # r1 and r4 run into the context length before max_new_tokens, the others into max_new_tokens
+    prompts = [[1, 2, 3], [9] * 30, [1, 2, 3, 4, 5, 6, 7, 8, 9], [4, 4], [5] * 36]
+    reqs = [Req(f"r{i}", p, SamplingParams(max_new_tokens=n, ignore_eos=True), 0)
+            for i, (p, n) in enumerate(zip(prompts, (2, 30, 3, 1, 20)))]
+    run_speculative(sched, reqs, seed=3)
+    assert all(req.finish_reason == "length" for req in reqs)
 
 
 @pytest.mark.parametrize("page_size,num_pages", [(1, 400), (4, 100), (2, 40)])
