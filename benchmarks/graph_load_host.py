@@ -11,6 +11,14 @@ machine; the ratio is what matters (the H200 machine's host is another CPU).
 Then (session 7) the drafter's context slot table, before and after, and the planner's step-aside
 decision at 64 requests.
 
+Then (session 9) the whole host layout of a replay, `CudaGraphRunner._load` before its device
+copies and plan: pad_step + static_rows + torch.tensor + PlanArrays.from_step (its torch-operator
+indptrs, what `_load` did up to session 8, before pinning four of them per step) against
+`cuda_graph.fill_padded` into a persistent HostLayout (numpy views; pinned on the GPU), for decode
+batches of 1, 8, 64 and 256 requests and verify batches, contexts of ~300 tokens, page size 1
+(EngineConfig's default). The pinned copies the old way also made per step (five
+`pin_memory` allocations and copies) are not in the old column: a CPU build cannot pin.
+
 Per layout: the padded step of a decode batch or a verify batch (random pages, contexts of
 200-600 tokens), median microseconds of each way over --repeats runs (after 50 warm-up runs),
 both producing the [3, tokens] int64 CPU tensor `_load` copies to the device.
@@ -36,12 +44,12 @@ from sglaunch.engine.step import StepInput  # noqa: E402
 PAD, PAGE = 0, 1
 
 
-def layout(query_lens: list[int], seed: int) -> StepInput:
-    """A ragged step over distinct pages (page size 1), contexts of 200-600 tokens."""
+def layout(query_lens: list[int], seed: int, contexts: tuple[int, int] = (200, 600)) -> StepInput:
+    """A ragged step over distinct pages (page size 1), contexts of 200-600 tokens by default."""
     gen = torch.Generator().manual_seed(seed)
     step, next_page = StepInput([], [], [], [], [], []), 1
     for q in query_lens:
-        kv = int(torch.randint(200, 600, (1,), generator=gen))
+        kv = int(torch.randint(*contexts, (1,), generator=gen))
         step.input_ids += torch.randint(0, 49152, (q,), generator=gen).tolist()
         step.positions += list(range(kv - q, kv))
         step.query_lens.append(q)
@@ -108,6 +116,55 @@ def host_extras(repeats: int) -> None:
     print(f"{'step-aside decision, 64 req':28s} now {median_us(lambda s: planner.plan_drafts(rids, 0), step, repeats):9.1f} us")
 
 
+def old_plan_arrays(step: StepInput, page_size: int):
+    """PlanArrays.from_step up to session 8: indptrs through small torch operators."""
+    from sglaunch.engine.attention.flashinfer_backend import PlanArrays, flat_int32
+
+    def indptr(lengths):
+        out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        if lengths:
+            out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+        return out
+
+    return PlanArrays(indptr(step.query_lens), indptr([len(t) for t in step.page_tables]), flat_int32(step.page_tables),
+                      torch.tensor([(kv - 1) % page_size + 1 for kv in step.kv_lens], dtype=torch.int32),
+                      all(n == 1 for n in step.query_lens))
+
+
+def old_load_host(step: StepInput, key: GraphKey):
+    padded = pad_step(step, key, PAD, PAGE)
+    rows = torch.tensor(static_rows(padded, PAGE), dtype=torch.int64).view(3, padded.num_tokens)
+    return rows, old_plan_arrays(padded, PAGE)
+
+
+def whole_layout(repeats: int) -> None:
+    """Session 9: a replay's whole host layout, old vs fill_padded (see the module docstring)."""
+    from sglaunch.engine.cuda_graph import GraphPlan, HostLayout, fill_padded
+
+    plan = GraphPlan.build(max_bs=256, window=8, context_length=4096, page_size=PAGE)
+    out = HostLayout(plan.max_tokens, plan.max_batch, plan.max_pages)
+    cases = [("decode bs 1", [1], GraphKey(True, 1, 1)), ("decode bs 8", [1] * 8, GraphKey(True, 8, 8)),
+             ("decode 60 in bs 64", [1] * 60, GraphKey(True, 64, 64)),
+             ("decode bs 64", [1] * 64, GraphKey(True, 64, 64)),
+             ("decode bs 256", [1] * 256, GraphKey(True, 256, 256)),
+             ("verify 8 req, 36 rows", [5, 3, 8, 4, 6, 2, 4, 4], GraphKey(False, 9, 40)),
+             ("verify 64 req, 4.4 rows", [4, 5, 3, 6] * 16, GraphKey(False, 65, 320))]
+    print(f"\n{'whole host layout':24s} {'old us':>9s} {'fill_padded us':>15s} {'ratio':>6s}")
+    for i, (name, query_lens, key) in enumerate(cases):
+        step = layout(query_lens, seed=100 + i, contexts=(250, 350))
+        rows, arrays = old_load_host(step, key)
+        pages = fill_padded(step, key, PAD, PAGE, out)
+        n, b = key.num_tokens, key.batch_size
+        assert out.rows_np[: 3 * n].tolist() == rows.view(-1).tolist(), name
+        assert out.qo_indptr_np[: b + 1].tolist() == arrays.qo_indptr.tolist(), name
+        assert out.page_indptr_np[: b + 1].tolist() == arrays.page_indptr.tolist(), name
+        assert out.page_indices_np[:pages].tolist() == arrays.page_indices.tolist(), name
+        assert out.last_page_len_np[:b].tolist() == arrays.last_page_len.tolist(), name
+        old = median_us(lambda s: old_load_host(s, key), step, repeats)
+        new = median_us(lambda s: fill_padded(s, key, PAD, PAGE, out), step, repeats)
+        print(f"{name:24s} {old:9.1f} {new:15.1f} {old / new:5.1f}x")
+
+
 def median_us(fn, step: StepInput, repeats: int) -> float:
     for _ in range(50):
         fn(step)
@@ -139,6 +196,7 @@ def main() -> int:
         old_p, new_p = median_us(old_page_indices, step, args.repeats), median_us(new_page_indices, step, args.repeats)
         print(f"{name:24s} {old:14.1f} {new:9.1f} {old / new:5.1f}x   {old_p:21.1f} {new_p:9.1f} {old_p / new_p:5.1f}x")
     host_extras(max(20, args.repeats // 10))
+    whole_layout(args.repeats)
     return 0
 
 

@@ -20,18 +20,27 @@ Steps that fit no graph (prefill chunks longer than the window, batches over the
 page tables over the fixed index buffer) run eagerly. The torch attention backend builds
 shape-dependent metadata per step, so graphs are only used with FlashInfer.
 
-The layout logic (buckets, tiers, choosing a graph, padding a StepInput) is plain Python and
-unit-tested on the CPU; CudaGraphRunner is the part that touches the GPU.
+The layout logic (buckets, tiers, choosing a graph, padding a StepInput, writing a padded step's
+inputs into host arrays: fill_padded) is plain Python and numpy, unit-tested on the CPU;
+CudaGraphRunner is the part that touches the GPU.
+
+A replay's host work: fill_padded writes the padded step's static rows (ids, positions, KV slots)
+and FlashInfer's plan arrays straight into one of two persistent pinned HostLayouts (alternating,
+each with the event recorded after the copies that read it), one non-blocking copy each moves the
+rows and the page indices into the graph's static buffers, and the plan reads the indptrs and
+last-page lengths from the pinned arrays (FlashInfer copies them without waiting).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import logging
 import os
 import time
 from array import array
 from dataclasses import dataclass
+
+import numpy as np
 
 from sglaunch.engine.progress import step_bar
 from sglaunch.engine.step import StepInput
@@ -42,7 +51,7 @@ FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
-PINNED_PLAN_FIELDS = ("qo_indptr", "page_indptr", "last_page_len")  # PlanArrays on the host, with overlap
+HOST_PAGES = 1 << 20  # initial page-index room of a HostLayout (4 MiB); it grows up to max_pages
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -181,6 +190,125 @@ def static_rows(step: StepInput, page_size: int) -> list[int]:
     return step.input_ids + step.positions + slots
 
 
+class HostLayout:
+    """Host arrays that fill_padded writes a padded step's graph inputs into: int32/int64 CPU
+    tensors (pinned for the device copies) and numpy views of the same memory.
+
+    rows: [3 * max_tokens] int64, a step of n rows uses rows[:3n] as ids, positions, KV slots;
+    qo_indptr, page_indptr: [max_batch + 1]; last_page_len: [max_batch]; page_indices: room for
+    `pages` entries, grown on demand (page_room) up to max_pages. `event` (CUDA only) is recorded
+    after the copies that read these arrays were queued."""
+
+    def __init__(self, max_tokens: int, max_batch: int, max_pages: int, pin: bool = False,
+                 pages: int = HOST_PAGES):
+        import torch
+
+        self.pin, self.max_pages, self.event = pin, max_pages, None
+        self.rows, self.rows_np = self._buffer(3 * max_tokens, torch.int64)
+        self.qo_indptr, self.qo_indptr_np = self._buffer(max_batch + 1, torch.int32)
+        self.page_indptr, self.page_indptr_np = self._buffer(max_batch + 1, torch.int32)
+        self.last_page_len, self.last_page_len_np = self._buffer(max_batch, torch.int32)
+        self.page_indices, self.page_indices_np = self._buffer(max(1, min(pages, max_pages)), torch.int32)
+        self.arange = np.arange(max(max_tokens, max_batch) + 1, dtype=np.int32)  # 0, 1, 2, ... (not copied)
+
+    def _buffer(self, n: int, dtype):
+        import torch
+
+        tensor = torch.zeros(n, dtype=dtype, pin_memory=self.pin)
+        return tensor, tensor.numpy()  # NOTE: the numpy view shares the (pinned) memory
+
+    def page_room(self, n: int) -> np.ndarray:
+        """The page-index array, with room for at least n entries."""
+        import torch
+
+        if n > len(self.page_indices_np):
+            if n > self.max_pages:
+                raise ValueError(f"{n} page indices do not fit the graphs' buffer of {self.max_pages}")
+            # NOTE: the old buffer may still feed a queued copy: torch's pinned allocator keeps it
+            # until that copy is done
+            size = min(self.max_pages, max(n, 2 * len(self.page_indices_np)))
+            self.page_indices, self.page_indices_np = self._buffer(size, torch.int32)
+        return self.page_indices_np
+
+
+def fill_padded(step: StepInput, key: GraphKey, padding_page: int, page_size: int, out: HostLayout) -> int:
+    """pad_step + static_rows + PlanArrays.from_step in one pass of numpy, written into `out`:
+    rows[:3n] (ids, positions, KV slots of the padded step's n = key.num_tokens rows),
+    qo_indptr[:B + 1], page_indptr[:B + 1], last_page_len[:B] (B = key.batch_size) and the page
+    indices; returns the number of page indices. Exactly the values of the three functions."""
+    b, t, batch, n = step.batch_size, step.num_tokens, key.batch_size, key.num_tokens
+    extra_requests, extra_tokens = batch - b, n - t
+    if extra_requests < (0 if key.decode else 1) or extra_tokens < 0 or (key.decode and extra_tokens != extra_requests):
+        raise ValueError(f"a step of {b} requests / {t} tokens does not fit {key}")
+    qo, page_ptr, last = out.qo_indptr_np[: batch + 1], out.page_indptr_np[: batch + 1], out.last_page_len_np[:batch]
+    tables = step.page_tables
+    # one query row per request (every decode step, and verify steps with empty windows): the
+    # running sums are 0..b and each row's request is the row's own
+    ones = t == b and (b == 0 or max(step.query_lens) == 1)
+    # per-request query lengths and page counts, then their running sums in place; dummies: one
+    # token and one page each (decode), or the first one all padding rows and the others none
+    if ones and key.decode:
+        qo[:] = out.arange[: batch + 1]
+    else:
+        qo[0] = 0
+        qo[1: b + 1] = step.query_lens
+        if key.decode:
+            qo[b + 1:] = 1
+        else:
+            qo[b + 1], qo[b + 2:] = extra_tokens, 0
+        np.add.accumulate(qo, out=qo)
+    page_ptr[0] = 0
+    page_ptr[1: b + 1] = np.fromiter(map(len, tables), dtype=np.int32, count=b)
+    page_ptr[b + 1:] = 1
+    if not key.decode:
+        page_ptr[b + 1] = _pages(extra_tokens, page_size)
+    np.add.accumulate(page_ptr, out=page_ptr)
+    # last-page lengths: (kv - 1) % page_size + 1, a dummy's kv being max(its rows, 1)
+    last[b:] = 1
+    if page_size == 1:
+        last[:b] = 1
+    else:
+        last[:b] = step.kv_lens
+        last[:b] -= 1
+        np.remainder(last[:b], page_size, out=last[:b])
+        last[:b] += 1
+        if not key.decode:
+            last[b] = (max(extra_tokens, 1) - 1) % page_size + 1
+    # page indices: the tables back to back (int32 arrays, as Req.pages: one join of their
+    # buffers; lists: one pass), then the dummies'
+    total, real = int(page_ptr[batch]), int(page_ptr[b])
+    pages = out.page_room(total)
+    if real:
+        try:
+            joined = b"".join(tables)
+        except TypeError:  # not buffers (lists)
+            joined = None
+        if joined is not None and len(joined) == 4 * real and getattr(tables[0], "typecode", None) == "i":
+            pages[:real] = np.frombuffer(joined, dtype=np.int32)
+        else:
+            pages[:real] = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=real)
+    pages[real:total] = padding_page
+    # static rows: ids (dummies 0), positions (the padding rows' wrap inside the padding page),
+    # each row's KV slot: its request's page for the position, times page_size, plus the offset
+    rows = out.rows_np
+    ids, pos, slots = rows[:n], rows[n: 2 * n], rows[2 * n: 3 * n]
+    ids[:t] = step.input_ids
+    ids[t:] = 0
+    pos[:t] = step.positions
+    if key.decode:
+        pos[t:] = 0
+    else:
+        pos[t:] = out.arange[:extra_tokens] % page_size
+    # each real row's request's first page in the flat page indices
+    first = page_ptr[:b] if ones else np.repeat(page_ptr[:b], np.diff(qo[: b + 1]))
+    if page_size == 1:
+        slots[:t] = pages[first + pos[:t]]
+    else:
+        slots[:t] = pages[first + pos[:t] // page_size].astype(np.int64) * page_size + pos[:t] % page_size
+    slots[t:] = pos[t:] + padding_page * page_size
+    return total
+
+
 def graphs_disabled_reason(device_type: str, disable_cuda_graph: bool, backend_cls) -> str | None:
     """Why this rank runs eagerly only (None: capture graphs). CPUs never use graphs."""
     if device_type != "cuda":
@@ -204,14 +332,20 @@ class CudaGraphRunner:
 
         self.runner, self.plan, self.torch = runner, plan, torch
         self.draft_in_graph = runner.draft is not None and enabled_from_env()
-        self.async_inputs = getattr(runner, "overlap", False)  # see _load
-        self._loaded = None  # event after the last replay's input and plan copies (async_inputs)
         self.attn, pool = runner.attn, runner.kv_pool
         self.padding_page, self.page_size = pool.padding_page, pool.page_size
         device, dtype, n = runner.device, runner.model_dtype, plan.max_tokens
+        # the host side of the inputs, two pinned sets used in turn (see _load)
+        self.host = [HostLayout(n, plan.max_batch, plan.max_pages, pin=True) for _ in range(2)]
+        for layout in self.host:
+            layout.event = torch.cuda.Event()
+        self._next = 0  # the set the next _load fills
+        self._loaded = None  # event after the last _load's input and plan copies were queued
+        self._wrappers: dict[GraphKey, object] = {}  # each graph's FlashInfer wrapper
         with torch.inference_mode():
             self.buffers = GraphBuffers.allocate(plan.max_batch, plan.max_pages, device)
-            self.inputs = torch.zeros(3, n, dtype=torch.int64, device=device)  # ids, positions, out slots
+            # ids, positions, out slots: a graph of n rows reads inputs[:3n] as [3, n] (_rows)
+            self.inputs = torch.zeros(3 * n, dtype=torch.int64, device=device)
             self.hidden = torch.zeros(n, runner.spec.hidden_size, dtype=dtype, device=device)
             # every graph ends with the LM head and the greedy choice of every row, (token id, its
             # log-probability) as float64 (which holds every token id exactly), so a greedy step
@@ -243,8 +377,9 @@ class CudaGraphRunner:
     def _capture(self, key: GraphKey):
         torch = self.torch
         wrapper = self.attn.graph_wrapper(key.decode, key.batch_size, self.buffers)
+        self._wrappers[key] = wrapper
         with torch.inference_mode():
-            self._load(pad_step(StepInput([], [], [], [], [], []), key, self.padding_page, self.page_size), wrapper)
+            self._load(StepInput([], [], [], [], [], []), key)  # the all-dummy layout
             self._body(key)  # warm-up: compiles kernels, sets up cuBLAS outside the capture
             torch.cuda.synchronize(self.runner.device)
             graph = torch.cuda.CUDAGraph()
@@ -252,37 +387,47 @@ class CudaGraphRunner:
                 self._body(key)
         return graph, wrapper
 
-    def _load(self, padded: StepInput, wrapper) -> None:
-        """Host lists -> the static input rows; plan the graph's wrapper for this layout."""
+    def _rows(self, n: int):
+        """The static input rows of a graph of n rows: [3, n] (ids, positions, KV slots), contiguous."""
+        return self.inputs[: 3 * n].view(3, n)
+
+    def _load(self, step: StepInput, key: GraphKey) -> None:
+        """`step` padded to `key`, into the static input rows; plan the graph's wrapper for it.
+
+        Never waits for the device but for the last _load's event: the previous step may still
+        run (overlap), so every host input is copied from pinned memory without waiting."""
         from sglaunch.engine.attention.flashinfer_backend import PlanArrays
 
-        torch, n = self.torch, padded.num_tokens
-        rows = static_rows(padded, self.page_size)
-        arrays = PlanArrays.from_step(padded, self.page_size)
-        if not self.async_inputs:
-            # NOTE: a copy from pageable memory waits for the stream (the step before this one)
-            self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64).view(3, n))
-            self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
-            return
-        # overlap: the previous step may still run, so every host input is copied from pinned
-        # memory, without waiting; the plan rewrites its wrapper's pinned buffers, so the previous
-        # step's plan copies (queued before its replay, long done in practice) must have left them
-        self.inputs[:, :n].copy_(torch.tensor(rows, dtype=torch.int64, pin_memory=True).view(3, n), non_blocking=True)
-        # NOTE: FlashInfer's plan reads the indptrs and last-page lengths on the host and copies
-        # them without waiting when pinned, but copies host page indices with a blocking copy (a
-        # stream sync): those go to the device first, as SGLang passes them
-        arrays = dataclasses.replace(
-            arrays, **{f: getattr(arrays, f).pin_memory() for f in PINNED_PLAN_FIELDS},
-            page_indices=arrays.page_indices.pin_memory().to(self.runner.device, non_blocking=True))
+        n, batch = key.num_tokens, key.batch_size
+        host = self.host[self._next]
+        # the copies that read this set were queued two loads ago; the last load waited for its
+        # own (later) event, so they are done: query() is true, the wait below never runs
+        if not host.event.query():
+            host.event.synchronize()
+        pages = fill_padded(step, key, self.padding_page, self.page_size, host)
+        self.inputs[: 3 * n].copy_(host.rows[: 3 * n], non_blocking=True)
+        # NOTE: FlashInfer copies host page indices with a blocking copy in CUDA-graph mode: they
+        # go straight into the graphs' index buffer instead, and plan gets that very slice (its
+        # copy of the buffer onto itself is a no-op: torch's copy_ returns early on the same view)
+        indices = self.buffers.page_indices[:pages]
+        indices.copy_(host.page_indices[:pages], non_blocking=True)
+        arrays = PlanArrays(host.qo_indptr[: batch + 1], host.page_indptr[: batch + 1], indices,
+                            host.last_page_len[:batch], key.decode)
+        # the plan rewrites its wrapper's own pinned buffer (FlashInfer's plan info) and copies it
+        # without waiting: the last plan's copies (queued before its replay, long done in
+        # practice) must have left it
         if self._loaded is not None:
             self._loaded.synchronize()
-        self.attn.use_graph(wrapper, arrays, self.inputs[2, :n])
-        self._loaded = torch.cuda.Event()
-        self._loaded.record()
+        # NOTE: the plan reads the indptrs and last-page lengths here, on the host, and copies them
+        # without waiting (pinned); nothing rewrites this set until its event has passed
+        self.attn.use_graph(self._wrappers[key], arrays, self.inputs[2 * n: 3 * n])
+        host.event.record()
+        self._loaded, self._next = host.event, 1 - self._next
 
     def _body(self, key: GraphKey) -> None:
         torch, runner, n = self.torch, self.runner, key.num_tokens
-        hidden, features = runner.model_forward(self.inputs[0, :n], self.inputs[1, :n])
+        ids, positions, slots = self._rows(n)
+        hidden, features = runner.model_forward(ids, positions)
         self.hidden[:n].copy_(hidden)
         # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
         # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
@@ -296,7 +441,7 @@ class CudaGraphRunner:
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
-            runner.draft.write_context(features, self.inputs[1, :n], self.inputs[2, :n])
+            runner.draft.write_context(features, positions, slots)
         elif self.features is not None:
             self.features[:n].copy_(features)
 
@@ -310,15 +455,16 @@ class CudaGraphRunner:
         the graph has written the draft context K/V itself (draft_in_graph). After a decode graph,
         `logits` holds every row's logits; after any graph `greedy` holds every row's greedy choice.
         `fill(input_ids)`, when given, edits the static input ids after they are loaded."""
-        graph, wrapper = self.graphs[key]
-        self._load(pad_step(step, key, self.padding_page, self.page_size), wrapper)
+        graph, _ = self.graphs[key]
+        self._load(step, key)
+        rows = self._rows(key.num_tokens)
         if fill is not None:  # overlap: placeholder token ids take the previous step's choices
-            fill(self.inputs[0, : key.num_tokens])
+            fill(rows[0])
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
         t = step.num_tokens
         features = self.features[:t] if self.features is not None else None
-        return self.hidden[:t], features, self.inputs[1, :t], self.inputs[2, :t]
+        return self.hidden[:t], features, rows[1, :t], rows[2, :t]
 
 
 def _span(values: list[int]) -> str:

@@ -10,7 +10,9 @@ FlashInfer's "NHD" paged layout as they are: no copy, no layout change.
 
 CUDA graphs (cuda_graph.py) get one wrapper per captured shape in `use_cuda_graph=True` mode,
 over fixed-size indptr/indices buffers shared by all of them; re-planning a graph's wrapper
-before its replay refreshes those buffers in place.
+before its replay refreshes those buffers in place (CudaGraphRunner._load copies the page
+indices into the shared buffer itself and plans with that slice of it; the indptrs and last-page
+lengths come from its pinned host arrays).
 
 FlashInfer compiles its kernels on first use (JIT, minutes); FLASHINFER_WORKSPACE_BASE (read when
 flashinfer is imported) moves its cache from ~/.cache/flashinfer to $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer.
@@ -47,11 +49,16 @@ class PlanArrays:
 
     @classmethod
     def from_step(cls, step: StepInput, page_size: int) -> PlanArrays:
+        """An eager step's arrays (a graph replay's come from cuda_graph.fill_padded)."""
+        import numpy as np
+
+        last = np.array(step.kv_lens, dtype=np.int64).reshape(-1)
+        last = (last - 1) % page_size + 1
         return cls(
             qo_indptr=_indptr(step.query_lens),
-            page_indptr=_indptr([len(table) for table in step.page_tables]),
+            page_indptr=_indptr(list(map(len, step.page_tables))),
             page_indices=flat_int32(step.page_tables),
-            last_page_len=torch.tensor([(kv - 1) % page_size + 1 for kv in step.kv_lens], dtype=torch.int32),
+            last_page_len=torch.from_numpy(last.astype(np.int32)),
             is_decode=all(n == 1 for n in step.query_lens),
         )
 
@@ -78,10 +85,13 @@ def flat_int32(tables) -> torch.Tensor:
 
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    if lengths:
-        out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return out
+    """[0, running sums of lengths...] int32 on the host (numpy: one op, no small torch operators)."""
+    import numpy as np
+
+    out = np.zeros(len(lengths) + 1, dtype=np.int32)
+    if len(lengths):
+        np.cumsum(lengths, dtype=np.int32, out=out[1:])
+    return torch.from_numpy(out)
 
 
 def check_supported(kv_pool: KVPool, head_dim: int, device: torch.device) -> None:
