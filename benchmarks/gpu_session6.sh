@@ -176,6 +176,27 @@ pipeline10() {  # session 9, run 1 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
+pipeline11() {  # session 9, run 2 (the model upload, as pipeline9b; carry .out/http-wheels too): the graph tests
+  # and sync censuses after the cheaper graph _load (persistent pinned staging) and the inlined
+  # lookahead candidates; the forced-aside c=64 profile again (overlap on: plain, aside, aside
+  # without the context write); then the issue's measure, `sglaunch bench --compare` over HTTP
+  # (the bundled drafter, the held-out prompt set of issue 19, T=0, c=1/8/64), and HTTP against
+  # in-process at c=64 with FlashInfer (session 8's run used the torch backend by mistake)
+  part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  part profile64 120 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --drafter random --modes compact --concurrency 64 --steps 100 --overlap 1 --force-aside \
+    --no-context-write --json "$W/profile64.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 330 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+    --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -222,7 +243,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -35,9 +35,12 @@ class PageAllocator:
             raise ValueError(f"cannot allocate {count} pages")
         if count > len(self._free):
             return None
-        pages = [self._free.pop() for _ in range(count)]
+        free = self._free
+        pages = free[len(free) - count:][::-1]  # NOTE: what `count` pop()s return, in one slice
+        del free[len(free) - count:]
+        is_free = self._is_free
         for page in pages:
-            self._is_free[page] = False
+            is_free[page] = False
         return pages
 
     def free(self, pages: Iterable[int]) -> None:

@@ -45,28 +45,46 @@ class StepInput:
 
 def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
     """Chunks back to back; a speculating chunk contributes [anchor, drafts...] and wants the
-    logits of all those rows, a sampling chunk those of its last row."""
+    logits of all those rows, a sampling chunk those of its last row.
+    NOTE: it runs every step over every running request: locals bound once, and a one-token
+    chunk with no drafts (a decode) takes a short path."""
     step = StepInput([], [], [], [], [], [])
+    input_ids, positions, query_lens, kv_lens = step.input_ids, step.positions, step.query_lens, step.kv_lens
+    tables, samples = step.page_tables, step.sample_indices
     for chunk in chunks:
-        req = chunk.req
-        ids = req.token_ids[chunk.start : chunk.end] + chunk.draft_tokens
-        end = chunk.start + len(ids)
-        if chunk.end == len(req.token_ids) and ids[chunk.end - chunk.start - 1] < 0:
-            step.future_rows.append(len(step.input_ids) + chunk.end - chunk.start - 1)
-            step.future_sources.append(placeholder_source(ids[chunk.end - chunk.start - 1]))
-        if chunk.draft_tokens and chunk.draft_tokens[0] <= DRAFT_MARK:
-            first = len(step.input_ids) + chunk.end - chunk.start
-            step.draft_rows.extend(range(first, first + len(chunk.draft_tokens)))
-            step.draft_sources.extend(DRAFT_MARK - t for t in chunk.draft_tokens)
-        step.input_ids.extend(ids)
-        step.positions.extend(range(chunk.start, end))
-        step.query_lens.append(len(ids))
-        step.kv_lens.append(end)
-        step.page_tables.append(req.pages[: -(-end // page_size)])
+        req, start, stop = chunk.req, chunk.start, chunk.end
+        tokens, drafts = req.token_ids, chunk.draft_tokens
+        if stop - start == 1 and not drafts:
+            token, row = tokens[start], len(input_ids)
+            if token < 0 and stop == len(tokens):
+                step.future_rows.append(row)
+                step.future_sources.append(placeholder_source(token))
+            input_ids.append(token)
+            positions.append(start)
+            query_lens.append(1)
+            kv_lens.append(stop)
+            tables.append(req.pages[: -(-stop // page_size)])
+            if chunk.lookahead or stop == len(tokens):  # NOTE: Chunk.samples
+                samples.append(row)
+            continue
+        ids = tokens[start:stop] + drafts
+        end = start + len(ids)
+        if stop == len(tokens) and ids[stop - start - 1] < 0:
+            step.future_rows.append(len(input_ids) + stop - start - 1)
+            step.future_sources.append(placeholder_source(ids[stop - start - 1]))
+        if drafts and drafts[0] <= DRAFT_MARK:
+            first = len(input_ids) + stop - start
+            step.draft_rows.extend(range(first, first + len(drafts)))
+            step.draft_sources.extend(DRAFT_MARK - t for t in drafts)
+        input_ids.extend(ids)
+        positions.extend(range(start, end))
+        query_lens.append(len(ids))
+        kv_lens.append(end)
+        tables.append(req.pages[: -(-end // page_size)])
         if chunk.lookahead:
-            step.sample_indices.extend(range(len(step.input_ids) - len(ids), len(step.input_ids)))
-        elif chunk.samples:
-            step.sample_indices.append(len(step.input_ids) - 1)
+            samples.extend(range(len(input_ids) - len(ids), len(input_ids)))
+        elif stop == len(tokens):
+            samples.append(len(input_ids) - 1)
     return step
 
 
