@@ -178,15 +178,12 @@ pipeline10() {  # session 9, run 1 (no model upload: `install .whlA`, then `inst
 
 pipeline11() {  # session 9, run 2 (the model upload, as pipeline9b; carry .out/http-wheels too): the graph tests
   # and sync censuses after the cheaper graph _load (persistent pinned staging) and the inlined
-  # lookahead candidates; the forced-aside c=64 profile again (overlap on: plain, aside, aside
-  # without the context write); then the issue's measure, `sglaunch bench --compare` over HTTP
+  # lookahead candidates; then the issue's measure, `sglaunch bench --compare` over HTTP
   # (the bundled drafter, the held-out prompt set of issue 19, T=0, c=1/8/64), and HTTP against
-  # in-process at c=64 with FlashInfer (session 8's run used the torch backend by mistake)
+  # in-process at c=64 with FlashInfer (session 8's run used the torch backend by mistake), and the
+  # Qwen3-8B shape at batch 1 (random weights; overlap on: session 7 timed it synchronously, 5.81 ms)
   part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
     tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
-  part profile64 120 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
-    --drafter random --modes compact --concurrency 64 --steps 100 --overlap 1 --force-aside \
-    --no-context-write --json "$W/profile64.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   part bench 330 python3 -m sglaunch bench --compare "sglaunch serve" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
@@ -194,6 +191,8 @@ pipeline11() {  # session 9, run 2 (the model upload, as pipeline9b; carry .out/
     --concurrency 1,8,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
   part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
     --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
+  part tp8b 140 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off \
+    --concurrency 1 --requests 4 --check-prompts 1 --check-tokens 8 --time-budget 125 --build-budget 70
   touch "$W/all.done"
 }
 
@@ -201,7 +200,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile64 capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
+    for f in pytest pytest2 profile profile1 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
