@@ -196,11 +196,22 @@ pipeline11() {  # session 9, run 2 (the model upload, as pipeline9b; carry .out/
   touch "$W/all.done"
 }
 
+pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `install .whlB && launch pipeline12
+  # && wait 150`): the forced-aside c=64 profile twice (overlap on: plain, aside, aside without the
+  # draft-context write), after the cheaper graph _load: is the write's 0.5 ms of run 1 real?
+  for r in 1 2; do
+    part "profile$r" 75 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --drafter random --modes compact --concurrency 64 --steps 150 --overlap 1 --force-aside \
+      --no-context-write --json "$W/profile64_$r.json"
+  done
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
+    for f in pytest pytest2 profile profile1 profile2 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -242,7 +253,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
