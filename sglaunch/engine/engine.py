@@ -151,7 +151,7 @@ class LLMEngine:
             return [TokenOutput(req.rid, (), True, "length", prompt_tokens=req.num_prompt_tokens)]
         if not is_greedy(request.sampling):
             seed = request.sampling.seed if request.sampling.seed is not None else self._seeds.getrandbits(63)
-            self.generators[req.rid] = make_generator(seed, self.runner.device)
+            self.generators[req.rid] = make_generator(seed)  # NOTE: on the CPU (sampler.make_generator)
         self.requests[req.rid] = req
         self.scheduler.add(req)
         return []

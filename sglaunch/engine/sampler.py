@@ -1,9 +1,13 @@
 """Token sampling on rank 0: greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
-Filtering is vectorised over the batch; the random draw uses each request's own
-torch.Generator, so a seeded request samples the same tokens whatever else is in the batch.
-With a `failures` dict, a row that cannot be sampled (settings the server would refuse, e.g. a
-NaN temperature) is recorded there as that request's failure instead of failing the batch.
+Filtering and the draw are vectorised over the batch: each sampled row takes one uniform from
+its request's own torch.Generator (on the CPU: a few microseconds, where a per-row
+`torch.multinomial` on a GPU was several kernel launches), the uniforms go down in one copy, and
+every row is drawn at once by inverse CDF over its filtered probabilities. So a seeded request
+samples the same tokens whatever else is in the batch, and the step makes a fixed number of
+launches however many rows sample. With a `failures` dict, a row that cannot be sampled
+(settings the server would refuse, e.g. a NaN temperature) is recorded there as that request's
+failure instead of failing the batch.
 """
 
 from __future__ import annotations
@@ -20,10 +24,15 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
 
 
-def make_generator(seed: int, device: torch.device) -> torch.Generator:
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A request's own generator. NOTE: on the CPU by default whatever the engine's device: the
+    sampler and DSpark draw a handful of uniforms per row from it and copy them down at once."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+BAD_PROBABILITIES = "probability tensor contains either inf, nan or element < 0, or sums to 0"
 
 
 def sample(
@@ -37,44 +46,68 @@ def sample(
     row's token is then meaningless) and every other row is sampled as usual.
     """
     tokens = logits.argmax(dim=-1)  # [batch]
+    bad = None
     random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
     if random_rows:
-        probs = _filtered_rows(logits, random_rows, params, failures)
-        for row, i in enumerate(random_rows):
-            if probs[row] is None:
-                continue
-            try:
-                tokens[i] = torch.multinomial(probs[row], 1, generator=generators[i])[0]
-            except RuntimeError as exc:  # e.g. "probability tensor contains either inf, nan"
-                if failures is None:
-                    raise
-                failures[i] = exc
+        probs, kept = _filtered_rows(logits, random_rows, params, failures)
+        if kept:
+            rows = [random_rows[k] for k in kept]
+            # NOTE: one uniform per row from its own generator (the global one without), on the host
+            uniforms = [float(torch.rand(1, generator=generators[i])) for i in rows]
+            index, u = to_device([torch.tensor(rows, dtype=torch.int64),
+                                  torch.tensor(uniforms, dtype=torch.float64)], logits.device)
+            drawn, invalid = draw(probs, u)
+            tokens[index] = drawn
+            bad = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+            bad[index] = invalid
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    # NOTE: one read-back for both (float64 holds every token id and float32 value exactly)
-    host = torch.stack([tokens.double(), logprobs.double()]).tolist()
+    # NOTE: one read-back for all (float64 holds every token id and float32 value exactly)
+    parts = [tokens.double(), logprobs.double()] + ([bad.double()] if bad is not None else [])
+    host = torch.stack(parts).tolist()
+    if bad is not None:
+        for i, flag in enumerate(host[2]):
+            if flag:
+                if failures is None:
+                    raise RuntimeError(BAD_PROBABILITIES)
+                failures[i] = RuntimeError(BAD_PROBABILITIES)
     return [int(t) for t in host[0]], host[1]
 
 
+def draw(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs [n, vocab] (rows need not sum to 1), u [n] uniforms in [0, 1) -> (token per row,
+    whether the row could not be sampled: a non-finite or negative probability, or no mass).
+    Inverse CDF in float64: the token whose cumulative mass first exceeds u times the row's mass.
+    A token of probability 0 is never drawn: its cumulative mass equals the one before it, and for
+    u < 1 the product u * mass stays below the mass (a float64 product of u <= 1 - 2**-53 never
+    rounds up to it). The clamp only matters for the invalid rows."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1]
+    invalid = ~(torch.isfinite(probs).all(dim=-1) & (probs >= 0).all(dim=-1) & (total > 0))
+    index = torch.searchsorted(cdf, (u * total)[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    return index, invalid
+
+
 def _filtered_rows(logits: torch.Tensor, rows: list[int], params: list[SamplingParams],
-                   failures: dict[int, Exception] | None) -> list[torch.Tensor | None]:
-    """filtered_probs of `rows`, one tensor per row; when the batch fails and failures are
-    collected, each row is retried alone and a row that still fails becomes None."""
+                   failures: dict[int, Exception] | None) -> tuple[torch.Tensor, list[int]]:
+    """filtered_probs of `rows` -> ([k, vocab], which of `rows` they are); when the batch fails
+    and failures are collected, each row is retried alone and a row that still fails is left out
+    (recorded in failures)."""
     try:
-        return list(filtered_probs(logits[rows], [params[i] for i in rows]))
+        return filtered_probs(logits[rows], [params[i] for i in rows]), list(range(len(rows)))
     except (RuntimeError, ValueError, OverflowError) as exc:
         if failures is None:
             raise
         batch_error = exc
-    out: list[torch.Tensor | None] = []
-    for i in rows:
+    out, kept = [], []
+    for k, i in enumerate(rows):
         try:
             out.append(filtered_probs(logits[[i]], [params[i]])[0])
+            kept.append(k)
         except (RuntimeError, ValueError, OverflowError) as exc:
             failures[i] = exc
-            out.append(None)
-    if all(p is not None for p in out):  # NOTE: the batch failed but no row does alone
+    if len(kept) == len(rows):  # NOTE: the batch failed but no row does alone
         raise batch_error
-    return out
+    return (torch.stack(out) if out else logits[:0]), kept
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -150,12 +150,15 @@ class DSparkDecoder:
             verify_lens, accept_lens = self._plan(chunks, out.greedy, budget, extra_tokens, caps, verify_tiers)
             return Proposal(chunks, out.greedy, None, None, None, verify_lens, time.perf_counter() - start,
                             accept_lens)
-        draw, accept_u, sample_u = self._uniforms(reqs, greedy, generators)
-        temps, anchors, caps, greedy_mask = to_device([
+        host_u = self._uniforms(reqs, greedy, generators)
+        temps, anchors, caps, greedy_mask, *moved = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
             torch.tensor(step.anchor_tokens, dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
-            torch.tensor(greedy, dtype=torch.bool)], self.device)
+            torch.tensor(greedy, dtype=torch.bool)] + ([host_u] if host_u is not None else []), self.device)
+        G = self.gamma
+        u = moved[0] if moved else torch.zeros(len(reqs), 2 * G + 1, device=self.device)
+        draw, accept_u, sample_u = u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
                                           all_greedy=all(greedy))
         verify_lens, accept_lens = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers)
@@ -232,16 +235,17 @@ class DSparkDecoder:
             self.planner.observe([c.req.rid for c in chunks], [row[1 + G:] for row in planned])
         return verify_lens, accept_lens
 
-    def _uniforms(self, reqs, greedy: list[bool], generators: dict):
-        """Per request 2G + 1 uniforms from its own generator (zeros for greedy rows)."""
-        G = self.gamma
-        if all(greedy):  # NOTE: one allocation, not one small tensor (a kernel launch on GPUs) per request
-            u = torch.zeros(len(reqs), 2 * G + 1, device=self.device)
-        else:
-            u = torch.stack([torch.zeros(2 * G + 1, device=self.device) if g else
-                             torch.rand(2 * G + 1, generator=generators[r.rid], device=self.device)
-                             for r, g in zip(reqs, greedy)])  # [R, 2G + 1]
-        return u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
+    def _uniforms(self, reqs, greedy: list[bool], generators: dict) -> torch.Tensor | None:
+        """Per request 2G + 1 uniforms from its own (CPU) generator, zeros for greedy rows: a host
+        tensor [R, 2G + 1] that goes down with the step's other sampling inputs; None when every
+        row is greedy (NOTE: then one zeros allocation on the device, no copy)."""
+        if all(greedy):
+            return None
+        host = torch.zeros(len(reqs), 2 * self.gamma + 1)
+        for row, (r, g) in enumerate(zip(reqs, greedy)):
+            if not g:
+                host[row] = torch.rand(2 * self.gamma + 1, generator=generators.get(r.rid))
+        return host
 
     def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,
                  verify_tiers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
