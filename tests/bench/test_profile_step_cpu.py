@@ -20,22 +20,34 @@ def load(name: str, file: str):
     return module
 
 
-def test_profile_step_reports_phases_for_plain_and_dspark(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    tps = load("bench_script_tp_scaling_for_profile", "tp_scaling.py")
-    profile_step = load("bench_script_profile_step", "profile_step.py")
+def profile_small_model(tmp_path: Path, tag: str, options: list[str], drafter: bool = True) -> tuple[int, Path]:
+    """Build tp_scaling's small random target (and drafter), run profile_step.main on it with
+    `options` on the CPU in float32 -> (exit code, the JSON it wrote). Torch's thread count is
+    restored afterwards."""
+    import torch
+
+    tps = load(f"bench_script_tp_scaling_{tag}", "tp_scaling.py")
+    profile_step = load(f"bench_script_profile_step_{tag}", "profile_step.py")
     threads = torch.get_num_threads()
     try:
         args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
-                               "--device", "cpu", "--dtype", "float32"])
+                               "--device", "cpu", "--dtype", "float32"] + ([] if drafter else ["--dspark", "off"]))
         tps.build_models(args)
         out = tmp_path / "profile.json"
-        code = profile_step.main(["--model", str(tmp_path / "m" / "target"), "--drafter", str(tmp_path / "m" / "drafter"),
-                                  "--device", "cpu", "--dtype", "float32", "--modes", "static", "--steps", "3",
-                                  "--warmup", "3", "--prompt-len", "8", "--top", "5", "--json", str(out)])
+        model = ["--model", str(tmp_path / "m" / "target")]
+        if drafter:
+            model += ["--drafter", str(tmp_path / "m" / "drafter")]
+        code = profile_step.main(model + ["--device", "cpu", "--dtype", "float32", *options, "--json", str(out)])
     finally:
         torch.set_num_threads(threads)
+    return code, out
+
+
+def test_profile_step_reports_phases_for_plain_and_dspark(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    code, out = profile_small_model(tmp_path, "phases", ["--modes", "static", "--steps", "3", "--warmup", "3",
+                                                         "--prompt-len", "8", "--top", "5"])
     assert code == 0
     results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert set(results) == {"plain", "dspark-static"}
@@ -80,25 +92,15 @@ def test_profile_step_forced_aside_with_and_without_the_context_write(tmp_path, 
     pytest.importorskip("transformers")
     from sglaunch.speculative.draft_runner import DraftRunner
 
-    tps = load("bench_script_tp_scaling_for_aside", "tp_scaling.py")
-    profile_step = load("bench_script_profile_step_aside", "profile_step.py")
+    profile_step = load("bench_script_profile_step_aside_refusal", "profile_step.py")
     monkeypatch.delenv("SGLAUNCH_OVERLAP", raising=False)
     with pytest.raises(SystemExit):  # the drafter would have no context: only with --force-aside
         profile_step.main(["--model", str(tmp_path), "--no-context-write"])
     write_context, replay = DraftRunner.write_context, torch.cuda.CUDAGraph.replay
-    threads = torch.get_num_threads()
-    try:
-        args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
-                               "--device", "cpu", "--dtype", "float32"])
-        tps.build_models(args)
-        out = tmp_path / "profile.json"
-        # static: the real planner never steps aside, so every aside step here is the forced one
-        code = profile_step.main(["--model", str(tmp_path / "m" / "target"), "--drafter", str(tmp_path / "m" / "drafter"),
-                                  "--device", "cpu", "--dtype", "float32", "--modes", "static", "--overlap", "1",
-                                  "--force-aside", "--no-context-write", "--concurrency", "2", "--steps", "3",
-                                  "--warmup", "2", "--prompt-len", "8", "--top", "2", "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    # static: the real planner never steps aside, so every aside step here is the forced one
+    code, out = profile_small_model(tmp_path, "aside", [
+        "--modes", "static", "--overlap", "1", "--force-aside", "--no-context-write", "--concurrency", "2",
+        "--steps", "3", "--warmup", "2", "--prompt-len", "8", "--top", "2"])
     assert code == 0
     # every patch undone: the context write, graph replay, Tensor.tolist
     assert DraftRunner.write_context is write_context and torch.cuda.CUDAGraph.replay is replay
@@ -129,22 +131,12 @@ def test_profile_step_forced_aside_with_and_without_the_context_write(tmp_path, 
 
 
 def test_profile_step_compares_overlap_off_and_on_in_one_run(tmp_path, capsys, monkeypatch):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    tps = load("bench_script_tp_scaling_for_overlap", "tp_scaling.py")
-    profile_step = load("bench_script_profile_step_overlap", "profile_step.py")
     monkeypatch.delenv("SGLAUNCH_OVERLAP", raising=False)
-    threads = torch.get_num_threads()
-    try:
-        args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
-                               "--device", "cpu", "--dtype", "float32", "--dspark", "off"])
-        tps.build_models(args)
-        out = tmp_path / "profile.json"
-        code = profile_step.main(["--model", str(tmp_path / "m" / "target"), "--device", "cpu", "--dtype", "float32",
-                                  "--overlap", "both", "--concurrency", "2", "--steps", "3", "--warmup", "3",
-                                  "--prompt-len", "8", "--top", "3", "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    code, out = profile_small_model(tmp_path, "overlap", ["--overlap", "both", "--concurrency", "2", "--steps", "3",
+                                                          "--warmup", "3", "--prompt-len", "8", "--top", "3"],
+                                    drafter=False)
     assert code == 0
     results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert {name: r["overlap"] for name, r in results.items()} == {"plain": False, "plain+overlap": True}
