@@ -35,23 +35,31 @@ EXIT_GRACE_S = 1.0  # a process that exited: its last events get this long to ar
 
 
 class _Stream:
-    """One request's outputs (and errors) as they arrive, taken all at once by its consumer."""
+    """One request's outputs (and errors) as they arrive, taken all at once by its consumer.
 
-    __slots__ = ("items", "ready", "first_taken")
+    NOTE: a bare future per wait instead of an asyncio.Event (issue 15: once per token per
+    stream; the Event's waiter list, clear and set cost more than the wake-up itself)."""
+
+    __slots__ = ("items", "waiter", "first_taken", "_loop")
 
     def __init__(self) -> None:
         self.items: deque = deque()
-        self.ready = asyncio.Event()
+        self.waiter: asyncio.Future | None = None
         self.first_taken = False
+        self._loop = asyncio.get_running_loop()
 
     def put(self, item) -> None:
         self.items.append(item)
-        self.ready.set()
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def take(self) -> list:
         while not self.items:
-            self.ready.clear()
-            await self.ready.wait()
+            self.waiter = waiter = self._loop.create_future()
+            await waiter
         if not self.first_taken:  # NOTE: the first output goes alone: it is the time to first token
             self.first_taken = True
             return [self.items.popleft()]

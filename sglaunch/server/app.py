@@ -15,6 +15,7 @@ import sglaunch
 from sglaunch.server import native_api, openai_api
 from sglaunch.server.errors import ApiError, error_response, install_error_handlers
 from sglaunch.server.state import ServerState, server_state
+from sglaunch.server.streaming import RAW_SEND_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ SECRET_CONFIG_KEYS = frozenset({"api_key"})
 
 def create_app(state: ServerState) -> FastAPI:
     """Build the app; routes answer 503 until `state.ctx` is set (engine ready)."""
-    app = FastAPI(title="sglaunch", version=sglaunch.__version__, **_lenient_json_bodies())
+    app = SglaunchApp(title="sglaunch", version=sglaunch.__version__, **_lenient_json_bodies())
     app.state.sglaunch = state
     install_error_handlers(app)
     app.include_router(openai_api.router)
@@ -38,6 +39,16 @@ def create_app(state: ServerState) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
     _openapi_without_422(app)
     return app
+
+
+class SglaunchApp(FastAPI):
+    """FastAPI, with the server's own `send` in the scope (streaming.RAW_SEND_KEY): event streams
+    send their events through it, past the middleware's pass-through wrappers."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[RAW_SEND_KEY] = send
+        await super().__call__(scope, receive, send)
 
 
 def _openapi_without_422(app: FastAPI) -> None:

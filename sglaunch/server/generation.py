@@ -146,53 +146,67 @@ class ServerContext:
 
 
 async def stream_text(ctx: ServerContext, request: PreparedRequest) -> AsyncIterator[TextDelta]:
-    """Generate one request; yields text deltas, the last with `finish_reason` set."""
+    """Generate one request; yields text deltas, the last with `finish_reason` set.
+
+    NOTE: one async generator over the engine's stream (issue 15: every generator between the
+    engine client and the socket is resumed once per token per stream); the engine's
+    ValueError / RuntimeError become a 400 / 500 exactly where the engine raises them."""
     engine_request = GenerateRequest(request.rid, request.input_ids, request.sampling)
     ctx._track(engine_request)
     tracker = ctx.metrics.track(len(request.input_ids))
     engine_done = False
+    outputs = None
     try:
-        async with contextlib.aclosing(_engine_outputs(ctx.engine, engine_request)) as outputs, \
-                contextlib.aclosing(_deltas(ctx.tokenizer, request, outputs, tracker)) as deltas:
-            async for delta, engine_done in deltas:
-                if delta.finished:  # NOTE: settle before yielding; the consumer may not resume us
-                    tracker.finish(delta.finish_reason, delta.completion_tokens, delta.cached_tokens)
-                    if not engine_done:  # a stop string ended it: the engine is still generating
-                        await _abort_quietly(ctx.engine, request.rid)
-                        engine_done = True
-                yield delta
-                if delta.finished:
-                    return
+        detokenizer = IncrementalDetokenizer(ctx.tokenizer, request.input_ids, request.skip_special_tokens)
+        stops = StopStringMatcher(request.stop)
+        outputs = await _engine_stream(ctx.engine, engine_request)
+        next_output = outputs.__anext__
+        on_tokens = tracker.on_tokens
+        while True:
+            try:
+                output = await next_output()
+            except StopAsyncIteration:
+                break
+            except ValueError as exc:
+                raise bad_request(str(exc)) from exc
+            except RuntimeError as exc:  # the engine stopped (a rank died) or could not take the request
+                raise ApiError(500, f"The engine failed: {exc}", code="engine_error",
+                               error_type="server_error") from exc
+            if output.error is not None:  # the engine failed on this request (and only on it)
+                raise ApiError(500, f"The engine could not run this request: {output.error}",
+                               code="engine_error", error_type="server_error")
+            new_ids = output.new_token_ids
+            on_tokens(len(new_ids))
+            text = stops.feed(detokenizer.add(new_ids))
+            finished = output.finished
+            if stops.matched is None and finished:
+                text += stops.feed(detokenizer.flush())
+                text += "" if stops.matched else stops.flush()
+            if stops.matched is not None:
+                delta = _delta(output, text, "stop", stops.matched)
+            elif finished:
+                delta = _delta(output, text, _finish_reason(output), _matched_token(output))
+            elif text or new_ids:
+                yield _delta(output, text, None, None)
+                continue
+            else:
+                continue
+            # NOTE: settle before yielding; the consumer may not resume us
+            engine_done = finished
+            tracker.finish(delta.finish_reason, delta.completion_tokens, delta.cached_tokens)
+            if not engine_done:  # a stop string ended it: the engine is still generating
+                await _abort_quietly(ctx.engine, request.rid)
+                engine_done = True
+            yield delta
+            return
+        raise RuntimeError(f"engine stream of request {request.rid} ended without a finished output")
     finally:
+        if outputs is not None and hasattr(outputs, "aclose"):
+            await outputs.aclose()
         if not engine_done:
             await _abort_quietly(ctx.engine, request.rid)
             tracker.finish("abort", None, 0)
         ctx._untrack(engine_request)
-
-
-async def _deltas(tokenizer: ServerTokenizer, request: PreparedRequest,
-                  outputs: AsyncIterator[TokenOutput], tracker):
-    """(TextDelta, engine_finished) pairs; stops at the first finished delta."""
-    detokenizer = IncrementalDetokenizer(tokenizer, request.input_ids, request.skip_special_tokens)
-    stops = StopStringMatcher(request.stop)
-    async for output in outputs:
-        if output.error is not None:  # the engine failed on this request (and only on it)
-            raise ApiError(500, f"The engine could not run this request: {output.error}",
-                           code="engine_error", error_type="server_error")
-        tracker.on_tokens(len(output.new_token_ids))
-        text = stops.feed(detokenizer.add(output.new_token_ids))
-        if stops.matched is None and output.finished:
-            text += stops.feed(detokenizer.flush())
-            text += "" if stops.matched else stops.flush()
-        if stops.matched is not None:
-            yield _delta(output, text, "stop", stops.matched), output.finished
-            return
-        if output.finished:
-            yield _delta(output, text, _finish_reason(output), _matched_token(output)), True
-            return
-        if text or output.new_token_ids:
-            yield _delta(output, text, None, None), False
-    raise RuntimeError(f"engine stream of request {request.rid} ended without a finished output")
 
 
 def _delta(output: TokenOutput, text: str, reason: str | None, matched) -> TextDelta:
@@ -211,14 +225,13 @@ def _matched_token(output: TokenOutput) -> int | None:
     return None
 
 
-async def _engine_outputs(engine: AsyncEngine, request: GenerateRequest):
+async def _engine_stream(engine: AsyncEngine, request: GenerateRequest):
     """The engine's output stream; ValueError (a request the engine refuses) becomes a 400."""
     try:
         stream = engine.generate(request)
         if inspect.isawaitable(stream):
             stream = await stream
-        async for output in stream:
-            yield output
+        return stream.__aiter__()
     except ValueError as exc:
         raise bad_request(str(exc)) from exc
     except RuntimeError as exc:  # the engine stopped (a rank died) or could not take the request
@@ -246,16 +259,35 @@ async def first_then_rest(deltas: AsyncIterator[TextDelta]) -> AsyncIterator[Tex
     except BaseException:
         await iterator.aclose()
         raise
+    return _FirstThenRest(first, iterator)
 
-    async def rest() -> AsyncIterator[TextDelta]:
-        try:
-            yield first
-            async for delta in iterator:
-                yield delta
-        finally:
-            await iterator.aclose()
 
-    return rest()
+class _FirstThenRest:
+    """`first`, then the rest of `iterator`, whose steps it hands out as they are (no generator
+    of its own in between: issue 15, once per token per stream); aclose() closes `iterator`."""
+
+    __slots__ = ("_first", "_iterator", "_started")
+
+    def __init__(self, first: TextDelta, iterator):
+        self._first, self._iterator, self._started = first, iterator, False
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        if self._started:
+            return self._iterator.__anext__()
+        self._started = True
+        return _ready(self._first)
+
+    async def aclose(self) -> None:
+        self._started = True
+        self._first = None
+        await self._iterator.aclose()
+
+
+async def _ready(value):
+    return value
 
 
 async def collect_text(ctx: ServerContext, request: PreparedRequest) -> TextDelta:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
@@ -19,7 +20,7 @@ from sglaunch.server.protocol import (
     ChatCompletionRequest, CompletionRequest, OpenAISampling, stop_strings,
 )
 from sglaunch.server.state import server_state, unless_disconnected
-from sglaunch.server.streaming import STREAMED_OK, EventStreamResponse, guarded_events, sse
+from sglaunch.server.streaming import STREAMED_OK, EventStreamResponse, json_bytes, sse
 from sglaunch.server.tokenizer import ServerTokenizer
 
 router = APIRouter()
@@ -40,6 +41,41 @@ class ResponseMeta:
     def envelope(self, object_type: str, **fields: Any) -> dict[str, Any]:
         return {"id": self.id, "object": object_type, "created": self.created,
                 "model": self.model, **fields}
+
+
+# a string no text holds: where a chunk's text goes in its pre-encoded template
+_TEXT_MARK = f"\x00sglaunch-text-{uuid.uuid4().hex}\x00"
+
+
+class TextChunk:
+    """The server-sent event of a plain text chunk (no logprobs, not the last), pre-encoded
+    around its one varying field: `chunk(text)` == sse(payload with that text), byte for byte
+    (issue 15: once per token per stream; the JSON around the text never changes).
+
+    `payload`: the chunk's payload with _TEXT_MARK where the text goes.
+    """
+
+    __slots__ = ("_prefix", "_suffix", "_payload")
+
+    def __init__(self, payload: dict[str, Any]):
+        parts = sse(payload).split(json_bytes(_TEXT_MARK))
+        self._payload = payload
+        self._prefix, self._suffix = (parts[0], parts[1]) if len(parts) == 2 else (None, None)
+
+    def __call__(self, text: str) -> bytes:
+        if self._prefix is None:  # pragma: no cover - the mark was not found once: the plain way
+            return sse(_replace_mark(self._payload, text))
+        return self._prefix + json_bytes(text) + self._suffix
+
+
+def _replace_mark(value, text: str):
+    if value == _TEXT_MARK:
+        return text
+    if isinstance(value, dict):
+        return {k: _replace_mark(v, text) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_mark(v, text) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -105,7 +141,7 @@ async def create_completion(body: CompletionRequest, request: Request):
             raise bad_request("Streaming supports one prompt per request.", param="prompt")
         deltas = await first_then_rest(stream_text(ctx, prepared[0]))
         events = _completion_events(deltas, meta, logprobs, body.include_usage())
-        return EventStreamResponse(guarded_events(events))
+        return EventStreamResponse(events, guarded=True)
     results = await unless_disconnected(request, run_all(ctx, prepared))
     choices = [_completion_choice(index, result, logprobs) for index, result in enumerate(results)]
     return meta.envelope("text_completion", choices=choices, usage=_usage(results))
@@ -122,7 +158,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     if body.stream:
         deltas = await first_then_rest(stream_text(ctx, prepared))
         events = _chat_events(deltas, meta, logprobs, body.include_usage())
-        return EventStreamResponse(guarded_events(events))
+        return EventStreamResponse(events, guarded=True)
     result = await unless_disconnected(request, collect_text(ctx, prepared))
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
               "logprobs": logprobs.chat(result), "finish_reason": result.finish_reason,
@@ -202,10 +238,14 @@ def _completion_choice(index: int, delta: TextDelta, logprobs: Logprobs) -> dict
 async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
                              logprobs: Logprobs, include_usage: bool) -> AsyncIterator[bytes]:
     last = None
+    plain = None if logprobs.enabled else TextChunk(meta.envelope("text_completion", choices=[
+        {"index": 0, "text": _TEXT_MARK, "logprobs": None, "finish_reason": None, "matched_stop": None}]))
     try:
         async for delta in deltas:
             last = delta
-            if delta.text or delta.finished or logprobs.wanted_for(delta):
+            if plain is not None and delta.text and delta.finish_reason is None:
+                yield plain(delta.text)
+            elif delta.text or delta.finished or logprobs.wanted_for(delta):
                 choice = _completion_choice(0, delta, logprobs)
                 yield sse(meta.envelope("text_completion", choices=[choice]), logprobs.floats(delta))
     finally:
@@ -225,10 +265,16 @@ async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, log
                        include_usage: bool) -> AsyncIterator[bytes]:
     yield _chat_chunk(meta, {"role": "assistant", "content": ""})
     last = None
+    plain = None if logprobs.enabled else TextChunk(meta.envelope("chat.completion.chunk", choices=[
+        {"index": 0, "delta": {"content": _TEXT_MARK}, "logprobs": None, "finish_reason": None,
+         "matched_stop": None}]))
     try:
         async for delta in deltas:
             last = delta
-            if delta.text or logprobs.wanted_for(delta):
+            if plain is not None:
+                if delta.text:
+                    yield plain(delta.text)
+            elif delta.text or logprobs.wanted_for(delta):
                 yield _chat_chunk(meta, {"content": delta.text}, logprobs=logprobs.chat(delta),
                                   floats=logprobs.floats(delta))
             if delta.finished:

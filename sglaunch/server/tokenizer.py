@@ -335,7 +335,9 @@ class IncrementalDetokenizer:
         self.ids.extend(new_ids)
         if self._step is not None:
             try:
-                text = self._step(self._backend_tokenizer, list(new_ids))
+                # NOTE: one id as an int: DecodeStream.step takes it without building a list
+                text = self._step(self._backend_tokenizer,
+                                  new_ids[0] if len(new_ids) == 1 else list(new_ids))
             except Exception:  # noqa: BLE001 - e.g. an invalid prefix: the plain path decides
                 self._step = None
             else:

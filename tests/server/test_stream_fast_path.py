@@ -142,3 +142,42 @@ def test_outputs_unpacked_from_a_step_event_equal_the_engines():
     assert [hash(b) for b in back] == [hash(o) for o in outputs]
     with pytest.raises(dataclasses.FrozenInstanceError):
         back[0].rid = "x"
+
+
+@pytest.mark.parametrize("text", ["", "a", " hello", "quote \" back\\slash", "tab\tnew\nline\r\x00\x1f\x7f",
+                                  TEXT, "\u2028\u2029", "</script>", "😀" * 3])
+def test_pre_encoded_text_chunks_equal_sse_of_the_payload(text):
+    """The pre-encoded plain chunks (issue 15) are byte for byte sse() of the chunk's payload."""
+    from sglaunch.server.openai_api import _TEXT_MARK, ResponseMeta, TextChunk
+
+    meta = ResponseMeta("chatcmpl-x\"y", "model \u00fc/\"q\"", 1700000000)
+
+    def chat(content):
+        return meta.envelope("chat.completion.chunk", choices=[
+            {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None,
+             "matched_stop": None}])
+
+    def completion(content):
+        return meta.envelope("text_completion", choices=[
+            {"index": 0, "text": content, "logprobs": None, "finish_reason": None, "matched_stop": None}])
+
+    for payload in (chat, completion):
+        assert TextChunk(payload(_TEXT_MARK))(text) == sse(payload(text))
+
+
+def test_a_stream_closed_after_its_first_delta_aborts_and_untracks(tokenizer):
+    """first_then_rest's result, closed without being iterated, still ends the engine request."""
+    from sglaunch.server.generation import first_then_rest
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    engine = ScriptedEngine(per_token(ids))
+    ctx = ServerContext(engine, tokenizer, 4096, ServerMetrics(), tokenizer.vocab_size)
+    request = PreparedRequest("r", (5, 6, 7), SamplingParams(max_new_tokens=len(ids)))
+
+    async def run():
+        deltas = await first_then_rest(stream_text(ctx, request))
+        assert ctx.inflight
+        await deltas.aclose()
+
+    asyncio.run(run())
+    assert engine.aborted == ["r"] and not ctx.inflight
