@@ -32,7 +32,7 @@ async def generate(body: NativeGenerateRequest, request: Request):
             raise bad_request("Streaming supports one prompt per request.", param="text")
         deltas = await first_then_rest(stream_text(ctx, prepared[0]))
         events = _events(deltas, prepared[0], start, body.return_logprob)
-        return EventStreamResponse(events, guarded=True)
+        return EventStreamResponse(events)
     results = await unless_disconnected(request, run_all(ctx, prepared))
     bodies = [_result_body(result, req, start, body.return_logprob)
               for result, req in zip(results, prepared)]

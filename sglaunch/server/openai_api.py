@@ -141,7 +141,7 @@ async def create_completion(body: CompletionRequest, request: Request):
             raise bad_request("Streaming supports one prompt per request.", param="prompt")
         deltas = await first_then_rest(stream_text(ctx, prepared[0]))
         events = _completion_events(deltas, meta, logprobs, body.include_usage())
-        return EventStreamResponse(events, guarded=True)
+        return EventStreamResponse(events)
     results = await unless_disconnected(request, run_all(ctx, prepared))
     choices = [_completion_choice(index, result, logprobs) for index, result in enumerate(results)]
     return meta.envelope("text_completion", choices=choices, usage=_usage(results))
@@ -158,7 +158,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     if body.stream:
         deltas = await first_then_rest(stream_text(ctx, prepared))
         events = _chat_events(deltas, meta, logprobs, body.include_usage())
-        return EventStreamResponse(events, guarded=True)
+        return EventStreamResponse(events)
     result = await unless_disconnected(request, collect_text(ctx, prepared))
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
               "logprobs": logprobs.chat(result), "finish_reason": result.finish_reason,

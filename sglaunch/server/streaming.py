@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency of sglaunch[eng
 
 DONE_EVENT = b"data: [DONE]\n\n"
 # the server's own `send`, which the app puts in the scope before any middleware wraps it
-# (app.SglaunchApp): a guarded event stream sends its events straight through it
+# (app.SglaunchApp): an event stream sends its events straight through it
 RAW_SEND_KEY = "sglaunch.raw_send"
 # `responses=` of a route that streams with "stream": true (documented in the OpenAPI schema)
 STREAMED_OK = {200: {"description": "The result; with \"stream\": true, server-sent events ending "
@@ -61,15 +61,14 @@ class EventStreamResponse(StreamingResponse):
     be closed by the garbage collector). Closing it here runs the generators' `finally` blocks
     at once, which abort the engine request and free its KV pages.
 
-    `guarded=True`: the body is guarded_events(content) (an error mid-stream becomes an error
-    event, then [DONE]), done in the send loop itself: one async generator fewer per chunk
-    (issue 15: the chain of generators is resumed once per token per stream).
+    The events are guarded in the send loop itself: an error mid-stream becomes an error event,
+    then [DONE], as after a normal end (issue 15: a relaying generator would be one more in the
+    chain resumed once per token per stream).
     """
 
-    def __init__(self, content: AsyncIterator[bytes], guarded: bool = False):
+    def __init__(self, content: AsyncIterator[bytes]):
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._guarded = guarded
         self._event_send: Send | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,9 +93,6 @@ class EventStreamResponse(StreamingResponse):
             await self.body_iterator.aclose()
 
     async def stream_response(self, send: Send) -> None:
-        if not self._guarded:
-            await super().stream_response(send)
-            return
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         send = self._event_send or send
         events = self.body_iterator
@@ -106,7 +102,7 @@ class EventStreamResponse(StreamingResponse):
                 chunk = await next_event()
             except StopAsyncIteration:
                 break
-            except ApiError as exc:  # NOTE: as guarded_events: the error event, then [DONE]
+            except ApiError as exc:  # NOTE: the error event, then [DONE]
                 await send({"type": "http.response.body", "body": sse(exc.body()), "more_body": True})
                 break
             except Exception as exc:  # noqa: BLE001 - never break the stream without telling the client
@@ -118,18 +114,3 @@ class EventStreamResponse(StreamingResponse):
         await events.aclose()
         await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def guarded_events(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Relay SSE events; an error mid-stream becomes an error event, then [DONE]."""
-    try:
-        async for event in events:
-            yield event
-    except ApiError as exc:
-        yield sse(exc.body())
-    except Exception as exc:  # noqa: BLE001 - never break the stream without telling the client
-        logger.exception("Error while streaming")
-        yield sse(ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}").body())
-    finally:
-        await events.aclose()
-    yield DONE_EVENT
