@@ -656,22 +656,9 @@ def _chart_value_paths(origin: str) -> tuple[list[str], list[str]]:
     `range $k, $v := .Values.x` with `--{{ $k }}` in its body, and `{{ .Values.extraArgs }}` on a
     line of a template that also names a launcher or a flag (`... launch_server {{ .Values.extraArgs }}`)
     or in an `args:`/`command:` item."""
-    ranged = _chart_ranged_maps(origin)
-    from pathlib import Path
-
-    folder = Path(origin).resolve().parent
-    chart = next((f for f in (folder, folder.parent) if (f / "Chart.yaml").is_file() and (f / "templates").is_dir()),
-                 None)
-    used: list[str] = []
-    if chart is None:
-        return ranged, used
-    for template in sorted((chart / "templates").rglob("*")):
-        if template.suffix not in (".yaml", ".yml", ".tpl") or not template.is_file():
-            continue
-        try:
-            body = template.read_text(errors="replace")
-        except OSError:
-            continue
+    bodies = _chart_template_bodies(origin)
+    ranged, used = _chart_ranged_maps(bodies), []
+    for body in bodies:
         for line in body.split("\n"):
             if "--" not in line and not shell.mentions(line) and not re.match(r"\s*-\s*\{\{", line):
                 continue
@@ -681,10 +668,9 @@ def _chart_value_paths(origin: str) -> tuple[list[str], list[str]]:
     return ranged, used
 
 
-def _chart_ranged_maps(origin: str) -> list[str]:
-    """The `.Values` paths a chart's templates range over as key/value pairs
-    (`{{- range $k, $v := .Values.server.options }}` ... `- --{{ $k }}={{ $v }}`), for a values
-    file of that chart (a `Chart.yaml` beside it, or one folder up)."""
+def _chart_template_bodies(origin: str) -> list[str]:
+    """The text of every template (.yaml, .yml, .tpl) of the chart a values file belongs to (a
+    `Chart.yaml` and `templates/` beside it, or one folder up), in path order; none without one."""
     from pathlib import Path
 
     folder = Path(origin).resolve().parent
@@ -692,14 +678,22 @@ def _chart_ranged_maps(origin: str) -> list[str]:
                  None)
     if chart is None:
         return []
-    paths: list[str] = []
+    bodies = []
     for template in sorted((chart / "templates").rglob("*")):
         if template.suffix not in (".yaml", ".yml", ".tpl") or not template.is_file():
             continue
         try:
-            body = template.read_text(errors="replace")
+            bodies.append(template.read_text(errors="replace"))
         except OSError:
             continue
+    return bodies
+
+
+def _chart_ranged_maps(bodies: list[str]) -> list[str]:
+    """The `.Values` paths the chart's templates (`bodies`) range over as key/value pairs
+    (`{{- range $k, $v := .Values.server.options }}` ... `- --{{ $k }}={{ $v }}`)."""
+    paths: list[str] = []
+    for body in bodies:
         for match in RANGE_VALUES.finditer(body):
             close = re.search(r"\{\{-?\s*end\b", body[match.end():])
             following = body[match.end():match.end() + close.start()] if close else body[match.end():]
