@@ -17,6 +17,21 @@ from sglaunch.speculative.drafter import DraftBatch
 BUCKETS = [1, 2, 4, 8, 16, 24, 32]
 
 
+def eager_block(drafter, cfg, pool, pages, lengths, anchors, page_size, seed):
+    """Write each request's context K/V (random feature rows, positions 0..n-1 at its pages'
+    slots), then the eager block forward -> (its output, the context slot table)."""
+    for r, (table, n) in enumerate(zip(pages, lengths)):
+        slots = torch.tensor([table[i // page_size] * page_size + i % page_size for i in range(n)])
+        drafter.write_context(feature_rows(n, cfg, seed=seed + r), torch.arange(n), slots, pool)
+    table = context_slots(pages, lengths, page_size)
+    positions = torch.tensor(lengths)
+    eager = drafter.forward_block(DraftBatch(
+        anchor_tokens=torch.tensor(anchors), anchor_positions=positions,
+        ctx_features=torch.empty(0, cfg.num_features * cfg.hidden_size), ctx_positions=torch.empty(0, dtype=torch.int64),
+        ctx_slots=torch.empty(0, dtype=torch.int64), slot_table=table, ctx_lens=positions), pool)
+    return eager, table
+
+
 def test_plan_rounds_batch_to_a_bucket_and_context_to_a_power_of_two():
     plan = DraftGraphPlan(BUCKETS, max_context=2000, max_cells=1 << 14)
     assert plan.pick(1, 5) == DraftGraphKey(1, MIN_CONTEXT)
@@ -57,18 +72,10 @@ def test_padded_batch_gives_the_eager_output(tmp_path, markov):
     # three requests on pages 2.., context lengths 6, 10 and 3; page 0 (the padding's slot 0)
     # is nobody's, filled with garbage that the masks must hide
     pages, lengths, anchors = [[2, 3], [4, 5, 6], [7]], [6, 10, 3], [10, 20, 30]
-    for r, (table, n) in enumerate(zip(pages, lengths)):
-        slots = torch.tensor([table[i // page_size] * page_size + i % page_size for i in range(n)])
-        drafter.write_context(feature_rows(n, cfg, seed=40 + r), torch.arange(n), slots, pool)
     for layer in range(cfg.num_layers):
         pool.k[layer][:page_size] = 1e3
         pool.v[layer][:page_size] = -1e3
-    table = context_slots(pages, lengths, page_size)
-    positions = torch.tensor(lengths)
-    eager = drafter.forward_block(DraftBatch(
-        anchor_tokens=torch.tensor(anchors), anchor_positions=positions,
-        ctx_features=torch.empty(0, cfg.num_features * cfg.hidden_size), ctx_positions=torch.empty(0, dtype=torch.int64),
-        ctx_slots=torch.empty(0, dtype=torch.int64), slot_table=table, ctx_lens=positions), pool)
+    eager, table = eager_block(drafter, cfg, pool, pages, lengths, anchors, page_size, seed=40)
     key = DraftGraphPlan(BUCKETS, max_context=256).pick(3, max(lengths))
     assert key == DraftGraphKey(4, MIN_CONTEXT)
     static = torch.zeros(key.flat_size + 50, dtype=torch.int64)  # a larger static buffer, as on the GPU
@@ -95,15 +102,7 @@ def test_runner_captures_at_start_up_only_and_shares_its_outputs(tmp_path):
     runner.capture_all()
     assert runner.captures == len(plan.keys()) == 6 and set(runner.graphs) == set(plan.keys())
     pages, lengths, anchors = [[2, 3], [4, 5, 6]], [6, 10], [10, 20]
-    for r, (table, n) in enumerate(zip(pages, lengths)):
-        slots = torch.tensor([table[i // page_size] * page_size + i % page_size for i in range(n)])
-        drafter.write_context(feature_rows(n, cfg, seed=50 + r), torch.arange(n), slots, pool)
-    table = context_slots(pages, lengths, page_size)
-    positions = torch.tensor(lengths)
-    eager = drafter.forward_block(DraftBatch(
-        anchor_tokens=torch.tensor(anchors), anchor_positions=positions,
-        ctx_features=torch.empty(0, cfg.num_features * cfg.hidden_size), ctx_positions=torch.empty(0, dtype=torch.int64),
-        ctx_slots=torch.empty(0, dtype=torch.int64), slot_table=table, ctx_lens=positions), pool)
+    eager, table = eager_block(drafter, cfg, pool, pages, lengths, anchors, page_size, seed=50)
     key = runner.pick(2, max(lengths))
     assert key == DraftGraphKey(2, MIN_CONTEXT)
     out = runner.run(key, padded_inputs(anchors, lengths, table, key), 2)
