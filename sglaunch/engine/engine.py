@@ -73,6 +73,11 @@ class LLMEngine:
             from sglaunch.speculative.decoder import DSparkDecoder
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
+        self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
+        if self.spec is not None and getattr(runner, "burst", None) is not None:
+            from sglaunch.speculative.burst import BurstPolicy
+
+            self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations)
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
         self.overlap = runner.overlap
@@ -124,6 +129,29 @@ class LLMEngine:
                     ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(draft.items())),
                     ", ".join(f"{r} req {s * 1e3:.1f} ms" for r, s in sorted(decode.items())))
 
+    def profile_bursts(self) -> None:
+        """With bursts and a step-cost table to compare them with (the plain decode's cost): time
+        a burst iteration per batch size now (BurstPolicy decides with it; without it, every
+        all-greedy decode batch that fits bursts)."""
+        if self.burst is None or self.spec.planner.sps is None:
+            return
+        from sglaunch.speculative.burst import profile_costs
+
+        top = min(self.limits.max_running_requests, self.runner.burst.max_batch)
+        counts = sorted({1 << i for i in range(12) if 1 << i <= top} | {top})
+        start = time.perf_counter()
+        try:
+            self.burst.costs = profile_costs(self, counts)
+        except ValueError as exc:
+            logger.warning("DSpark: no burst profile (%s); bursts off", exc)
+            self.burst = None
+            return
+        finally:
+            self.spec.stats = type(self.spec.stats)(self.spec.gamma)
+        logger.info("DSpark bursts: %d iterations at most; profiled in %.1f s (%s per iteration)",
+                    self.burst.max_iterations, time.perf_counter() - start,
+                    ", ".join(f"{r} req {s * 1e3:.2f} ms" for r, s in sorted(self.burst.costs.items())))
+
     def _profile_request_counts(self, plan) -> tuple[int, ...]:
         """Request counts of the draft and decode profiles: those of the verify sizes plus powers
         of two up to max_running_requests, as many as the free KV pool holds at once."""
@@ -174,6 +202,9 @@ class LLMEngine:
             return self._step_overlapped()
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
+        burst = self._burst_plan(chunks)
+        if burst is not None:
+            return self._run_burst(chunks, burst)
         outputs = self._step_now(chunks, self._decide(chunks))
         if self.spec is not None:  # what the planned step really took (calibrates its step costs)
             self.spec.planner.observe_step_seconds(time.perf_counter() - began)
@@ -214,6 +245,15 @@ class LLMEngine:
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)
         drained: list[TokenOutput] = []
+        burst = self._burst_plan(chunks)
+        if burst is not None:  # drain first: the anchors must be real ids
+            if self._in_flight is not None:
+                drained = self._resolve_in_flight()
+                self.overlap_counts["drains"] += 1
+                chunks = [c for c in chunks if c.req.status is ReqStatus.RUNNING]
+            if self.spec is not None:
+                self.spec.planner.observe_step_seconds(None)
+            return drained + (self._run_burst(chunks, burst) if chunks else [])
         if self.spec is not None and chunks:
             decision = self._decide(chunks)
             drain_seconds = 0.0
@@ -307,6 +347,61 @@ class LLMEngine:
         outputs = self._outputs(chunks, sampled, logprobs, finished)
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
+
+    # ---- DSpark bursts ------------------------------------------------------------------------
+    def _burst_plan(self, chunks: list[Chunk]) -> int | None:
+        """The iterations of a DSpark burst for these chunks, or None for the usual step: every
+        chunk must be a greedy running decode that could speculate, the batch must fit a burst
+        graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step.
+        NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
+        policy = self.burst
+        if policy is None or not chunks:
+            return None
+        if any(not is_greedy(c.req.sampling) for c in chunks):
+            return None
+        if len(self.scheduler.lookahead_candidates(chunks)) != len(chunks):
+            return None
+        planner, R = self.spec.planner, len(chunks)
+        prior = 1.0 + sum(planner.prior)
+        plain = None
+        if planner.sps is not None:
+            scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
+            plain = planner.sps.plain_step_seconds(R) * scale
+        if not policy.worth(R, plain, prior):
+            return None
+        context = self.limits.context_length
+        n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
+                              [context - c.start for c in chunks], prior)
+        if n < 1 or self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
+            return None
+        if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
+            return None
+        return n
+
+    def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
+        """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
+        the stop rules, request by request."""
+        from sglaunch.speculative.burst import BurstInput
+
+        start = time.perf_counter()
+        burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
+                           [c.req.pages for c in chunks], iterations)
+        result = self._on_all_ranks("burst", burst, self.runner.run_burst)
+        seconds = time.perf_counter() - start
+        sampled, logprobs = [], []
+        for r in range(len(chunks)):
+            tokens, lps = result.request_tokens(r)
+            sampled.append(tokens)
+            logprobs.append(lps)
+        self.counters["steps"] += iterations
+        gamma = self.spec.gamma
+        for accepted in result.accepted:
+            self.spec.stats.record_step([n + 1 for n in accepted], len(chunks) * (gamma + 1), 0.0,
+                                        seconds / iterations)
+        self.spec.planner.skip_step()
+        self.burst.observe(result.accepted, seconds, len(chunks))
+        finished = self.scheduler.commit(chunks, sampled)
+        return self._outputs(chunks, sampled, logprobs, finished)
 
     def _decide(self, chunks: list[Chunk]):
         """DSpark's decision before anything is drafted or reserved -> (candidates, extra tokens,

@@ -112,6 +112,7 @@ def create_engine(config: EngineConfig):
         runner = ModelRunner(config, spec, tp, rank_device(config, 0), show_progress=True)
         engine = LLMEngine(config, runner, tp, on_tp_failure=cluster.fail)
         engine.profile_sps_if_missing()
+        engine.profile_bursts()
         return engine, cluster
     except BaseException:
         cluster.abort_startup()

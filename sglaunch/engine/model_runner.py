@@ -115,6 +115,26 @@ class ModelRunner:
             from sglaunch.speculative.draft_graphs import start_up_graphs
 
             start_up_graphs(self)  # every drafter graph, now (none is captured while serving)
+        self.burst = self._start_bursts()
+
+    def _start_bursts(self):
+        """DSpark bursts (speculative/burst.py) when SGLAUNCH_DSPARK_BURST allows them: their
+        graphs, with CUDA graphs, are captured now (none while serving)."""
+        if self.draft is None:
+            return None
+        from sglaunch.speculative.burst import BurstRunner, iterations_from_env
+
+        iterations = iterations_from_env(self.device.type, self.graphs is not None)
+        if not iterations:
+            return None
+        sizes = list(self.graphs.plan.decode_sizes) if self.graphs is not None else [1]
+        burst = BurstRunner(self, iterations, sizes, self.context_length, graphs=self.graphs is not None)
+        burst.capture_all()
+        return burst
+
+    def run_burst(self, burst):
+        """Every rank runs a DSpark burst; rank 0 gets its results (BurstResult)."""
+        return self.burst.run(burst, read=self.tp.rank == 0)
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner

@@ -211,6 +211,21 @@ class Scheduler:
             if lookahead > 0 and self._reserve(chunk.req, chunk.end + lookahead):
                 chunk.lookahead = lookahead
 
+    def reserve_burst(self, chunks: list[Chunk], positions: int) -> bool:
+        """A DSpark burst: pages for `positions` more positions after each chunk's anchor, for
+        every chunk or for none (False: the pool, radix pages evicted, cannot hold them all; then
+        nothing is reserved). Sets each chunk's lookahead so commit() trims what the burst's
+        committed tokens do not use. NOTE: like speculation, a burst never preempts."""
+        need = sum(max(0, self._pages_for(c.end + positions) - len(c.req.pages)) for c in chunks)
+        spare = self.allocator.num_free + (self.radix.evictable_pages if self.radix else 0)
+        if need > spare:
+            return False
+        for chunk in chunks:
+            if not self._reserve(chunk.req, chunk.end + positions):  # NOTE: cannot fail after the count
+                raise RuntimeError("the KV pool lost pages while a burst was reserved")
+            chunk.lookahead = positions
+        return True
+
     def _chunk_lookahead(self, chunk: Chunk) -> int:
         req = chunk.req
         if chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING:

@@ -54,6 +54,8 @@ def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
             runner.forward(command[1])
         elif command[0] == "draft":
             runner.draft_block(command[1])
+        elif command[0] == "burst":
+            runner.run_burst(command[1])
         elif command[0] == "shutdown":
             heartbeat.stopping.set()
             tp.barrier()

@@ -1,0 +1,442 @@
+"""DSpark bursts: several drafting steps of an all-greedy decode batch run back to back on the
+device, with one read-back at the end.
+
+A synchronous drafting step is a serial chain: the host lays out the draft, the device drafts,
+the host lays out and plans the verify, the device verifies, the host waits, accepts, commits and
+schedules the next one. On an H200 at batch 1 that chain took 3.1 ms for 1.64 ms of device work
+(benchmarks/NOTES.md, session 9, run 1 row 3), so drafting could not beat a pipelined plain step
+(1.0 ms) at an accept length near 2.2. In a burst nothing in an iteration needs the host:
+
+- the drafter reads its anchors and context lengths from device buffers (its attention is a
+  masked SDPA over a slot table, plan-free already);
+- the verify's attention is `BurstAttention`: the same gathered-SDPA shape, keys through the
+  burst's slot table, causal by each row's device position, so no FlashInfer plan (which needs
+  the KV lengths on the host) is made per iteration;
+- the greedy accept runs on the device: request r accepts n_r drafts (the leading ones equal to
+  the target's greedy choices), its committed tokens are the target's choices at rows 0 .. n_r,
+  and its next anchor and position are written back into the input buffers for the next iteration.
+
+One iteration is one CUDA graph per (batch bucket, slot-table width) key, captured at start-up,
+replayed N times; each replay's result row ([tokens, log-probabilities, n]) is copied into a
+ring, and the ring is read back once. Every window is full (all gamma drafts verified), as in
+static mode. KV for N * (gamma + 1) positions per request is reserved before the burst; the stop
+rules are applied when the engine commits, so tokens past a stop are dropped and pages that only
+held them are freed (`Scheduler._trim_pages`). On a CPU the same body runs eagerly.
+
+The engine bursts only when `BurstPolicy` expects it to commit more tokens per second than a plain
+step (start-up profile of a burst iteration per batch size against the pipelined plain decode,
+and the measured accept length of past bursts); otherwise the usual planner decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Sequence
+
+logger = logging.getLogger(__name__)
+
+BURST_ENV = "SGLAUNCH_DSPARK_BURST"  # 0: off; N: at most N iterations a burst; auto: DEFAULT_ITERATIONS on CUDA
+DEFAULT_ITERATIONS = 4
+MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
+MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
+RELAX = 0.02  # per step that does not burst, the accept estimate moves this far back toward the prior
+DECAY = 0.8  # weight of the old accept estimate per burst
+
+
+def iterations_from_env(device_type: str, graphs: bool) -> int:
+    """SGLAUNCH_DSPARK_BURST, read once at start-up: 0 (off), a positive number of iterations, or
+    auto (the default): DEFAULT_ITERATIONS on a CUDA device with graphs, off elsewhere."""
+    value = os.environ.get(BURST_ENV, "auto").strip().lower() or "auto"
+    if value == "auto":
+        return DEFAULT_ITERATIONS if device_type == "cuda" and graphs else 0
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{BURST_ENV}={value!r}: expected 0 (off), a number of iterations such as 4, "
+                         "or auto (the default)") from None
+    if n < 0:
+        raise ValueError(f"{BURST_ENV}={value!r}: the number of iterations must be >= 0")
+    return n
+
+
+@dataclass
+class BurstInput:
+    """What every rank needs to run a burst of `iterations` for R requests (host values)."""
+
+    anchors: list[int]  # [R] each request's last committed token (not yet in the KV)
+    starts: list[int]  # [R] its position (= tokens in the KV)
+    page_tables: list  # [R] its pages, covering starts[r] + iterations * (gamma + 1) positions
+    iterations: int
+
+
+@dataclass
+class BurstResult:
+    """Per iteration k and request r: n[k][r] accepted drafts, committed tokens tokens[k][r]
+    (n + 1 of them) and their log-probabilities."""
+
+    accepted: list[list[int]]
+    tokens: list[list[list[int]]]
+    logprobs: list[list[list[float]]]
+
+    def request_tokens(self, r: int) -> tuple[list[int], list[float]]:
+        out, lps = [], []
+        for k in range(len(self.accepted)):
+            out += self.tokens[k][r]
+            lps += self.logprobs[k][r]
+        return out, lps
+
+
+def slot_rows(page_tables, lengths: Sequence[int], page_size: int, width: int, fill: int):
+    """[R, width] int64 numpy: the KV slot of positions 0 .. width - 1 of each request; positions
+    at or past lengths[r] take `fill` (a padding slot: never written by a real row, masked)."""
+    import numpy as np
+
+    R = len(page_tables)
+    out = np.full((R, width), fill, dtype=np.int64)
+    col = np.arange(width, dtype=np.int64)
+    for r, (table, n) in enumerate(zip(page_tables, lengths)):
+        n = min(int(n), width)
+        if n <= 0:
+            continue
+        pages = np.asarray(table, dtype=np.int32)
+        out[r, :n] = pages[col[:n] // page_size].astype(np.int64) * page_size + col[:n] % page_size
+    return out
+
+
+class BurstAttention:
+    """Attention of a burst's verify rows: every request has Q query rows at device positions;
+    its keys are gathered from the KV pool through a [B, C] slot table, each query seeing the
+    columns at or before its own position. No per-step host metadata, so it is captured in a
+    CUDA graph whatever the requests' lengths. bind() sets the step's device tensors."""
+
+    supports_cuda_graph = True
+
+    def __init__(self, kv_pool, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.kv_pool, self.num_heads, self.num_kv_heads, self.head_dim = kv_pool, num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.meta = None
+
+    def bind(self, slot_table, positions, out_slots, queries: int) -> None:
+        import torch
+
+        B, C = slot_table.shape
+        self.table, self.queries = slot_table, queries
+        col = torch.arange(C, device=slot_table.device)
+        self.mask = (col[None, None, :] <= positions.view(B, queries, 1)).unsqueeze(1)  # [B, 1, Q, C]
+        self.meta = SimpleNamespace(out_slots=out_slots)
+
+    def kv_destination(self, layer: int):
+        return self.kv_pool.k[layer], self.kv_pool.v[layer], self.meta.out_slots
+
+    def forward(self, layer: int, q, k, v):
+        import torch.nn.functional as F
+
+        if k is not None:
+            self.kv_pool.write(layer, self.meta.out_slots, k, v)
+        B, C = self.table.shape
+        flat = self.table.reshape(-1)
+        keys = self.kv_pool.k[layer].index_select(0, flat).view(B, C, self.num_kv_heads, self.head_dim).to(q.dtype)
+        values = self.kv_pool.v[layer].index_select(0, flat).view(B, C, self.num_kv_heads, self.head_dim).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q.view(B, self.queries, self.num_heads, self.head_dim).transpose(1, 2), keys.transpose(1, 2),
+            values.transpose(1, 2), attn_mask=self.mask, scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads)  # [B, heads, Q, hd]
+        return out.transpose(1, 2).reshape(B * self.queries, self.num_heads, self.head_dim)
+
+
+@dataclass(frozen=True)
+class BurstKey:
+    batch: int  # requests in the graph, dummies included
+    context: int  # slot-table width (positions 0 .. context - 1)
+
+
+class BurstRunner:
+    """The burst of one rank: static device buffers, one iteration body per BurstKey (a CUDA graph
+    captured at start-up on GPUs, run eagerly on CPUs), the ring of per-iteration results."""
+
+    def __init__(self, runner, max_iterations: int, batch_sizes: Sequence[int], max_context: int, graphs: bool):
+        import torch
+
+        from sglaunch.speculative.draft_graphs import MAX_CELLS, MIN_CONTEXT, _round_up_pow2
+
+        self.runner, self.torch = runner, torch
+        self.draft = runner.draft
+        self.gamma = self.draft.block_size
+        self.Q = self.gamma + 1
+        self.max_iterations = max_iterations
+        self.page_size = runner.kv_pool.page_size
+        self.device = runner.device
+        self.batch_sizes = sorted(b for b in batch_sizes if b <= MAX_BATCH) or [min(batch_sizes)]
+        self.graphs_on = graphs
+        self.min_context, self.max_context = MIN_CONTEXT, _round_up_pow2(max(max_context, MIN_CONTEXT))
+        self.max_cells = MAX_CELLS
+        Bmax = max(self.batch_sizes) if graphs else MAX_BATCH
+        self.max_batch = Bmax
+        widest = min(self.max_context, max(MIN_CONTEXT, _round_down(self.max_cells // Bmax)))
+        self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * widest)
+        heads, kv_heads = runner.spec.num_heads // runner.tp.size, runner.spec.num_kv_heads // runner.tp.size
+        self.attn = BurstAttention(runner.kv_pool, heads, kv_heads, runner.spec.head_dim)
+        # padding slot: the KV pool's padding page with graphs (dummy rows write there); slot 0
+        # without (a CPU burst has no dummy rows, and padding columns are masked)
+        pad_page = runner.kv_pool.padding_page
+        self.fill_slot = pad_page * self.page_size if pad_page is not None else 0
+        dev = self.device
+        with torch.inference_mode():
+            # flat int64 input: anchors [B], starts [B], live [B], slot table [B, C] (per key)
+            self.flat = torch.zeros(self.max_flat, dtype=torch.int64, device=dev)
+            self.host_flat = torch.zeros(self.max_flat, dtype=torch.int64, pin_memory=dev.type == "cuda")
+            self.result = torch.zeros(Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
+            self.ring = torch.zeros(max(1, max_iterations), Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
+            self.arange = torch.arange(self.Q, device=dev)
+        self.graphs: dict[BurstKey, object] = {}
+        self.replays = 0
+        self.bursts = 0
+
+    # ---- keys -----------------------------------------------------------------------------
+    def pick(self, batch: int, context: int) -> BurstKey | None:
+        """The key of a burst of `batch` requests touching positions < context; None: none fits."""
+        from sglaunch.speculative.draft_graphs import _round_up_pow2
+
+        width = _round_up_pow2(max(context, self.min_context))
+        if not self.graphs_on:
+            if batch > self.max_batch or batch * width > self.max_cells or width > self.max_context:
+                return None
+            return BurstKey(batch, width)
+        bucket = next((b for b in self.batch_sizes if b >= batch), None)
+        key = BurstKey(bucket, width) if bucket is not None else None
+        return key if key in self.graphs else None
+
+    def keys(self) -> list[BurstKey]:
+        keys = []
+        for b in self.batch_sizes:
+            width = self.min_context
+            while width <= self.max_context and b * width <= self.max_cells:
+                keys.append(BurstKey(b, width))
+                width *= 2
+        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
+
+    # ---- the iteration ----------------------------------------------------------------------
+    def _views(self, key: BurstKey):
+        B, C = key.batch, key.context
+        f = self.flat
+        return f[:B], f[B: 2 * B], f[2 * B: 3 * B], f[3 * B: 3 * B + B * C].view(B, C)
+
+    def _body(self, key: BurstKey) -> None:
+        """One drafting step of the burst, from and into the static buffers."""
+        torch, runner, G, Q = self.torch, self.runner, self.gamma, self.Q
+        from sglaunch.speculative.drafter import DraftBatch
+
+        anchors, starts, live, table = self._views(key)
+        B, C = key.batch, key.context
+        empty = anchors.new_empty(0)
+        drafter = self.draft.drafter
+        batch = DraftBatch(anchor_tokens=anchors, anchor_positions=starts,
+                           ctx_features=torch.empty(0, drafter.config.num_features * drafter.config.hidden_size,
+                                                    dtype=drafter.dtype, device=anchors.device),
+                           ctx_positions=empty, ctx_slots=empty, slot_table=table, ctx_lens=starts)
+        out = drafter.forward_block(batch, self.draft.pool)
+        drafts = drafter.greedy_block(out, anchors).tokens  # [B, G]
+        ids = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)  # [B * Q]
+        positions = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
+        slots = table.gather(1, positions).reshape(-1)
+        positions = positions.reshape(-1)
+        self.attn.bind(table, positions, slots, Q)
+        hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
+        self.draft.write_context(features, positions, slots)
+        logits = runner.model.compute_logits(hidden).float()  # [B * Q, V]
+        choice = logits.argmax(dim=-1)
+        lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0]
+        choice = choice.view(B, Q)
+        n = (drafts == choice[:, :G]).to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B] accepted drafts
+        self.result[:B, :Q].copy_(choice)
+        self.result[:B, Q: 2 * Q].copy_(lp.view(B, Q))
+        self.result[:B, 2 * Q].copy_(n)
+        # the next iteration's inputs: anchor = the choice after the last accepted draft
+        anchors.copy_(choice.gather(1, n[:, None])[:, 0] * live)
+        starts.add_((n + 1) * live)
+
+    @property
+    def captured(self) -> int:
+        return len(self.graphs)
+
+    def capture_all(self) -> None:
+        """Every key, largest first, into one graph pool (GPU with graphs only)."""
+        torch = self.torch
+        if not self.graphs_on:
+            return
+        start, pool = time.perf_counter(), torch.cuda.graph_pool_handle()
+        with torch.inference_mode():
+            for key in self.keys():
+                anchors, starts, live, table = self._views(key)
+                anchors.zero_(), starts.zero_(), live.zero_()
+                table.fill_(self.fill_slot)
+                self._body(key)  # warm-up (dummy rows only: they write the padding page)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._body(key)
+                self.graphs[key] = graph
+        logger.info("DSpark bursts: %d CUDA graphs (batch %s, context %d-%d) captured in %.1f s", len(self.graphs),
+                    ",".join(map(str, self.batch_sizes)), self.min_context,
+                    max((k.context for k in self.graphs), default=0), time.perf_counter() - start)
+
+    # ---- a burst -------------------------------------------------------------------------
+    def context_needed(self, starts: Sequence[int], iterations: int) -> int:
+        return max(starts) + iterations * self.Q
+
+    def run(self, burst: BurstInput, read: bool = True) -> BurstResult | None:
+        """All iterations of a burst on this rank; rank 0 (read=True) reads the results back."""
+        torch, Q = self.torch, self.Q
+        R, N = len(burst.anchors), burst.iterations
+        if not 1 <= N <= self.max_iterations:
+            raise ValueError(f"a burst of {N} iterations (at most {self.max_iterations})")
+        key = self.pick(R, self.context_needed(burst.starts, N))
+        if key is None:
+            raise ValueError(f"no burst graph for {R} requests up to position {self.context_needed(burst.starts, N)}")
+        B, C = key.batch, key.context
+        host = self.host_flat[: 3 * B + B * C].numpy()
+        host[: 3 * B] = 0
+        host[:R] = burst.anchors
+        host[B: B + R] = burst.starts
+        host[2 * B: 2 * B + R] = 1
+        lengths = [s + N * Q for s in burst.starts]
+        grid = host[3 * B:].reshape(B, C)
+        grid[:R] = slot_rows(burst.page_tables, lengths, self.page_size, C, self.fill_slot)
+        grid[R:] = self.fill_slot
+        with torch.inference_mode():
+            self.flat[: 3 * B + B * C].copy_(self.host_flat[: 3 * B + B * C], non_blocking=True)
+            graph = self.graphs.get(key)
+            for k in range(N):
+                if graph is not None:
+                    graph.replay()
+                else:
+                    self._body(key)
+                self.ring[k, :B].copy_(self.result[:B])
+            self.replays += N
+            self.bursts += 1
+            if not read:
+                return None
+            rows = self.ring[:N, :R].cpu().tolist()  # NOTE: the burst's one read-back
+        accepted = [[int(row[2 * Q]) for row in rows[k]] for k in range(N)]
+        tokens = [[[int(t) for t in row[: n + 1]] for row, n in zip(rows[k], accepted[k])] for k in range(N)]
+        lps = [[row[Q: Q + n + 1] for row, n in zip(rows[k], accepted[k])] for k in range(N)]
+        return BurstResult(accepted, tokens, lps)
+
+
+def _round_down(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n > 0 else 0
+
+
+@dataclass
+class BurstPolicy:
+    """When to burst (rank 0, torch-free): a burst iteration of R requests is expected to commit
+    R * A tokens (A: the measured accept length of past bursts, the planner's prior before any)
+    in costs(R) seconds; a pipelined plain step commits R tokens in plain_seconds. It bursts when
+    that rate beats plain by MIN_GAIN. Without a profile (static mode, CPU) it always bursts."""
+
+    gamma: int
+    max_iterations: int
+    costs: dict[int, float] = field(default_factory=dict)  # requests -> seconds per iteration (profiled)
+    accept: float | None = None  # running estimate of committed tokens per request-iteration
+    scale: float = 1.0  # measured / profiled seconds per iteration
+    bursts: int = 0
+    declined: int = 0
+
+    def iteration_seconds(self, requests: int) -> float | None:
+        if not self.costs:
+            return None
+        xs = sorted(self.costs)
+        i = bisect.bisect_left(xs, requests)
+        if i < len(xs) and xs[i] == requests:
+            return self.costs[requests] * self.scale
+        if i == 0:
+            return self.costs[xs[0]] * self.scale
+        if i == len(xs):  # past the largest: linear in the requests beyond it
+            return self.costs[xs[-1]] * requests / xs[-1] * self.scale
+        lo, hi = xs[i - 1], xs[i]
+        w = (requests - lo) / (hi - lo)
+        return ((1 - w) * self.costs[lo] + w * self.costs[hi]) * self.scale
+
+    def expected_accept(self, prior: float) -> float:
+        return self.accept if self.accept is not None else prior
+
+    def worth(self, requests: int, plain_seconds: float | None, prior: float) -> bool:
+        """Whether a burst of `requests` pays against a plain step of plain_seconds (None: no
+        basis to compare: burst)."""
+        seconds = self.iteration_seconds(requests)
+        if seconds is None or plain_seconds is None:
+            return True
+        rate = requests * self.expected_accept(prior) / seconds
+        ok = rate >= MIN_GAIN * requests / plain_seconds
+        if not ok:
+            self.declined += 1
+            if self.accept is not None:  # NOTE: drift back toward the prior so a bad patch is retried
+                self.accept += RELAX * (prior - self.accept)
+        return ok
+
+    def iterations(self, left_new: Sequence[int], left_context: Sequence[int], prior: float) -> int:
+        """Iterations of the next burst: at most max_iterations, none past any request's context
+        (left_context: positions left before the context length, per request), and no more than
+        the request nearest its max_new_tokens is expected to need."""
+        q = self.gamma + 1
+        by_context = min(c // q for c in left_context)
+        per_iteration = max(1.0, self.expected_accept(prior))
+        by_length = max(1, int(-(-min(left_new) // per_iteration)))
+        return max(0, min(self.max_iterations, by_context, by_length))
+
+    def observe(self, accepted: list[list[int]], seconds: float, requests: int) -> None:
+        """A burst's accepted drafts [N][R] and wall time: the accept estimate and the cost scale."""
+        self.bursts += 1
+        n = sum(len(row) for row in accepted)
+        if n:
+            mean = 1.0 + sum(map(sum, accepted)) / n
+            self.accept = mean if self.accept is None else DECAY * self.accept + (1 - DECAY) * mean
+        modelled = self.iteration_seconds(requests)
+        if modelled and accepted:
+            ratio = seconds / len(accepted) / (modelled / self.scale)
+            if 1 / 3 <= ratio <= 3:  # NOTE: a GC pause or a first replay is no steady-state cost
+                self.scale = 0.9 * self.scale + 0.1 * ratio
+
+
+def profile_costs(engine, counts: Sequence[int], context_len: int = 128, repeats: int = 5) -> dict[int, float]:
+    """Seconds per burst iteration by number of requests (synthetic greedy requests at position
+    context_len), median of `repeats` bursts of the runner's maximum iterations, on every rank."""
+    import math
+    import random
+
+    import torch
+
+    runner = engine.runner.burst
+    rng, out, N = random.Random(3), {}, runner.max_iterations
+    cuda = engine.runner.device.type == "cuda"
+    vocab, page = engine.runner.spec.vocab_size, engine.config.page_size
+    for R in counts:
+        if runner.pick(R, context_len + N * runner.Q) is None:
+            continue
+        borrowed: list[int] = []
+        try:
+            tables = []
+            for _ in range(R):
+                pages = engine.allocator.alloc(math.ceil((context_len + N * runner.Q) / page))
+                if pages is None:
+                    raise ValueError(f"the KV pool cannot hold a {R}-request burst")
+                borrowed += pages
+                tables.append(pages)
+            burst = BurstInput([rng.randrange(vocab) for _ in range(R)], [context_len] * R, tables, N)
+            times = []
+            for _ in range(2 + repeats):
+                if cuda:
+                    torch.cuda.synchronize(engine.runner.device)
+                start = time.perf_counter()
+                engine._on_all_ranks("burst", burst, engine.runner.run_burst)
+                times.append(time.perf_counter() - start)
+            out[R] = statistics.median(times[2:]) / N
+        finally:
+            engine.allocator.free(borrowed)
+    return out

@@ -1,0 +1,190 @@
+"""DSpark bursts (speculative/burst.py) on the CPU: N drafting steps run back to back from device
+buffers, read back once. Greedy output token-identical to plain decoding (radix on and off, page
+sizes 1 and 4, the oracle and the random drafter), stop tokens and length caps inside a burst,
+chunked prefill with preemption, no pages left behind; the policy that decides when to burst."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_helpers import GAMMA, engine_config, prompts
+from sglaunch.engine.interface import GenerateRequest, SamplingParams
+from sglaunch.engine.launch import create_engine, generate_batch
+from sglaunch.speculative.burst import (BURST_ENV, BurstInput, BurstPolicy, iterations_from_env,
+                                        slot_rows)
+from test_engine_dspark import BATCHES, greedy, make_requests, run, tokens_of
+
+
+@pytest.fixture
+def bursts(monkeypatch):
+    monkeypatch.setenv(BURST_ENV, "3")
+
+
+@pytest.fixture(scope="module")
+def baselines(dspark_files):
+    out = {}
+    for page_size in (1, 4):
+        engine, cluster = create_engine(engine_config(dspark_files["target"], page_size=page_size))
+        try:
+            out[page_size] = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+        finally:
+            cluster.stop(engine)
+    return out
+
+
+def run_bursting(config, batches):
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.burst is not None and engine.runner.burst is not None
+        results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(batches)]
+        radix = engine.scheduler.radix
+        assert engine.allocator.num_used == (radix.cached_pages if radix else 0)  # nothing left reserved
+        return results, engine.spec.stats.to_dict(), engine.runner.burst.bursts
+    finally:
+        cluster.stop(engine)
+
+
+@pytest.mark.parametrize("drafter,radix,page_size", [("oracle", True, 1), ("oracle", False, 4),
+                                                     ("random", True, 4)])
+def test_bursts_are_lossless(dspark_files, baselines, bursts, drafter, radix, page_size):
+    config = engine_config(dspark_files["target"], dspark_files[drafter], "static", disable_radix_cache=not radix,
+                           page_size=page_size)
+    results, stats, count = run_bursting(config, BATCHES)
+    assert count > 0
+    assert tokens_of(results) == tokens_of(baselines[page_size])
+    for spec_batch, base_batch in zip(results, baselines[page_size]):
+        for rid, (_, lps, reason) in spec_batch.items():
+            assert reason == base_batch[rid][2] == "length"
+            torch.testing.assert_close(torch.tensor(lps), torch.tensor(base_batch[rid][1]), atol=1e-4, rtol=0)
+    if drafter == "oracle":  # most drafts accepted: several tokens per iteration
+        assert stats["mean_accept_length"] > 2.0
+
+
+def test_burst_off_by_default_on_cpu(dspark_files, monkeypatch):
+    monkeypatch.delenv(BURST_ENV, raising=False)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        assert engine.burst is None and engine.runner.burst is None
+    finally:
+        cluster.stop(engine)
+
+
+def test_stop_tokens_inside_a_burst(dspark_files, bursts):
+    batch = prompts(6, seed=5)
+    plain = generate_batch(engine_config(dspark_files["target"]), batch, greedy(30))
+    stops = tuple({row[len(row) // 2] for row in plain})
+    params = greedy(30, stop_token_ids=stops)
+    expected = generate_batch(engine_config(dspark_files["target"]), batch, params)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        out = run(engine, make_requests(batch, "s", params))
+        assert engine.runner.burst.bursts > 0
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+    assert [out[f"s-{i}"][0] for i in range(len(batch))] == expected
+    assert {out[f"s-{i}"][2] for i in range(len(batch))} == {"stop"}
+
+
+def test_chunked_prefill_and_preemption_with_bursts(dspark_files, bursts):
+    batch = prompts(12, seed=4, lengths=(9, 30, 17, 45))
+    params = greedy(24)
+    tight = dict(page_size=2, max_total_tokens=160, chunked_prefill_size=8)
+    base = generate_batch(engine_config(dspark_files["target"], **tight), batch, params)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static", **tight))
+    try:
+        out = run(engine, make_requests(batch, "p", params))
+        assert engine.runner.burst.bursts > 0
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+    assert [out[f"p-{i}"][0] for i in range(len(batch))] == base
+
+
+def test_sampled_requests_take_the_usual_step(dspark_files, bursts):
+    """A batch with a sampled request never bursts; its greedy requests still equal plain."""
+    batch = prompts(4, seed=9)
+    expected = generate_batch(engine_config(dspark_files["target"]), batch, greedy(12))
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        requests = make_requests(batch, "g", greedy(12)) + [
+            GenerateRequest("t", tuple(batch[0]), SamplingParams(max_new_tokens=40, temperature=0.8, seed=3))]
+        out = run(engine, requests)
+        before = engine.runner.burst.bursts
+    finally:
+        cluster.stop(engine)
+    assert [out[f"g-{i}"][0] for i in range(len(batch))] == expected
+    assert len(out["t"][0]) == 40
+    assert before == 0  # the sampled request is in every batch, from the first step to the last
+
+
+def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
+    """One burst straight on the runner: every iteration's committed tokens are the target's greedy
+    continuation, n accepted drafts + 1 per iteration, and the next anchor is the last of them."""
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=1)
+    prompt = prompts(1, seed=11, lengths=(10,))[0]
+    plain = generate_batch(engine_config(dspark_files["target"], page_size=1), [prompt], greedy(40))[0]
+    engine, cluster = create_engine(config)
+    try:
+        engine.add_request(GenerateRequest("x", tuple(prompt), greedy(40)))
+        first = engine.step()  # the prefill (no burst: not a decode)
+        assert engine.runner.burst.bursts == 0 and len(first[0].new_token_ids) == 1
+        req = engine.requests["x"]
+        assert engine.scheduler.reserve_burst([_chunk(req)], 3 * (GAMMA + 1) - 1)
+        result = engine.runner.run_burst(BurstInput([req.token_ids[-1]], [len(req.token_ids) - 1], [req.pages], 3))
+    finally:
+        cluster.stop(engine)
+    tokens, _ = result.request_tokens(0)
+    assert [len(t[0]) for t in result.tokens] == [n[0] + 1 for n in result.accepted]
+    assert tokens == plain[1: 1 + len(tokens)]
+
+
+def _chunk(req):
+    from sglaunch.engine.scheduler import Chunk
+
+    return Chunk(req, len(req.token_ids) - 1, len(req.token_ids))
+
+
+def test_iterations_from_env(monkeypatch):
+    monkeypatch.delenv(BURST_ENV, raising=False)
+    assert iterations_from_env("cpu", False) == 0
+    assert iterations_from_env("cuda", True) == 4
+    assert iterations_from_env("cuda", False) == 0
+    monkeypatch.setenv(BURST_ENV, "6")
+    assert iterations_from_env("cpu", False) == 6
+    monkeypatch.setenv(BURST_ENV, "0")
+    assert iterations_from_env("cuda", True) == 0
+    monkeypatch.setenv(BURST_ENV, "many")
+    with pytest.raises(ValueError, match="SGLAUNCH_DSPARK_BURST"):
+        iterations_from_env("cuda", True)
+
+
+def test_policy_prices_bursts_against_plain():
+    policy = BurstPolicy(gamma=7, max_iterations=4, costs={1: 1.6e-3, 8: 2.0e-3, 32: 4.0e-3})
+    assert policy.iteration_seconds(4) == pytest.approx(1.6e-3 + (2.0e-3 - 1.6e-3) * 3 / 7)
+    assert policy.iteration_seconds(64) == pytest.approx(8.0e-3)
+    # accept 2.2 in 1.6 ms against one token per 1.0 ms: pays; at 32 requests (4 ms vs 1.3 ms) it does not
+    policy.accept = 2.2
+    assert policy.worth(1, 1.0e-3, prior=8.0)
+    assert not policy.worth(32, 1.3e-3, prior=8.0)
+    assert policy.accept > 2.2  # declining drifts the estimate back toward the prior
+    assert BurstPolicy(7, 4).worth(64, 1e-3, prior=1.0)  # no profile: no basis to decline
+
+
+def test_policy_iterations_and_observation():
+    policy = BurstPolicy(gamma=7, max_iterations=4, costs={2: 1e-3})
+    assert policy.iterations([100, 100], [1000, 1000], prior=8.0) == 4
+    assert policy.iterations([100, 100], [1000, 17], prior=8.0) == 2  # 17 positions: two windows of 8
+    assert policy.iterations([100, 3], [1000, 1000], prior=8.0) == 1  # one is nearly done
+    assert policy.iterations([100], [5], prior=8.0) == 0
+    policy.observe([[1, 3], [2, 2]], seconds=4e-3, requests=2)
+    assert policy.accept == pytest.approx(3.0)
+    assert policy.scale == pytest.approx(0.9 + 0.1 * 2.0)
+
+
+def test_slot_rows_layout():
+    from array import array
+
+    rows = slot_rows([array("i", [5, 2]), [7]], [6, 2], page_size=4, width=8, fill=99)
+    assert rows.tolist() == [[20, 21, 22, 23, 8, 9, 99, 99], [28, 29, 99, 99, 99, 99, 99, 99]]
