@@ -142,12 +142,12 @@ class LLMEngine:
         start = time.perf_counter()
         try:
             self.burst.costs = profile_costs(self, counts)
-        except ValueError as exc:
-            logger.warning("DSpark: no burst profile (%s); bursts off", exc)
-            self.burst = None
-            return
         finally:
             self.spec.stats = type(self.spec.stats)(self.spec.gamma)
+        if not self.burst.costs:
+            logger.warning("DSpark: the KV pool cannot hold even a one-request burst profile; bursts off")
+            self.burst = None
+            return
         logger.info("DSpark bursts: %d iterations at most; profiled in %.1f s (%s per iteration)",
                     self.burst.max_iterations, time.perf_counter() - start,
                     ", ".join(f"{r} req {s * 1e3:.2f} ms" for r, s in sorted(self.burst.costs.items())))

@@ -35,6 +35,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def no_bursts_unless_asked(monkeypatch):
+    """DSpark bursts (on by default on CUDA) would take over the all-greedy decode steps whose
+    per-step paths (drafter graphs, drafts on the device, host-sync censuses) these tests check;
+    the burst tests turn them back on with monkeypatch.setenv."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
+
+
 @pytest.fixture(scope="session")
 def flashinfer():
     if not HAS_FLASHINFER:

@@ -195,6 +195,10 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
         if draft is not None and draft.graphs is not None:
             replays["draft"] = draft.graphs.replays
             replays["draft captures while serving"] = draft.graphs.captures - captured
+        burst = getattr(engine.runner, "burst", None)
+        if burst is not None:
+            replays["burst"], replays["bursts"] = burst.replays, burst.bursts
+            replays["burst graphs"], replays["burst keys"] = burst.captured, len(burst.keys())
     return out, replays
 
 
@@ -290,6 +294,24 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     spec, replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
     assert replays.get("verify", 0) > 0, f"no verify graph was replayed: {replays}"
     assert_same_greedy(spec, plain, f"DSpark ({drafter} drafter, graphs on) vs plain greedy")
+
+
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_dspark_bursts_with_graphs_equal_plain_greedy(files, mode, monkeypatch):
+    """Bursts (their default on CUDA): the burst graphs, every key captured at start-up, replayed
+    for all-greedy decode batches; static mode bursts at every such step, compact when its
+    start-up profile says a burst beats a plain step (the oracle drafter accepts nearly all)."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "auto")
+    batch = prompts(10, seed=6)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 40)
+    config = cuda_config(files, drafter="oracle")
+    # compact without a table: the start-up profile measures this machine's step and burst costs
+    config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode=mode,
+                                                                         sps_table_path=None))
+    spec, replays = greedy_outputs(config, batch, 40)
+    assert replays["burst graphs"] == replays["burst keys"] > 0, replays
+    assert replays["bursts"] > 0 and replays["burst"] >= replays["bursts"], replays
+    assert_same_greedy(spec, plain, f"DSpark bursts ({mode}, graphs on) vs plain greedy")
 
 
 def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch):
