@@ -207,11 +207,34 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
+pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
+  # tests and sync censuses with the new DSpark-burst test (bursts through real graphs equal plain
+  # greedy, static and compact); then the issue's measure, `sglaunch bench --compare` plain against
+  # DSpark (bursts on, their CUDA default) over HTTP, held-out prompt set, T=0, c=1/8/32/64; then
+  # DSpark with bursts off against on (c=1/8); then HTTP against in-process at c=64 after the
+  # server's per-token cuts of session 9 (c9d613e)
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench2 200 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_BURST=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label noburst --label burst --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+    --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile2 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench http fused; do
+    for f in pytest pytest2 profile profile1 profile2 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -221,6 +244,11 @@ collect() {  # summary.txt and results.tgz into $OUT
         profile*) head -c 6000 "$W/$f.log"; echo; echo "..."; tail -n 6 "$W/$f.log" ;;
         *) tail -n 45 "$W/$f.log" ;;
       esac
+    done
+    for f in "$W"/bench*/bench-server-*.log; do  # the servers' start-up profiles and DSpark log lines
+      [ -f "$f" ] || continue
+      echo "----- $f"
+      grep -E "DSpark|CUDA graphs|profiled|KV pool" "$f" | cut -c1-600 | tail -n 14
     done
   } > "$OUT/summary.txt" 2>&1
   tar -czf "$OUT/results.tgz" -C "$W" . 2>/dev/null
@@ -253,7 +281,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

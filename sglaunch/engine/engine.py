@@ -590,6 +590,9 @@ class LLMEngine:
             return {}
         stats = self.spec.stats.to_dict()
         stats["mode"] = self.spec.mode
+        if self.burst is not None:  # DSpark bursts: how many, how many steps declined one, the estimates
+            stats["bursts"] = {"bursts": self.burst.bursts, "declined_steps": self.burst.declined,
+                               "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
             stats["step_cost_scale"] = dict(self.spec.planner.calibration.scale)  # measured / modelled
         return {"speculative": stats, "avg_spec_accept_length": stats["mean_accept_length"]}
