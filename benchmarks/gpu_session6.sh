@@ -230,6 +230,23 @@ pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out
   touch "$W/all.done"
 }
 
+pipeline14() {  # session 10, run 2 (the model upload as pipeline13): a burst iteration's device cost with the
+  # Triton attention kernel against its SDPA reference (random weights, 1/8/32 requests) and its top
+  # kernels; the burst tests (GPU kernel test, bursts through graphs); then bench --compare plain
+  # against DSpark (bursts on) c=1/8/32/64 and HTTP against in-process at c=64 again
+  part profile 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --requests 1,8,32 --context 256 --attention triton,torch --json "$W/burst_profile.json"
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/engine/test_burst_attention_kernel.py \
+    "tests/gpu/test_cuda_graph_gpu.py::test_dspark_bursts_with_graphs_equal_plain_greedy" \
+    "tests/gpu/test_cuda_graph_gpu.py::test_dspark_with_graphs_equals_plain_greedy"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -281,7 +298,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -333,6 +333,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "inside the target graphs; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_STEP_ASIDE", "DSpark decodes plainly at steps where drafting would not pay "
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
+           "back to back on the device, read back once, when the start-up profile says that beats plain "
+           "decoding: 0 off, N iterations at most, auto (default) 4 on CUDA with graphs, off elsewhere.",
+           sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_BURST_ATTENTION", "The burst verify's attention: triton (one kernel a layer), "
+           "torch (its SDPA reference), or auto (Triton on GPUs).", choices=("auto", "torch", "triton"),
+           sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "

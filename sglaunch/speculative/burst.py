@@ -42,6 +42,7 @@ from typing import Sequence
 logger = logging.getLogger(__name__)
 
 BURST_ENV = "SGLAUNCH_DSPARK_BURST"  # 0: off; N: at most N iterations a burst; auto: DEFAULT_ITERATIONS on CUDA
+ATTENTION_ENV = "SGLAUNCH_DSPARK_BURST_ATTENTION"  # auto (Triton on CUDA), torch, triton
 DEFAULT_ITERATIONS = 4
 MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
@@ -63,6 +64,23 @@ def iterations_from_env(device_type: str, graphs: bool) -> int:
     if n < 0:
         raise ValueError(f"{BURST_ENV}={value!r}: the number of iterations must be >= 0")
     return n
+
+
+def triton_attention_from_env(cuda: bool, head_dim: int) -> bool:
+    """SGLAUNCH_DSPARK_BURST_ATTENTION, read once per runner: whether the burst verify's attention is
+    the Triton kernel (auto: on CUDA with Triton, for a power-of-two head_dim >= 16)."""
+    from kernels import HAS_TRITON, TRITON_IMPORT_ERROR
+
+    value = os.environ.get(ATTENTION_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "torch", "triton"):
+        raise ValueError(f"{ATTENTION_ENV}={value!r}: expected auto, torch or triton")
+    fits = head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    if value == "triton":
+        if not HAS_TRITON or not fits:
+            raise ValueError(f"{ATTENTION_ENV}=triton: " + (f"triton is not importable ({TRITON_IMPORT_ERROR})"
+                             if not HAS_TRITON else f"head_dim {head_dim} is not a power of two >= 16"))
+        return True
+    return value == "auto" and HAS_TRITON and cuda and fits
 
 
 @dataclass
@@ -113,51 +131,50 @@ class BurstAttention:
     """Attention of a burst's verify rows: every request has Q query rows at device positions;
     its keys are gathered from the KV pool through a [B, C] slot table, each query seeing the
     columns at or before its own position. No per-step host metadata, so it is captured in a
-    CUDA graph whatever the requests' lengths. bind() sets the step's device tensors."""
+    CUDA graph whatever the requests' lengths. bind() sets the step's device tensors. On CUDA
+    (with Triton) one kernel a layer (kernels/burst_attention.py), elsewhere its torch reference."""
 
     supports_cuda_graph = True
 
-    def __init__(self, kv_pool, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, kv_pool, num_heads: int, num_kv_heads: int, head_dim: int, use_triton: bool | None = None):
         self.kv_pool, self.num_heads, self.num_kv_heads, self.head_dim = kv_pool, num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.meta = None
+        if use_triton is None:
+            use_triton = triton_attention_from_env(kv_pool.k[0].is_cuda, head_dim)
+        self.use_triton = use_triton
 
     def bind(self, slot_table, positions, out_slots, queries: int, dtype=None) -> None:
-        """The step's device tensors: slot table [B, C], positions and KV slots [B * Q]. The mask
-        is built once here for every layer: an additive bias [B, 1, g * Q, C] (g = query heads
-        per KV head) in the query dtype, for the query groups folded into the query rows."""
+        """The step's device tensors: slot table [B, C], positions and KV slots [B * Q]. The
+        reference's mask is built once here for every layer: an additive bias [B, 1, g * Q, C]
+        (g = query heads per KV head) in the query dtype, for the query groups folded into the
+        query rows."""
         import torch
 
+        self.table, self.queries, self.positions = slot_table, queries, positions
+        self.meta = SimpleNamespace(out_slots=out_slots)
+        if self.use_triton:
+            return
         B, C = slot_table.shape
-        self.table, self.queries = slot_table, queries
         col = torch.arange(C, device=slot_table.device)
         visible = col[None, None, :] <= positions.view(B, queries, 1)  # [B, Q, C]
         group = self.num_heads // self.num_kv_heads
         bias = torch.zeros(B, queries, C, dtype=dtype or torch.float32, device=slot_table.device)
         bias.masked_fill_(~visible, float("-inf"))
         self.bias = bias.repeat(1, group, 1).unsqueeze(1)  # row g * Q + i: query i of the group's head g
-        self.meta = SimpleNamespace(out_slots=out_slots)
 
     def kv_destination(self, layer: int):
         return self.kv_pool.k[layer], self.kv_pool.v[layer], self.meta.out_slots
 
     def forward(self, layer: int, q, k, v):
-        """NOTE: the g query heads sharing a KV head are folded into the query rows ([B, KV, g * Q,
-        hd]), so SDPA gets no GQA: with a mask, GQA would take its math path (K/V expanded)."""
-        import torch.nn.functional as F
+        from kernels.burst_attention import burst_attention_reference, burst_attention_triton
 
         if k is not None:
             self.kv_pool.write(layer, self.meta.out_slots, k, v)
-        B, C = self.table.shape
-        Q, KV, hd = self.queries, self.num_kv_heads, self.head_dim
-        g = self.num_heads // KV
-        flat = self.table.reshape(-1)
-        keys = self.kv_pool.k[layer].index_select(0, flat).view(B, C, KV, hd).to(q.dtype).transpose(1, 2)
-        values = self.kv_pool.v[layer].index_select(0, flat).view(B, C, KV, hd).to(q.dtype).transpose(1, 2)
-        folded = q.view(B, Q, KV, g, hd).permute(0, 2, 3, 1, 4).reshape(B, KV, g * Q, hd)
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=self.bias.to(q.dtype),
-                                             scale=self.scale)  # [B, KV, g * Q, hd]
-        return out.view(B, KV, g, Q, hd).permute(0, 3, 1, 2, 4).reshape(B * Q, self.num_heads, hd)
+        k_rows, v_rows = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        if self.use_triton:
+            return burst_attention_triton(q, k_rows, v_rows, self.table, self.positions, self.queries, self.scale)
+        return burst_attention_reference(q, k_rows, v_rows, self.table, self.bias, self.queries, self.scale)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,13 @@ chunked prefill with preemption, no pages left behind; the policy that decides w
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # the burst attention's Triton kernel runs in the interpreter here
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from dspark_helpers import GAMMA, engine_config, prompts
 from sglaunch.engine.interface import GenerateRequest, SamplingParams
@@ -248,3 +253,20 @@ def test_burst_attention_matches_a_reference(heads, kv_heads):
             for h in range(heads):
                 w = torch.softmax(keys[:, h // g] @ q[row, h] / hd**0.5, dim=0)
                 torch.testing.assert_close(out[row, h], w @ values[:, h // g], atol=1e-5, rtol=1e-5)
+
+
+def test_bursts_with_the_triton_attention_kernel(dspark_files, baselines, bursts, monkeypatch):
+    """The burst verify's Triton attention (the GPU default; Triton's interpreter here) in the engine."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST_ATTENTION", "triton")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4,
+                           disable_radix_cache=True)
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.runner.burst.attn.use_triton
+        batch = BATCHES[1]
+        out = run(engine, make_requests(batch, "b1"))
+        assert engine.runner.burst.bursts > 0
+    finally:
+        cluster.stop(engine)
+    assert {rid: r[0] for rid, r in out.items()} == tokens_of(baselines[4])[1]

