@@ -247,6 +247,25 @@ pipeline14() {  # session 10, run 2 (the model upload as pipeline13): a burst it
   touch "$W/all.done"
 }
 
+pipeline15() {  # session 10, run 3 (the model upload as pipeline13): run 2's bursts lost at 8-32 requests
+  # (one-iteration bursts cut by the request nearest its end, a per-burst cost the policy did not
+  # price, the drained tokens held until the burst ended); after the fix: the burst GPU tests,
+  # bench --compare plain against DSpark c=1/8/32/64, and bursts of at most 4 against 8 iterations
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/engine/test_burst_attention_kernel.py \
+    "tests/gpu/test_cuda_graph_gpu.py::test_dspark_bursts_with_graphs_equal_plain_greedy"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench2 200 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_BURST=4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLAUNCH_DSPARK_BURST=8 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label burst4 --label burst8 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency 1,8,32 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -298,7 +317,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14
+    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

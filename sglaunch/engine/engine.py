@@ -141,16 +141,17 @@ class LLMEngine:
         counts = sorted({1 << i for i in range(12) if 1 << i <= top} | {top})
         start = time.perf_counter()
         try:
-            self.burst.costs = profile_costs(self, counts)
+            self.burst.costs, self.burst.fixed = profile_costs(self, counts)
         finally:
             self.spec.stats = type(self.spec.stats)(self.spec.gamma)
         if not self.burst.costs:
             logger.warning("DSpark: the KV pool cannot hold even a one-request burst profile; bursts off")
             self.burst = None
             return
-        logger.info("DSpark bursts: %d iterations at most; profiled in %.1f s (%s per iteration)",
+        logger.info("DSpark bursts: %d iterations at most; profiled in %.1f s (per iteration + per burst: %s)",
                     self.burst.max_iterations, time.perf_counter() - start,
-                    ", ".join(f"{r} req {s * 1e3:.2f} ms" for r, s in sorted(self.burst.costs.items())))
+                    ", ".join(f"{r} req {s * 1e3:.2f} + {self.burst.fixed.get(r, 0.0) * 1e3:.2f} ms"
+                              for r, s in sorted(self.burst.costs.items())))
 
     def _profile_request_counts(self, plan) -> tuple[int, ...]:
         """Request counts of the draft and decode profiles: those of the verify sizes plus powers
@@ -246,14 +247,16 @@ class LLMEngine:
         chunks = self.scheduler.schedule(lookahead=False)
         drained: list[TokenOutput] = []
         burst = self._burst_plan(chunks)
-        if burst is not None:  # drain first: the anchors must be real ids
-            if self._in_flight is not None:
-                drained = self._resolve_in_flight()
-                self.overlap_counts["drains"] += 1
-                chunks = [c for c in chunks if c.req.status is ReqStatus.RUNNING]
+        if burst is not None:
             if self.spec is not None:
                 self.spec.planner.observe_step_seconds(None)
-            return drained + (self._run_burst(chunks, burst) if chunks else [])
+            if self._in_flight is not None:
+                # NOTE: the anchors must be real ids: drain, and hand the drained tokens out now
+                # (a new request's first token, say) instead of after the burst; the next step
+                # schedules again and bursts then (its pages are reserved already)
+                self.overlap_counts["drains"] += 1
+                return self._resolve_in_flight()
+            return self._run_burst(chunks, burst)
         if self.spec is not None and chunks:
             decision = self._decide(chunks)
             drain_seconds = 0.0
@@ -363,16 +366,16 @@ class LLMEngine:
             return None
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.prior)
-        plain = None
-        if planner.sps is not None:
-            scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
-            plain = planner.sps.plain_step_seconds(R) * scale
-        if not policy.worth(R, plain, prior):
-            return None
         context = self.limits.context_length
         n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
                               [context - c.start for c in chunks], prior)
         if n < 1 or self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
+            return None
+        plain = None
+        if planner.sps is not None:
+            scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
+            plain = planner.sps.plain_step_seconds(R) * scale
+        if not policy.worth(R, plain, prior, n):
             return None
         if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
             return None
@@ -399,9 +402,11 @@ class LLMEngine:
             self.spec.stats.record_step([n + 1 for n in accepted], len(chunks) * (gamma + 1), 0.0,
                                         seconds / iterations)
         self.spec.planner.skip_step()
-        self.burst.observe(result.accepted, seconds, len(chunks))
         finished = self.scheduler.commit(chunks, sampled)
-        return self._outputs(chunks, sampled, logprobs, finished)
+        outputs = self._outputs(chunks, sampled, logprobs, finished)
+        # NOTE: priced with its commit and outputs: what a burst step costs the engine
+        self.burst.observe(result.accepted, time.perf_counter() - start, len(chunks))
+        return outputs
 
     def _decide(self, chunks: list[Chunk]):
         """DSpark's decision before anything is drafted or reserved -> (candidates, extra tokens,

@@ -362,44 +362,41 @@ def _round_down(n: int) -> int:
 
 @dataclass
 class BurstPolicy:
-    """When to burst (rank 0, torch-free): a burst iteration of R requests is expected to commit
-    R * A tokens (A: the measured accept length of past bursts, the planner's prior before any)
-    in costs(R) seconds; a pipelined plain step commits R tokens in plain_seconds. It bursts when
-    that rate beats plain by MIN_GAIN. Without a profile (static mode, CPU) it always bursts."""
+    """When to burst (rank 0, torch-free). A burst of N iterations for R requests is expected to
+    take fixed(R) + N * iteration(R) seconds (start-up profile: bursts of 1 and of the most
+    iterations, times the measured/profiled scale of past bursts) and to commit R * N * A tokens
+    (A: the measured accept length of past bursts, the planner's prior before any); a pipelined
+    plain step commits R tokens in plain_seconds. It bursts when that rate beats plain by MIN_GAIN.
+    Without a profile (static mode, CPU) it always bursts."""
 
     gamma: int
     max_iterations: int
     costs: dict[int, float] = field(default_factory=dict)  # requests -> seconds per iteration (profiled)
+    fixed: dict[int, float] = field(default_factory=dict)  # requests -> seconds per burst besides its iterations
     accept: float | None = None  # running estimate of committed tokens per request-iteration
-    scale: float = 1.0  # measured / profiled seconds per iteration
+    scale: float = 1.0  # measured / profiled seconds of a burst
     bursts: int = 0
     declined: int = 0
 
     def iteration_seconds(self, requests: int) -> float | None:
+        return None if not self.costs else _interpolate(self.costs, requests) * self.scale
+
+    def burst_seconds(self, requests: int, iterations: int) -> float | None:
         if not self.costs:
             return None
-        xs = sorted(self.costs)
-        i = bisect.bisect_left(xs, requests)
-        if i < len(xs) and xs[i] == requests:
-            return self.costs[requests] * self.scale
-        if i == 0:
-            return self.costs[xs[0]] * self.scale
-        if i == len(xs):  # past the largest: linear in the requests beyond it
-            return self.costs[xs[-1]] * requests / xs[-1] * self.scale
-        lo, hi = xs[i - 1], xs[i]
-        w = (requests - lo) / (hi - lo)
-        return ((1 - w) * self.costs[lo] + w * self.costs[hi]) * self.scale
+        fixed = _interpolate(self.fixed, requests) if self.fixed else 0.0
+        return (fixed + iterations * _interpolate(self.costs, requests)) * self.scale
 
     def expected_accept(self, prior: float) -> float:
         return self.accept if self.accept is not None else prior
 
-    def worth(self, requests: int, plain_seconds: float | None, prior: float) -> bool:
-        """Whether a burst of `requests` pays against a plain step of plain_seconds (None: no
-        basis to compare: burst)."""
-        seconds = self.iteration_seconds(requests)
+    def worth(self, requests: int, plain_seconds: float | None, prior: float, iterations: int = 1) -> bool:
+        """Whether a burst of `iterations` for `requests` pays against a plain step of
+        plain_seconds (None: no basis to compare: burst)."""
+        seconds = self.burst_seconds(requests, iterations)
         if seconds is None or plain_seconds is None:
             return True
-        rate = requests * self.expected_accept(prior) / seconds
+        rate = requests * iterations * self.expected_accept(prior) / seconds
         ok = rate >= MIN_GAIN * requests / plain_seconds
         if not ok:
             self.declined += 1
@@ -410,11 +407,14 @@ class BurstPolicy:
     def iterations(self, left_new: Sequence[int], left_context: Sequence[int], prior: float) -> int:
         """Iterations of the next burst: at most max_iterations, none past any request's context
         (left_context: positions left before the context length, per request), and no more than
-        the request nearest its max_new_tokens is expected to need."""
+        the request furthest from its max_new_tokens is expected to need. NOTE: not fewer for a
+        request near its end: it stops inside the burst (its later rows are dropped), and a short
+        burst pays its fixed cost for few tokens (H200, session 10: bursts cut to one iteration by
+        the nearest request made DSpark 0.6x of plain at 32 requests)."""
         q = self.gamma + 1
         by_context = min(c // q for c in left_context)
         per_iteration = max(1.0, self.expected_accept(prior))
-        by_length = max(1, int(-(-min(left_new) // per_iteration)))
+        by_length = max(1, int(-(-max(left_new) // per_iteration)))
         return max(0, min(self.max_iterations, by_context, by_length))
 
     def observe(self, accepted: list[list[int]], seconds: float, requests: int) -> None:
@@ -424,25 +424,54 @@ class BurstPolicy:
         if n:
             mean = 1.0 + sum(map(sum, accepted)) / n
             self.accept = mean if self.accept is None else DECAY * self.accept + (1 - DECAY) * mean
-        modelled = self.iteration_seconds(requests)
+        modelled = self.burst_seconds(requests, len(accepted))
         if modelled and accepted:
-            ratio = seconds / len(accepted) / (modelled / self.scale)
+            ratio = seconds / (modelled / self.scale)
             if 1 / 3 <= ratio <= 3:  # NOTE: a GC pause or a first replay is no steady-state cost
                 self.scale = 0.9 * self.scale + 0.1 * ratio
 
 
-def profile_costs(engine, counts: Sequence[int], context_len: int = 128, repeats: int = 5) -> dict[int, float]:
-    """Seconds per burst iteration by number of requests (synthetic greedy requests at position
-    context_len), median of `repeats` bursts of the runner's maximum iterations, on every rank."""
+def _interpolate(points: dict[int, float], x: int) -> float:
+    """Piecewise-linear in the request count; past the largest point, proportional to it."""
+    xs = sorted(points)
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return points[x]
+    if i == 0:
+        return points[xs[0]]
+    if i == len(xs):
+        return points[xs[-1]] * x / xs[-1]
+    lo, hi = xs[i - 1], xs[i]
+    w = (x - lo) / (hi - lo)
+    return (1 - w) * points[lo] + w * points[hi]
+
+
+def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
+                  repeats: int = 5) -> tuple[dict[int, float], dict[int, float]]:
+    """-> (seconds per burst iteration, seconds per burst besides its iterations), by number of
+    requests: synthetic greedy requests at position context_len, bursts of one iteration and of
+    the runner's most, the median of `repeats` each (after two warm-ups), on every rank; up to the
+    largest count the free KV pool holds at once."""
     import math
     import random
 
     import torch
 
     runner = engine.runner.burst
-    rng, out, N = random.Random(3), {}, runner.max_iterations
+    rng, per_iteration, fixed, N = random.Random(3), {}, {}, runner.max_iterations
     cuda = engine.runner.device.type == "cuda"
     vocab, page = engine.runner.spec.vocab_size, engine.config.page_size
+
+    def timed(burst) -> float:
+        times = []
+        for _ in range(2 + repeats):
+            if cuda:
+                torch.cuda.synchronize(engine.runner.device)
+            start = time.perf_counter()
+            engine._on_all_ranks("burst", burst, engine.runner.run_burst)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])
+
     for R in counts:
         if runner.pick(R, context_len + N * runner.Q) is None:
             continue
@@ -457,15 +486,12 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128, repeats
                 tables.append(pages)
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
-            burst = BurstInput([rng.randrange(vocab) for _ in range(R)], [context_len] * R, tables, N)
-            times = []
-            for _ in range(2 + repeats):
-                if cuda:
-                    torch.cuda.synchronize(engine.runner.device)
-                start = time.perf_counter()
-                engine._on_all_ranks("burst", burst, engine.runner.run_burst)
-                times.append(time.perf_counter() - start)
-            out[R] = statistics.median(times[2:]) / N
+            anchors = [rng.randrange(vocab) for _ in range(R)]
+            one = timed(BurstInput(anchors, [context_len] * R, tables, 1))
+            most = timed(BurstInput(anchors, [context_len] * R, tables, N)) if N > 1 else one
+            step = (most - one) / (N - 1) if N > 1 else one
+            per_iteration[R] = max(step, most / N / 2)  # NOTE: noise cannot make an iteration nearly free
+            fixed[R] = max(0.0, most - N * per_iteration[R])
         finally:
             engine.allocator.free(borrowed)
-    return out
+    return per_iteration, fixed

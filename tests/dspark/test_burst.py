@@ -175,13 +175,19 @@ def test_policy_prices_bursts_against_plain():
     assert not policy.worth(32, 1.3e-3, prior=8.0)
     assert policy.accept > 2.2  # declining drifts the estimate back toward the prior
     assert BurstPolicy(7, 4).worth(64, 1e-3, prior=1.0)  # no profile: no basis to decline
+    # a burst's fixed cost is paid once: one iteration does not pay where four do
+    fixed = BurstPolicy(gamma=7, max_iterations=4, costs={1: 1.6e-3}, fixed={1: 1.5e-3}, accept=2.2)
+    assert fixed.burst_seconds(1, 4) == pytest.approx(1.5e-3 + 4 * 1.6e-3)
+    assert not fixed.worth(1, 1.0e-3, prior=8.0, iterations=1)
+    assert fixed.worth(1, 1.0e-3, prior=8.0, iterations=4)
 
 
 def test_policy_iterations_and_observation():
     policy = BurstPolicy(gamma=7, max_iterations=4, costs={2: 1e-3})
     assert policy.iterations([100, 100], [1000, 1000], prior=8.0) == 4
     assert policy.iterations([100, 100], [1000, 17], prior=8.0) == 2  # 17 positions: two windows of 8
-    assert policy.iterations([100, 3], [1000, 1000], prior=8.0) == 1  # one is nearly done
+    assert policy.iterations([100, 3], [1000, 1000], prior=8.0) == 4  # one nearly done stops inside the burst
+    assert policy.iterations([9, 3], [1000, 1000], prior=4.0) == 3  # none needs more than 3 iterations
     assert policy.iterations([100], [5], prior=8.0) == 0
     policy.observe([[1, 3], [2, 2]], seconds=4e-3, requests=2)
     assert policy.accept == pytest.approx(3.0)
@@ -216,8 +222,9 @@ def test_compact_profiles_bursts_at_start(dspark_files, bursts):
     expected = generate_batch(engine_config(dspark_files["target"]), batch, greedy(20))
     engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "compact"))
     try:
-        costs = engine.burst.costs
+        costs, fixed = engine.burst.costs, engine.burst.fixed
         assert costs and min(costs) == 1 and all(s > 0 for s in costs.values())
+        assert set(fixed) == set(costs) and all(s >= 0 for s in fixed.values())
         assert engine.spec.stats.to_dict()["steps"] == 0  # the profile's bursts are not counted
         out = run(engine, make_requests(batch, "c", greedy(20)))
     finally:
@@ -270,3 +277,28 @@ def test_bursts_with_the_triton_attention_kernel(dspark_files, baselines, bursts
     finally:
         cluster.stop(engine)
     assert {rid: r[0] for rid, r in out.items()} == tokens_of(baselines[4])[1]
+
+
+def test_bursts_with_overlap_are_lossless(dspark_files, baselines, bursts, monkeypatch):
+    """Overlap on (the CUDA default): a plain step in flight is drained and its tokens handed out
+    before the burst that follows it; the outputs stay plain greedy and no page is left reserved."""
+    import itertools
+
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+                           page_size=4)
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.overlap
+        # the planner steps aside at every other step (plain, pipelined), and bursts come in
+        # between: every third decision says yes
+        engine.spec.planner.plan_drafts = lambda rids, extra=0: None
+        turns = itertools.cycle([False, False, True])
+        engine.burst.worth = lambda *a, **k: next(turns)
+        results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+        assert engine.runner.burst.bursts > 0 and engine.overlap_counts["in_flight"] > 0
+        assert engine.overlap_counts["drains"] > 0
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+    assert tokens_of(results) == tokens_of(baselines[4])
