@@ -75,9 +75,9 @@ class LLMEngine:
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
         self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
         if self.spec is not None and getattr(runner, "burst", None) is not None:
-            from sglaunch.speculative.burst import BurstPolicy
+            from sglaunch.speculative.burst import BurstPolicy, wide_cap_from_env
 
-            self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations)
+            self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
         self.overlap = runner.overlap

@@ -335,7 +335,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
-           "decoding: 0 off, N iterations at most, auto (default) 4 on CUDA with graphs, off elsewhere.",
+           "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
+           "8 requests), off elsewhere.",
            sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_ATTENTION", "The burst verify's attention: triton (one kernel a layer), "
            "torch (its SDPA reference), or auto (Triton on GPUs).", choices=("auto", "torch", "triton"),

@@ -154,7 +154,7 @@ def _chunk(req):
 def test_iterations_from_env(monkeypatch):
     monkeypatch.delenv(BURST_ENV, raising=False)
     assert iterations_from_env("cpu", False) == 0
-    assert iterations_from_env("cuda", True) == 4
+    assert iterations_from_env("cuda", True) == 8
     assert iterations_from_env("cuda", False) == 0
     monkeypatch.setenv(BURST_ENV, "6")
     assert iterations_from_env("cpu", False) == 6
@@ -180,6 +180,17 @@ def test_policy_prices_bursts_against_plain():
     assert fixed.burst_seconds(1, 4) == pytest.approx(1.5e-3 + 4 * 1.6e-3)
     assert not fixed.worth(1, 1.0e-3, prior=8.0, iterations=1)
     assert fixed.worth(1, 1.0e-3, prior=8.0, iterations=4)
+
+
+def test_wide_batches_burst_fewer_iterations(monkeypatch):
+    from sglaunch.speculative.burst import WIDE_BATCH, wide_cap_from_env
+
+    monkeypatch.delenv(BURST_ENV, raising=False)
+    policy = BurstPolicy(gamma=7, max_iterations=8, wide_cap=wide_cap_from_env())
+    assert policy.iterations([100] * WIDE_BATCH, [1000] * WIDE_BATCH, prior=3.0) == 8
+    assert policy.iterations([100] * (WIDE_BATCH + 1), [1000] * (WIDE_BATCH + 1), prior=3.0) == 4
+    monkeypatch.setenv(BURST_ENV, "8")  # a number: that many for every batch
+    assert wide_cap_from_env() is None
 
 
 def test_policy_iterations_and_observation():
