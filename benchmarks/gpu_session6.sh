@@ -207,6 +207,14 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
+dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT: issue 15's measure, plain against DSpark compact over HTTP
+  # (the held-out prompt set of issue 19, 64 prompts, 128 tokens, T=0)
+  python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --concurrency "$1" --temperature 0 --output "$2" --no-plot
+}
+
 pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
   # tests and sync censuses with the new DSpark-burst test (bursts through real graphs equal plain
   # greedy, static and compact); then the issue's measure, `sglaunch bench --compare` plain against
@@ -216,10 +224,7 @@ pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out
   part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
     tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
-    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
   part bench2 200 python3 -m sglaunch bench \
     --compare "SGLAUNCH_DSPARK_BURST=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
@@ -240,10 +245,7 @@ pipeline14() {  # session 10, run 2 (the model upload as pipeline13): a burst it
     "tests/gpu/test_cuda_graph_gpu.py::test_dspark_bursts_with_graphs_equal_plain_greedy" \
     "tests/gpu/test_cuda_graph_gpu.py::test_dspark_with_graphs_equals_plain_greedy"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
-    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
   touch "$W/all.done"
 }
 
@@ -254,10 +256,7 @@ pipeline15() {  # session 10, run 3 (the model upload as pipeline13): run 2's bu
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/engine/test_burst_attention_kernel.py \
     "tests/gpu/test_cuda_graph_gpu.py::test_dspark_bursts_with_graphs_equal_plain_greedy"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
-    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
   part bench2 200 python3 -m sglaunch bench \
     --compare "SGLAUNCH_DSPARK_BURST=4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
     --compare "SGLAUNCH_DSPARK_BURST=8 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
@@ -317,7 +316,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

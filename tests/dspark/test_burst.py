@@ -75,36 +75,39 @@ def test_burst_off_by_default_on_cpu(dspark_files, monkeypatch):
         cluster.stop(engine)
 
 
+def burst_outputs(config, batch, tag, params):
+    """Run `batch` with bursts on -> (per request (tokens, logprobs, finish reason), preemptions);
+    bursts must have run and no page may be left reserved."""
+    engine, cluster = create_engine(config)
+    try:
+        out = run(engine, make_requests(batch, tag, params))
+        assert engine.runner.burst.bursts > 0
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+        return [out[f"{tag}-{i}"] for i in range(len(batch))], engine.scheduler.num_preemptions
+    finally:
+        cluster.stop(engine)
+
+
 def test_stop_tokens_inside_a_burst(dspark_files, bursts):
     batch = prompts(6, seed=5)
     plain = generate_batch(engine_config(dspark_files["target"]), batch, greedy(30))
     stops = tuple({row[len(row) // 2] for row in plain})
     params = greedy(30, stop_token_ids=stops)
     expected = generate_batch(engine_config(dspark_files["target"]), batch, params)
-    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
-    try:
-        out = run(engine, make_requests(batch, "s", params))
-        assert engine.runner.burst.bursts > 0
-        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
-    finally:
-        cluster.stop(engine)
-    assert [out[f"s-{i}"][0] for i in range(len(batch))] == expected
-    assert {out[f"s-{i}"][2] for i in range(len(batch))} == {"stop"}
+    out, _ = burst_outputs(engine_config(dspark_files["target"], dspark_files["oracle"], "static"), batch, "s", params)
+    assert [tokens for tokens, _, _ in out] == expected
+    assert {reason for _, _, reason in out} == {"stop"}
 
 
 def test_chunked_prefill_and_preemption_with_bursts(dspark_files, bursts):
     batch = prompts(12, seed=4, lengths=(9, 30, 17, 45))
     params = greedy(24)
-    tight = dict(page_size=2, max_total_tokens=160, chunked_prefill_size=8)
+    tight = dict(page_size=2, max_total_tokens=112, chunked_prefill_size=8)  # bursts and preemptions both
     base = generate_batch(engine_config(dspark_files["target"], **tight), batch, params)
-    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static", **tight))
-    try:
-        out = run(engine, make_requests(batch, "p", params))
-        assert engine.runner.burst.bursts > 0
-        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
-    finally:
-        cluster.stop(engine)
-    assert [out[f"p-{i}"][0] for i in range(len(batch))] == base
+    out, preemptions = burst_outputs(engine_config(dspark_files["target"], dspark_files["oracle"], "static", **tight),
+                                     batch, "p", params)
+    assert preemptions > 0
+    assert [tokens for tokens, _, _ in out] == base
 
 
 def test_sampled_requests_take_the_usual_step(dspark_files, bursts):
