@@ -1,7 +1,7 @@
 """What one DSpark burst iteration costs on the device, and where it goes.
 
     python benchmarks/burst_profile.py --model DIR [--random-like] [--drafter DIR|random]
-        [--requests 1,8,32] [--context 256] [--attention triton,torch] [--json out.json]
+        [--requests 1,8,32] [--context 256] [--attention triton,torch] [--block-n 64,128] [--json out.json]
 
 For each burst attention (`SGLAUNCH_DSPARK_BURST_ATTENTION`: the Triton kernel and its SDPA
 reference) it boots the engine `serve` would boot with a DSpark drafter (static mode, so nothing
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test (no kernels)")
+    parser.add_argument("--block-n", default="64", help="key slots per loop step of the Triton attention, "
+                        "comma-separated: each value is one more configuration (triton only)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     from profile_step import random_drafter, random_like, release_device_memory
@@ -132,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         model = random_like(args.model, work) if args.random_like else args.model
         drafter = random_drafter(model, None, work) if args.drafter == "random" else Path(args.drafter)
         counts = [int(x) for x in args.requests.split(",")]
-        for attention in args.attention.split(","):
+        import kernels.burst_attention as burst_kernel
+
+        configs = [(a, int(b)) for a in args.attention.split(",")
+                   for b in (args.block_n.split(",") if a == "triton" else ["0"])]
+        for attention, block_n in configs:
             os.environ["SGLAUNCH_DSPARK_BURST_ATTENTION"] = attention
+            if block_n:  # NOTE: before the engine boots: the graphs capture the kernel with it
+                burst_kernel.DEFAULT_BLOCK_N = block_n
             os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "4")
             tokens = ["--model-path", str(model), "--served-model-name", "burst", "--device", args.device,
                       "--max-running-requests", str(max(counts)), "--random-seed", "0",
@@ -142,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             engine, cluster = create_engine(build_config(tokens, environ))
             try:
                 for requests in counts:
-                    row = {"attention": attention, **measure(engine, requests, args.context, args.repeats, args.top)}
+                    row = {"attention": attention, "block_n": block_n or None,
+                           **measure(engine, requests, args.context, args.repeats, args.top)}
                     results.append(row)
-                    print(f"{attention:7s} R={requests:3d} C={args.context}: iteration {row['iteration_ms']:.3f} ms "
+                    label = f"{attention}/{block_n}" if block_n else attention
+                    print(f"{label:10s} R={requests:3d} C={args.context}: iteration {row['iteration_ms']:.3f} ms "
                           f"(kernels {row['kernel_ms']:.3f} ms, {row['kernels']:.0f} a step); plain pipelined "
                           f"{row['plain_pipelined_ms']:.3f} ms", flush=True)
                     for k in row["top_kernels"]:

@@ -265,11 +265,26 @@ pipeline15() {  # session 10, run 3 (the model upload as pipeline13): run 2's bu
   touch "$W/all.done"
 }
 
+pipeline16() {  # for session 11 (the model upload as pipeline13; not run yet): the burst iteration's
+  # attention at three key-block sizes and two contexts, then the default bursts (at most 8
+  # iterations, 4 above 8 requests) against plain twice, and HTTP against in-process at c=64
+  for ctx in 256 1024; do
+    part "profile$ctx" 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --requests 1,8,32 --context "$ctx" --attention triton --block-n 64,128,256 --json "$W/burst_profile_$ctx.json"
+  done
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
+  part bench2 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench2/bench.json"
+  part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+    --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile2 profile64 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused; do
+    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -316,7 +331,7 @@ case "${1:-}" in
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline16
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -39,6 +39,9 @@ def burst_attention_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: tor
     return out.view(B, KV, g, queries, hd).permute(0, 3, 1, 2, 4).reshape(B * queries, H, hd)
 
 
+DEFAULT_BLOCK_N = 64  # key slots per step of a program's loop (benchmarks/burst_profile.py --block-n)
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -94,8 +97,9 @@ if HAS_TRITON:
 
 
 def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, table: torch.Tensor,
-                           positions: torch.Tensor, queries: int, scale: float, block_n: int = 64) -> torch.Tensor:
+                           positions: torch.Tensor, queries: int, scale: float, block_n: int | None = None) -> torch.Tensor:
     """The reference's result from positions [B * Q] instead of a mask (one kernel)."""
+    block_n = block_n or DEFAULT_BLOCK_N
     B, C = table.shape
     T, H, hd = q.shape
     KV = k_rows.shape[1]

@@ -56,3 +56,19 @@ def test_kernel_rejects_a_bad_layout():
     with pytest.raises(ValueError, match="burst attention"):
         burst_attention_triton(q, rows, rows, torch.zeros(2, 128, dtype=torch.int64, device=DEVICE),
                                torch.zeros(10, dtype=torch.int64, device=DEVICE), 4, 0.25)
+
+
+@pytest.mark.parametrize("block_n", [32, 128])
+def test_kernel_block_sizes_agree(block_n):
+    """The key-block size (benchmarks/burst_profile.py --block-n) changes the loop, not the result."""
+    torch.manual_seed(block_n)
+    B, Q, C, heads, kv_heads, hd = 2, 8, 256, 9, 3, 64
+    k_rows = torch.randn(300, kv_heads, hd, device=DEVICE)
+    v_rows = torch.randn(300, kv_heads, hd, device=DEVICE)
+    positions = (torch.tensor([3, 150], device=DEVICE)[:, None] + torch.arange(Q, device=DEVICE)).reshape(-1)
+    table = torch.stack([torch.randperm(300, device=DEVICE)[:C] for _ in range(B)])
+    q = torch.randn(B * Q, heads, hd, device=DEVICE)
+    want = burst_attention_reference(q, k_rows, v_rows, table, bias_for(positions, B, Q, C, 3, torch.float32), Q,
+                                     hd**-0.5)
+    got = burst_attention_triton(q, k_rows, v_rows, table, positions, Q, hd**-0.5, block_n=block_n)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
