@@ -78,6 +78,7 @@ class LLMEngine:
             from sglaunch.speculative.burst import BurstPolicy, wide_cap_from_env
 
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
+            self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
         self.overlap = runner.overlap
@@ -381,6 +382,14 @@ class LLMEngine:
             return None
         return n
 
+    def _burst_log(self) -> str:
+        policy = self.burst
+        if policy is None:
+            return ""
+        accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
+        return (f", bursts {policy.bursts} (steps that declined one: {policy.declined}; accept estimate {accept}, "
+                f"measured/profiled burst time {policy.scale:.2f})")
+
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
         the stop rules, request by request."""
@@ -406,6 +415,7 @@ class LLMEngine:
         outputs = self._outputs(chunks, sampled, logprobs, finished)
         # NOTE: priced with its commit and outputs: what a burst step costs the engine
         self.burst.observe(result.accepted, time.perf_counter() - start, len(chunks))
+        self.spec._maybe_log()
         return outputs
 
     def _decide(self, chunks: list[Chunk]):

@@ -109,6 +109,7 @@ class DSparkDecoder:
         self.stats = SpecStats(self.gamma)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
+        self.log_suffix: Callable[[], str] | None = None  # more for the periodic log line (the engine's bursts)
         logger.info("DSpark: block size %d, ragged verify mode %s, SPS table %s, STS %s", self.gamma, self.mode,
                     spec.sps_table_path or ("none yet (profiled at start-up)" if self.mode == "compact"
                                             else "none (verify every draft)"), spec.confidence_sts_path or "none")
@@ -383,5 +384,6 @@ class DSparkDecoder:
         if now - self._last_log >= LOG_INTERVAL_S and steps > self._logged_steps:
             scale = self.planner.calibration.scale if self.planner.calibration is not None else None
             logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
-                                                 f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else ""))
+                                                 f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else "")
+                        + (self.log_suffix() if self.log_suffix is not None else ""))
             self._last_log, self._logged_steps = now, steps

@@ -316,3 +316,19 @@ def test_bursts_with_overlap_are_lossless(dspark_files, baselines, bursts, monke
     finally:
         cluster.stop(engine)
     assert tokens_of(results) == tokens_of(baselines[4])
+
+
+def test_the_periodic_log_line_reports_bursts(dspark_files, bursts, caplog, monkeypatch):
+    import logging
+
+    from sglaunch.speculative import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "LOG_INTERVAL_S", 0.0)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        with caplog.at_level(logging.INFO, logger="sglaunch.speculative.decoder"):
+            run(engine, make_requests(prompts(2, seed=13), "l", greedy(20)))
+    finally:
+        cluster.stop(engine)
+    lines = [r.getMessage() for r in caplog.records if "bursts" in r.getMessage()]
+    assert lines and "accept estimate" in lines[-1] and "bursts 0 " not in lines[-1]
