@@ -18,6 +18,10 @@ for the order of a row's float32 sum in RMSNorm.
   by position (cast to the dtype first, as the eager path does); writes new contiguous tensors.
 - `rotary_store`: the same, but the rotated k and v go straight into the KV pool's rows `slots`
   (the layer's K/V write fused in: two indexed-copy kernels fewer per layer); returns q only.
+- `add_argmax`: argmax over the last dim of a + b (float32 [rows, V]), the first index of the
+  largest sum as torch.argmax gives it: the DSpark drafter's greedy Markov step (its base logits
+  plus the Markov bias), whose add and argmax were two kernels a position, the argmax a slow
+  one-row reduction (a burst iteration's eight argmaxes took 98 µs on an H200, session 10).
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ import torch
 from . import HAS_TRITON
 
 # --------------------------------------------------------------------------- references
+
+
+def add_argmax_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a + b).argmax(dim=-1)
+
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -92,6 +101,23 @@ if HAS_TRITON:
         y = (x32 * tl.math.rsqrt(var + eps)).to(x.dtype)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         tl.store(out_ptr + pid * D + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
+
+    @triton.jit
+    def _add_argmax_kernel(a_ptr, b_ptr, out_ptr, V, stride_a, stride_b, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        best = tl.full([1], float("-inf"), tl.float32)
+        where = tl.zeros([1], tl.int64)
+        for start in range(0, V, BLOCK):
+            col = start + tl.arange(0, BLOCK)
+            inside = col < V
+            x = (tl.load(a_ptr + row * stride_a + col, mask=inside, other=float("-inf"))
+                 + tl.load(b_ptr + row * stride_b + col, mask=inside, other=0.0))
+            value, index = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            # NOTE: a later block wins only with a strictly larger value: the first index of the maximum
+            better = value > best
+            where = tl.where(better, (start + index).to(tl.int64), where)
+            best = tl.where(better, value, best)
+        tl.store(out_ptr + row + tl.arange(0, 1), where)
 
     @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, I, BLOCK: tl.constexpr):
@@ -194,6 +220,19 @@ if HAS_TRITON:
             _rms_norm_kernel[(n * h,)](x, residual, weight, out, summed, h, sn, sh, d, eps,
                                        HAS_RESIDUAL=True, BLOCK_D=triton.next_power_of_2(d))
         return out, summed
+
+    def add_argmax_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if a.shape != b.shape or a.dim() != 2 or a.dtype != torch.float32 or b.dtype != torch.float32:
+            raise ValueError(f"add_argmax: two float32 [rows, V] tensors of one shape, got {tuple(a.shape)} "
+                             f"{a.dtype} and {tuple(b.shape)} {b.dtype}")
+        if a.stride(-1) != 1 or b.stride(-1) != 1:
+            raise ValueError("add_argmax: the last dimension must be contiguous")
+        rows, V = a.shape
+        out = torch.empty(rows, dtype=torch.int64, device=a.device)
+        if rows:
+            _add_argmax_kernel[(rows,)](a, b, out, V, a.stride(0), b.stride(0),
+                                        BLOCK=min(4096, triton.next_power_of_2(V)))
+        return out
 
     def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

@@ -344,7 +344,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
-           "rotary embedding, SiLU-and-multiply): auto (on GPUs), torch, or triton.",
+           "rotary embedding, SiLU-and-multiply; the DSpark drafter's greedy add + argmax): auto (on GPUs), "
+           "torch, or triton.",
            choices=("auto", "torch", "triton"), sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_OVERLAP", "Overlap the host with the device: launch each decode step before reading "
            "the last one back (greedy tokens reach the next step on the device, stops are learnt a step "

@@ -25,6 +25,7 @@ from torch import nn
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.layers import (
     ColumnParallelLinear,
+    use_layer_kernels,
     ParallelLMHead,
     RMSNorm,
     RotaryEmbedding,
@@ -297,6 +298,9 @@ class DSparkDrafter(nn.Module):
         self.layers = nn.ModuleList(DSparkLayer(c, i, rope, tp, dtype, device) for i in range(c.num_layers))
         self.norm = RMSNorm(d, c.rms_norm_eps, dtype, device)
         self.markov_head = MarkovHead(c, dtype, device) if c.markov_rank > 0 else None
+        # the fused add + argmax of the greedy Markov step (kernels/layer_ops.py), where the
+        # decoder's fused kernels run (CUDA with Triton; SGLAUNCH_LAYER_KERNELS)
+        self.fused_argmax = use_layer_kernels(device)
         self.confidence_head = ConfidenceHead(c, dtype, device) if c.enable_confidence_head else None
         # restrict_vocab(): the draft vocabulary [K] and the LM-head / Markov rows it keeps
         self.draft_vocab: torch.Tensor | None = None
@@ -379,13 +383,20 @@ class DSparkDrafter(nn.Module):
             h = out.hidden[:, k]  # [B, d]
             e = self.markov_head.markov_w1(prev) if self.markov_head is not None else None  # [B, r]
             l_k = out.logits[:, k]
+            argmax = None
             if self.markov_head is not None:
                 state = self.markov_head.init_state(B, e) if state is None else state
                 bias, state = self.markov_head.bias(e, h, state, self.draft_markov_w2)
-                l_k = l_k + bias
+                if all_greedy and not keep_logits and self.fused_argmax:  # NOTE: one kernel, l_k not kept
+                    from kernels.layer_ops import add_argmax_triton
+
+                    argmax = add_argmax_triton(l_k, bias)
+                else:
+                    l_k = l_k + bias
             if self.confidence_head is not None:
                 conf.append(self.confidence_head(h, e))
-            argmax = l_k.argmax(-1)
+            if argmax is None:
+                argmax = l_k.argmax(-1)
             if all_greedy:
                 x = argmax
             else:

@@ -332,3 +332,29 @@ def test_the_periodic_log_line_reports_bursts(dspark_files, bursts, caplog, monk
         cluster.stop(engine)
     lines = [r.getMessage() for r in caplog.records if "bursts" in r.getMessage()]
     assert lines and "accept estimate" in lines[-1] and "bursts 0 " not in lines[-1]
+
+
+def test_fused_greedy_markov_step_gives_the_same_block(dspark_files):
+    """The drafter's greedy block with the fused add + argmax kernel (the CUDA default; Triton's
+    interpreter here) equals the torch one: same tokens and confidences."""
+    pytest.importorskip("triton")
+    from sglaunch.speculative.drafter import BlockOutput
+
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["random"], "static"))
+    try:
+        drafter = engine.runner.draft.drafter
+        assert drafter.markov_head is not None
+        torch.manual_seed(5)
+        B, G, c = 3, drafter.config.block_size, drafter.config
+        out = BlockOutput(torch.randn(B, G, c.hidden_size, dtype=drafter.dtype),
+                          torch.randn(B, G, c.vocab_size) * 3)
+        anchors = torch.randint(0, c.vocab_size, (B,))
+        blocks = {}
+        for fused in (False, True):
+            drafter.fused_argmax = fused
+            blocks[fused] = drafter.greedy_block(out, anchors)
+    finally:
+        cluster.stop(engine)
+    assert torch.equal(blocks[True].tokens, blocks[False].tokens)
+    if blocks[False].conf_logits is not None:
+        torch.testing.assert_close(blocks[True].conf_logits, blocks[False].conf_logits)

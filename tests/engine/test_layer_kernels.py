@@ -193,3 +193,22 @@ def test_layer_kernel_choice(monkeypatch):
     monkeypatch.setenv("SGLAUNCH_LAYER_KERNELS", "fast")
     with pytest.raises(ValueError, match="auto, torch or triton"):
         use_layer_kernels("cpu")
+
+
+@pytest.mark.parametrize("V", [7, 4096, 16384, 49152 + 3])
+def test_add_argmax_matches_reference(V):
+    torch.manual_seed(V)
+    a = torch.randn(5, V, device=DEVICE)
+    b = torch.randn(5, V, device=DEVICE)
+    assert torch.equal(layer_ops.add_argmax_triton(a, b), layer_ops.add_argmax_reference(a, b))
+    # ties, inside one block and across blocks: the first index of the maximum, as torch.argmax
+    a.zero_(), b.zero_()
+    a[0, V // 2] = a[0, V - 1] = 2.0
+    a[1, 0] = b[1, V - 1] = 1.0
+    a[2:] = 1.0
+    assert torch.equal(layer_ops.add_argmax_triton(a, b), layer_ops.add_argmax_reference(a, b))
+
+
+def test_add_argmax_rejects_mixed_inputs():
+    with pytest.raises(ValueError, match="add_argmax"):
+        layer_ops.add_argmax_triton(torch.zeros(2, 8, device=DEVICE), torch.zeros(2, 8, device=DEVICE).half())
