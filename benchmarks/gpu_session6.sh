@@ -265,9 +265,13 @@ pipeline15() {  # session 10, run 3 (the model upload as pipeline13): run 2's bu
   touch "$W/all.done"
 }
 
-pipeline16() {  # for session 11 (the model upload as pipeline13; not run yet): the burst iteration's
-  # attention at three key-block sizes and two contexts, then the default bursts (at most 8
-  # iterations, 4 above 8 requests) against plain twice, and HTTP against in-process at c=64
+pipeline16() {  # for session 11 (the model upload as pipeline13; not run yet): the GPU tests after the
+  # drafter's fused add + argmax (f438484) and the burst kernels, the burst iteration's attention at
+  # three key-block sizes and two contexts, then the default bursts (at most 8 iterations, 4 above 8
+  # requests) against plain twice, and HTTP against in-process at c=64
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
   for ctx in 256 1024; do
     part "profile$ctx" 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
       --requests 1,8,32 --context "$ctx" --attention triton --block-n 64,128,256 --json "$W/burst_profile_$ctx.json"
