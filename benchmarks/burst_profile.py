@@ -3,8 +3,8 @@
     python benchmarks/burst_profile.py --model DIR [--random-like] [--drafter DIR|random]
         [--requests 1,8,32] [--context 256] [--attention triton,torch] [--block-n 64,128] [--json out.json]
 
-For each burst attention (`SGLAUNCH_DSPARK_BURST_ATTENTION`: the Triton kernel and its SDPA
-reference) it boots the engine `serve` would boot with a DSpark drafter (static mode, so nothing
+For each burst attention (`--attention`, set through `SGLAUNCH_DSPARK_KERNELS`: the Triton kernel
+and its SDPA reference) it boots the engine `serve` would boot with a DSpark drafter (static mode, so nothing
 is profiled at start-up), then, per request count, runs bursts of synthetic greedy requests at
 position `--context` and reports, in the same run:
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [(a, int(b)) for a in args.attention.split(",")
                    for b in (args.block_n.split(",") if a == "triton" else ["0"])]
         for attention, block_n in configs:
-            os.environ["SGLAUNCH_DSPARK_BURST_ATTENTION"] = attention
+            os.environ["SGLAUNCH_DSPARK_KERNELS"] = attention
             if block_n:  # NOTE: before the engine boots: the graphs capture the kernel with it
                 burst_kernel.DEFAULT_BLOCK_N = block_n
             os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "4")

@@ -338,9 +338,6 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
            "8 requests), off elsewhere.",
            sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_BURST_ATTENTION", "The burst verify's attention: triton (one kernel a layer), "
-           "torch (its SDPA reference), or auto (Triton on GPUs).", choices=("auto", "torch", "triton"),
-           sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
@@ -357,8 +354,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "loading the model (exercises stops that arrive during start-up).", sglaunch_only=True),
     EnvVar("SGLAUNCH_NO_PROGRESS", "Hide progress bars (1).", sglaunch_only=True),
     EnvVar("SGLAUNCH_BENCH_API_KEY", "`sglaunch bench`: the API key sent to the server.", sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_KERNELS", "DSpark's device kernels: Triton, the torch references, or auto "
-           "(Triton on GPUs).", choices=("auto", "torch", "triton"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_KERNELS", "DSpark's device kernels (a burst's verify attention among them): "
+           "Triton, the torch references, or auto (Triton on GPUs).", choices=("auto", "torch", "triton"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_RECORD_PATH", "Record drafted blocks to this JSONL file for `sglaunch fit-sts`.",
            sglaunch_only=True),
     EnvVar("SGLAUNCH_CACHE_DIR", "Where sglaunch keeps the converted default model and its caches.",

@@ -45,7 +45,6 @@ from typing import Sequence
 logger = logging.getLogger(__name__)
 
 BURST_ENV = "SGLAUNCH_DSPARK_BURST"  # 0: off; N: at most N iterations a burst; auto: DEFAULT_ITERATIONS on CUDA
-ATTENTION_ENV = "SGLAUNCH_DSPARK_BURST_ATTENTION"  # auto (Triton on CUDA), torch, triton
 DEFAULT_ITERATIONS = 8
 # NOTE: by default a burst of more than WIDE_BATCH requests runs at most WIDE_ITERATIONS: with more
 # requests, more of them finish inside a burst and their slots stay empty until it ends. H200,
@@ -82,21 +81,13 @@ def iterations_from_env(device_type: str, graphs: bool) -> int:
     return n
 
 
-def triton_attention_from_env(cuda: bool, head_dim: int) -> bool:
-    """SGLAUNCH_DSPARK_BURST_ATTENTION, read once per runner: whether the burst verify's attention is
-    the Triton kernel (auto: on CUDA with Triton, for a power-of-two head_dim >= 16)."""
-    from kernels import HAS_TRITON, TRITON_IMPORT_ERROR
+def triton_attention(device, head_dim: int) -> bool:
+    """Whether the burst verify's attention is the Triton kernel: where DSpark's other device
+    kernels are (`speculative.kernels.use_triton`: CUDA with Triton, or SGLAUNCH_DSPARK_KERNELS),
+    for a power-of-two head_dim >= 16; else its SDPA reference."""
+    from sglaunch.speculative.kernels import use_triton
 
-    value = os.environ.get(ATTENTION_ENV, "auto").strip().lower() or "auto"
-    if value not in ("auto", "torch", "triton"):
-        raise ValueError(f"{ATTENTION_ENV}={value!r}: expected auto, torch or triton")
-    fits = head_dim >= 16 and head_dim & (head_dim - 1) == 0
-    if value == "triton":
-        if not HAS_TRITON or not fits:
-            raise ValueError(f"{ATTENTION_ENV}=triton: " + (f"triton is not importable ({TRITON_IMPORT_ERROR})"
-                             if not HAS_TRITON else f"head_dim {head_dim} is not a power of two >= 16"))
-        return True
-    return value == "auto" and HAS_TRITON and cuda and fits
+    return use_triton(device) and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 @dataclass
@@ -148,7 +139,8 @@ class BurstAttention:
     its keys are gathered from the KV pool through a [B, C] slot table, each query seeing the
     columns at or before its own position. No per-step host metadata, so it is captured in a
     CUDA graph whatever the requests' lengths. bind() sets the step's device tensors. On CUDA
-    (with Triton) one kernel a layer (kernels/burst_attention.py), elsewhere its torch reference."""
+    (with Triton) one kernel a layer (kernels/burst_attention.py), elsewhere its torch reference
+    (triton_attention)."""
 
     supports_cuda_graph = True
 
@@ -157,7 +149,7 @@ class BurstAttention:
         self.scale = head_dim**-0.5
         self.meta = None
         if use_triton is None:
-            use_triton = triton_attention_from_env(kv_pool.k[0].is_cuda, head_dim)
+            use_triton = triton_attention(kv_pool.k[0].device, head_dim)
         self.use_triton = use_triton
 
     def bind(self, slot_table, positions, out_slots, queries: int, dtype=None) -> None:
@@ -221,8 +213,8 @@ class BurstRunner:
         self.max_cells = MAX_CELLS
         Bmax = max(self.batch_sizes) if graphs else MAX_BATCH
         self.max_batch = Bmax
-        widest = min(self.max_context, max(MIN_CONTEXT, _round_down(self.max_cells // Bmax)))
-        self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * widest)
+        # anchors, starts, live [3 * B], then the slot table: a key's B * C is at most max_cells
+        self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * MIN_CONTEXT)
         heads, kv_heads = runner.spec.num_heads // runner.tp.size, runner.spec.num_kv_heads // runner.tp.size
         self.attn = BurstAttention(runner.kv_pool, heads, kv_heads, runner.spec.head_dim)
         # padding slot: the KV pool's padding page with graphs (dummy rows write there); slot 0
@@ -372,10 +364,6 @@ class BurstRunner:
         return BurstResult(accepted, tokens, lps)
 
 
-def _round_down(n: int) -> int:
-    return 1 << (n.bit_length() - 1) if n > 0 else 0
-
-
 @dataclass
 class BurstPolicy:
     """When to burst (rank 0, torch-free). A burst of N iterations for R requests is expected to
@@ -394,9 +382,6 @@ class BurstPolicy:
     wide_cap: int | None = None  # most iterations of a burst of more than WIDE_BATCH requests
     bursts: int = 0
     declined: int = 0
-
-    def iteration_seconds(self, requests: int) -> float | None:
-        return None if not self.costs else _interpolate(self.costs, requests) * self.scale
 
     def burst_seconds(self, requests: int, iterations: int) -> float | None:
         if not self.costs:

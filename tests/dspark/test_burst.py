@@ -170,8 +170,8 @@ def test_iterations_from_env(monkeypatch):
 
 def test_policy_prices_bursts_against_plain():
     policy = BurstPolicy(gamma=7, max_iterations=4, costs={1: 1.6e-3, 8: 2.0e-3, 32: 4.0e-3})
-    assert policy.iteration_seconds(4) == pytest.approx(1.6e-3 + (2.0e-3 - 1.6e-3) * 3 / 7)
-    assert policy.iteration_seconds(64) == pytest.approx(8.0e-3)
+    assert policy.burst_seconds(4, 1) == pytest.approx(1.6e-3 + (2.0e-3 - 1.6e-3) * 3 / 7)
+    assert policy.burst_seconds(64, 1) == pytest.approx(8.0e-3)
     # accept 2.2 in 1.6 ms against one token per 1.0 ms: pays; at 32 requests (4 ms vs 1.3 ms) it does not
     policy.accept = 2.2
     assert policy.worth(1, 1.0e-3, prior=8.0)
@@ -279,7 +279,7 @@ def test_burst_attention_matches_a_reference(heads, kv_heads):
 def test_bursts_with_the_triton_attention_kernel(dspark_files, baselines, bursts, monkeypatch):
     """The burst verify's Triton attention (the GPU default; Triton's interpreter here) in the engine."""
     pytest.importorskip("triton")
-    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST_ATTENTION", "triton")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "triton")
     config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4,
                            disable_radix_cache=True)
     engine, cluster = create_engine(config)

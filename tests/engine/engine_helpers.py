@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from pathlib import Path
 
@@ -96,3 +97,17 @@ def random_step(query_lens: list[int], kv_lens: list[int], page_size: int, num_p
         step.page_tables.append([free.pop() for _ in range(-(-kv // page_size))])
         step.sample_indices.append(len(step.input_ids) - 1)
     return step
+
+
+def triton_or_skip() -> None:
+    """For a Triton kernel test module, at its top: Triton's interpreter on a machine without CUDA
+    (set before the kernels are first compiled), the GPU otherwise; the module is skipped when
+    triton does not import."""
+    import pytest
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the install
+        pytest.skip(f"triton is not importable ({exc})", allow_module_level=True)

@@ -4,17 +4,12 @@ triton is imported), natively on a GPU."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-try:
-    import triton  # noqa: F401
-except Exception as exc:  # pragma: no cover
-    pytest.skip(f"triton is not importable ({exc})", allow_module_level=True)
+from engine_helpers import triton_or_skip  # noqa: E402
+
+triton_or_skip()
 
 from kernels import layer_ops  # noqa: E402
 from sglaunch.engine.distributed import TPGroup  # noqa: E402
