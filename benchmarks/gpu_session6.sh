@@ -284,6 +284,23 @@ pipeline16() {  # for session 11 (the model upload as pipeline13; not run yet): 
   touch "$W/all.done"
 }
 
+pipeline17() {  # session 11, run 1 (the model upload as pipeline13): pipeline16 cut to what guides this
+  # session: the GPU tests (drafter's fused add + argmax, burst kernels), the burst iteration's
+  # attention at three key-block sizes and two contexts, then the default bursts (at most 8
+  # iterations, 4 above 8 requests) against plain once, with the servers' logs saying why steps
+  # did not burst
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  for ctx in 256 1024; do
+    part "profile$ctx" 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+      --requests 1,8,32 --context "$ctx" --attention triton --block-n 64,128,256 --json "$W/burst_profile_$ctx.json"
+  done
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -302,7 +319,7 @@ collect() {  # summary.txt and results.tgz into $OUT
     for f in "$W"/bench*/bench-server-*.log; do  # the servers' start-up profiles and DSpark log lines
       [ -f "$f" ] || continue
       echo "----- $f"
-      grep -E "DSpark|CUDA graphs|profiled|KV pool" "$f" | cut -c1-600 | tail -n 14
+      grep -E "DSpark|CUDA graphs|profiled|KV pool|spec:" "$f" | cut -c1-700 | tail -n 16
     done
   } > "$OUT/summary.txt" 2>&1
   tar -czf "$OUT/results.tgz" -C "$W" . 2>/dev/null

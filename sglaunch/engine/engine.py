@@ -356,30 +356,33 @@ class LLMEngine:
     def _burst_plan(self, chunks: list[Chunk]) -> int | None:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
         chunk must be a greedy running decode that could speculate, the batch must fit a burst
-        graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step.
+        graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step. Why a
+        step did not burst is counted in BurstPolicy.skipped.
         NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
         policy = self.burst
         if policy is None or not chunks:
             return None
         if any(not is_greedy(c.req.sampling) for c in chunks):
-            return None
+            return policy.skip("sampled")
         if len(self.scheduler.lookahead_candidates(chunks)) != len(chunks):
-            return None
+            return policy.skip("prefill" if any(c.end - c.start > 1 for c in chunks) else "request ending")
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.prior)
         context = self.limits.context_length
         n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
                               [context - c.start for c in chunks], prior)
-        if n < 1 or self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
-            return None
+        if n < 1:
+            return policy.skip("context")
+        if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
+            return policy.skip("no graph")
         plain = None
         if planner.sps is not None:
             scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
             plain = planner.sps.plain_step_seconds(R) * scale
         if not policy.worth(R, plain, prior, n):
-            return None
+            return policy.skip("not worth")
         if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
-            return None
+            return policy.skip("kv")
         return n
 
     def _burst_log(self) -> str:
@@ -387,8 +390,9 @@ class LLMEngine:
         if policy is None:
             return ""
         accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
-        return (f", bursts {policy.bursts} (steps that declined one: {policy.declined}; accept estimate {accept}, "
-                f"measured/profiled burst time {policy.scale:.2f})")
+        skipped = ", ".join(f"{why} {n}" for why, n in policy.skipped.most_common()) or "none"
+        return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations; steps without one: {skipped}; "
+                f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f})")
 
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
@@ -606,7 +610,8 @@ class LLMEngine:
         stats = self.spec.stats.to_dict()
         stats["mode"] = self.spec.mode
         if self.burst is not None:  # DSpark bursts: how many, how many steps declined one, the estimates
-            stats["bursts"] = {"bursts": self.burst.bursts, "declined_steps": self.burst.declined,
+            stats["bursts"] = {"bursts": self.burst.bursts, "iterations": self.burst.burst_iterations,
+                               "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
             stats["step_cost_scale"] = dict(self.spec.planner.calibration.scale)  # measured / modelled

@@ -38,6 +38,7 @@ import logging
 import os
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Sequence
@@ -381,7 +382,14 @@ class BurstPolicy:
     scale: float = 1.0  # measured / profiled seconds of a burst
     wide_cap: int | None = None  # most iterations of a burst of more than WIDE_BATCH requests
     bursts: int = 0
+    burst_iterations: int = 0
     declined: int = 0
+    skipped: Counter = field(default_factory=Counter)  # why a step did not burst -> steps
+
+    def skip(self, why: str) -> None:  # noqa: D401 (returns None for _burst_plan)
+        """Count a step that did not burst, by reason (prefill, sampled, not worth, kv, ...)."""
+        self.skipped[why] += 1
+        return None
 
     def burst_seconds(self, requests: int, iterations: int) -> float | None:
         if not self.costs:
@@ -425,6 +433,7 @@ class BurstPolicy:
     def observe(self, accepted: list[list[int]], seconds: float, requests: int) -> None:
         """A burst's accepted drafts [N][R] and wall time: the accept estimate and the cost scale."""
         self.bursts += 1
+        self.burst_iterations += len(accepted)
         n = sum(len(row) for row in accepted)
         if n:
             mean = 1.0 + sum(map(sum, accepted)) / n

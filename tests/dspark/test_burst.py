@@ -120,11 +120,14 @@ def test_sampled_requests_take_the_usual_step(dspark_files, bursts):
             GenerateRequest("t", tuple(batch[0]), SamplingParams(max_new_tokens=40, temperature=0.8, seed=3))]
         out = run(engine, requests)
         before = engine.runner.burst.bursts
+        skipped = dict(engine.burst.skipped)
+        info = engine.live_stats()["speculative"]["bursts"]
     finally:
         cluster.stop(engine)
     assert [out[f"g-{i}"][0] for i in range(len(batch))] == expected
     assert len(out["t"][0]) == 40
     assert before == 0  # the sampled request is in every batch, from the first step to the last
+    assert skipped.get("sampled", 0) > 0 and info["skipped_steps"] == skipped and info["iterations"] == 0
 
 
 def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
@@ -332,6 +335,7 @@ def test_the_periodic_log_line_reports_bursts(dspark_files, bursts, caplog, monk
         cluster.stop(engine)
     lines = [r.getMessage() for r in caplog.records if "bursts" in r.getMessage()]
     assert lines and "accept estimate" in lines[-1] and "bursts 0 " not in lines[-1]
+    assert "steps without one: prefill" in lines[-1]  # the first step of each request is its prefill
 
 
 def test_fused_greedy_markov_step_gives_the_same_block(dspark_files):
