@@ -1,4 +1,4 @@
-"""Attention of a DSpark burst's verify rows in one kernel per layer, beside its plain-torch reference.
+"""Attention of a DSpark burst's verify rows in one or two kernels per layer, beside its plain-torch reference.
 
 Every request b has Q query rows (its anchor and gamma drafts) at device positions pos[b * Q + i];
 its keys are the KV pool rows table[b, 0 .. C - 1] (a slot per position), and query i sees the
@@ -8,9 +8,17 @@ them on the device: that is what lets a burst's iterations run back to back in C
 The torch reference (`burst_attention_reference`) gathers every request's C keys and values, folds
 the g query heads of a KV head into the query rows and runs SDPA under an additive mask: about six
 kernels a layer (two gathers, two transposing copies, the attention, the mask's cast). The Triton
-kernel (`burst_attention_triton`) is one program per (request, KV head): the g * Q rows of the
-group are one [BLOCK_M, head_dim] tile, the keys are streamed in blocks of BLOCK_N slots up to the
-group's largest position (a loop bound read on the device), with an online softmax in float32.
+kernel (`burst_attention_triton`) runs programs over (request, KV head, split): the g * Q rows of
+the group are one [BLOCK_M, head_dim] tile, the keys of the split's columns are streamed in blocks
+of BLOCK_N slots, with an online softmax in float32, and no further than the group's largest
+position (read on the device): a split wholly past it loads and stores nothing. With one split the
+program writes the output; with more ("flash-decoding") each writes its partial (row max, row sum,
+weighted values) to a float32 scratch and `_burst_combine_kernel`, one program per (request, KV
+head), merges the splits its length reached. The number of splits is static (`choose_splits`: from
+the batch bucket, the slot-table width, the KV heads and the SM count, or DEFAULT_SPLITS), as a
+CUDA graph needs: at one request and short contexts a single program per KV head walked the whole
+context serially (H200, SmolLM2-135M shape, context 256: 378 us of a 1.72 ms iteration in 30
+launches of 3 programs on 132 SMs).
 """
 
 from __future__ import annotations
@@ -40,10 +48,59 @@ def burst_attention_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: tor
 
 
 DEFAULT_BLOCK_N = 64  # key slots per step of a program's loop (benchmarks/burst_profile.py --block-n)
+# key splits per (request, KV head): None chooses them from the static shapes (choose_splits), a number
+# fixes them (benchmarks/burst_profile.py --splits); set before a burst runner is built (its scratch)
+DEFAULT_SPLITS: int | None = None
+MAX_SPLITS = 64
+WAVES = 2  # auto: about this many programs per SM (each is short and latency-bound)
+CPU_SMS = 4  # the "SM count" where there is none (Triton's interpreter): a few splits, so tests run them
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def block_m(num_heads: int, num_kv_heads: int, queries: int) -> int:
+    """The rows of one program's query tile: the g * Q rows of a KV head's group, padded."""
+    return max(16, _next_pow2(num_heads // num_kv_heads * queries))
+
+
+def device_sm_count(device) -> int:
+    """The SM count of a CUDA device (read once by the caller); CPU_SMS elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_SMS
+
+
+def split_chunk(width: int, splits: int, block_n: int) -> tuple[int, int]:
+    """-> (splits, key slots per split): each split a whole number of key blocks, none past the
+    slot table (so `splits` may come back smaller)."""
+    splits = max(1, min(int(splits), -(-width // block_n)))
+    chunk = -(-(-(-width // splits)) // block_n) * block_n
+    return -(-width // chunk), chunk
+
+
+def choose_splits(batch: int, num_kv_heads: int, width: int, sm_count: int, block_n: int | None = None,
+                  splits: int | None = None) -> int:
+    """The number of key splits of a (batch bucket, slot-table width) key, from static shapes only
+    (a CUDA graph captures it): `splits` (default DEFAULT_SPLITS) when given, else enough programs for
+    about WAVES per SM, at most one split per key block of the slot table and MAX_SPLITS. The real
+    lengths are read on the device: splits past them exit at once."""
+    block_n = block_n or DEFAULT_BLOCK_N
+    splits = splits if splits is not None else DEFAULT_SPLITS
+    if splits is None:
+        groups = max(1, batch * num_kv_heads)
+        splits = min(MAX_SPLITS, -(-WAVES * max(1, sm_count) // groups))
+    return split_chunk(width, splits, block_n)[0]
+
+
+def scratch_numel(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, queries: int, splits: int) -> int:
+    """float32 elements of the partial results of `splits` > 1 splits (0 for one split): per (request,
+    KV head, split) a [BLOCK_M, head_dim] weighted sum of values, and the rows' max and sum."""
+    if splits <= 1:
+        return 0
+    return batch * num_kv_heads * splits * block_m(num_heads, num_kv_heads, queries) * (head_dim + 2)
 
 
 if HAS_TRITON:
@@ -51,11 +108,69 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _burst_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, scale,
+    def _burst_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, acc_ptr, ml_ptr, scale,
                                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                                stride_ot, stride_oh, C,
+                                stride_ot, stride_oh, C, CHUNK,
                                 QROWS: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
-                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                                PRECISION: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        m = tl.arange(0, BLOCK_M)
+        valid = m < GROUP * QROWS
+        i = m % QROWS
+        h = kvh * GROUP + m // QROWS
+        t = b * QROWS + i
+        d = tl.arange(0, HD)
+        pos = tl.load(pos_ptr + t, mask=valid, other=0)
+        last = tl.max(pos, axis=0)  # the group's last visible column: the loop stops there, not at C
+        lo = split * CHUNK
+        hi = tl.minimum(tl.minimum(lo + CHUNK, last + 1), C)  # this split's columns lo .. hi - 1
+        live = valid & (lo + 0 * m < hi)  # NOTE: a split past the group's length loads and stores nothing
+        q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=live[:, None],
+                    other=0.0)
+        dtype = q.dtype
+        q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HD], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            inside = n < hi  # NOTE: nothing past the group's last column is loaded (an unwritten slot may hold NaN)
+            slot = tl.load(table_ptr + b * C + n, mask=inside, other=0)
+            k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=inside[:, None],
+                        other=0.0)
+            # NOTE: products of bf16 / fp16 values are exact in tf32, so this is the half-precision MMA's result
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+            s = tl.where((n[None, :] <= pos[:, None]) & inside[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # a row that sees no column of this split yet keeps -inf: exp against 0, not NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=inside[:, None],
+                        other=0.0)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            # p rounded to the query dtype first, as flash attention's P @ V takes it
+            acc = acc * alpha[:, None] + tl.dot(p.to(dtype).to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
+            m_i = m_new
+        if SPLITS == 1:
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+        else:
+            part = (b * tl.num_programs(1) + kvh) * SPLITS + split
+            tl.store(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], acc, mask=live[:, None])
+            tl.store(ml_ptr + part * 2 * BLOCK_M + m, m_i, mask=live)
+            tl.store(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, l_i, mask=live)
+
+    @triton.jit
+    def _burst_combine_kernel(pos_ptr, out_ptr, acc_ptr, ml_ptr, stride_ot, stride_oh, C, CHUNK,
+                              QROWS: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
+                              BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+        """The splits of one (request, KV head) into its output rows: only the splits its length
+        reached (the others wrote nothing)."""
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
@@ -64,41 +179,38 @@ if HAS_TRITON:
         h = kvh * GROUP + m // QROWS
         t = b * QROWS + i
         d = tl.arange(0, HD)
-        q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=valid[:, None],
-                    other=0.0)
-        dtype = q.dtype
-        q = q.to(tl.float32)
         pos = tl.load(pos_ptr + t, mask=valid, other=0)
-        last = tl.max(pos, axis=0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        used = (tl.minimum(tl.max(pos, axis=0) + 1, C) + CHUNK - 1) // CHUNK
+        first = (b * tl.num_programs(1) + kvh) * SPLITS
+        m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_all = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD], tl.float32)
-        for start in range(0, last + 1, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            inside = n < C
-            slot = tl.load(table_ptr + b * C + n, mask=inside, other=0)
-            k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=inside[:, None],
-                        other=0.0)
-            # NOTE: products of bf16 / fp16 values are exact in tf32, so this is the half-precision MMA's result
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-            s = tl.where((n[None, :] <= pos[:, None]) & inside[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=inside[:, None],
-                        other=0.0)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            # p rounded to the query dtype first, as flash attention's P @ V takes it
-            acc = acc * alpha[:, None] + tl.dot(p.to(dtype).to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
-            m_i = m_new
-        out = acc / l_i[:, None]
+        for s in range(0, used):
+            part = first + s
+            m_s = tl.load(ml_ptr + part * 2 * BLOCK_M + m, mask=valid, other=float("-inf"))
+            l_s = tl.load(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, mask=valid, other=0.0)
+            a_s = tl.load(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], mask=valid[:, None],
+                          other=0.0)
+            m_new = tl.maximum(m_all, m_s)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            w_old = tl.exp(m_all - m_safe)
+            w_s = tl.exp(m_s - m_safe)  # 0 for a row that saw nothing of split s
+            l_all = l_all * w_old + l_s * w_s
+            acc = acc * w_old[:, None] + a_s * w_s[:, None]
+            m_all = m_new
+        out = acc / tl.where(valid, l_all, 1.0)[:, None]  # every real row sees column 0: l_all > 0
         tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, table: torch.Tensor,
-                           positions: torch.Tensor, queries: int, scale: float, block_n: int | None = None) -> torch.Tensor:
-    """The reference's result from positions [B * Q] instead of a mask (one kernel)."""
+                           positions: torch.Tensor, queries: int, scale: float, block_n: int | None = None,
+                           splits: int | None = None, scratch: torch.Tensor | None = None,
+                           sm_count: int | None = None) -> torch.Tensor:
+    """The reference's result from positions [B * Q] instead of a mask: one kernel with one split,
+    else the split kernel and the combine. `splits`: a static number (None: choose_splits from the
+    shapes and `sm_count`, default the device's); `scratch`: float32 of at least scratch_numel
+    elements (None: allocated here; a CUDA graph passes a buffer made before capture)."""
     block_n = block_n or DEFAULT_BLOCK_N
     B, C = table.shape
     T, H, hd = q.shape
@@ -106,14 +218,31 @@ def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.
     group = H // KV
     if T != B * queries or hd & (hd - 1) or hd < 16:
         raise ValueError(f"burst attention: {T} rows for {B} x {queries} queries, head_dim {hd} (a power of two >= 16)")
+    if splits is None:
+        splits = choose_splits(B, KV, C, sm_count if sm_count is not None else device_sm_count(q.device), block_n)
+    splits, chunk = split_chunk(C, splits, block_n)
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty_like(q)
     table = table.contiguous()
     positions = positions.contiguous()
-    _burst_attention_kernel[(B, KV)](
-        q, k_rows, v_rows, table, positions, out, scale,
+    bm = block_m(H, KV, queries)
+    need = scratch_numel(B, H, KV, hd, queries, splits)
+    if need:
+        if scratch is None:
+            scratch = torch.empty(need, dtype=torch.float32, device=q.device)
+        elif scratch.numel() < need or scratch.dtype != torch.float32:
+            raise ValueError(f"burst attention: a scratch of {scratch.numel()} {scratch.dtype} for {need} float32")
+        parts = B * KV * splits
+        acc, ml = scratch[: parts * bm * hd], scratch[parts * bm * hd: need]
+    else:
+        acc = ml = out  # unused with one split
+    _burst_attention_kernel[(B, KV, splits)](
+        q, k_rows, v_rows, table, positions, out, acc, ml, scale,
         q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
-        out.stride(0), out.stride(1), C,
-        QROWS=queries, GROUP=group, HD=hd, BLOCK_M=max(16, _next_pow2(group * queries)), BLOCK_N=block_n,
+        out.stride(0), out.stride(1), C, chunk,
+        QROWS=queries, GROUP=group, HD=hd, BLOCK_M=bm, BLOCK_N=block_n, SPLITS=splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if splits > 1:
+        _burst_combine_kernel[(B, KV)](positions, out, acc, ml, out.stride(0), out.stride(1), C, chunk,
+                                       QROWS=queries, GROUP=group, HD=hd, BLOCK_M=bm, SPLITS=splits)
     return out
