@@ -149,18 +149,22 @@ class BurstAttention:
         self.kv_pool, self.num_heads, self.num_kv_heads, self.head_dim = kv_pool, num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.meta = None
+        self.splits = self.scratch = None
         if use_triton is None:
             use_triton = triton_attention(kv_pool.k[0].device, head_dim)
         self.use_triton = use_triton
 
-    def bind(self, slot_table, positions, out_slots, queries: int, dtype=None) -> None:
-        """The step's device tensors: slot table [B, C], positions and KV slots [B * Q]. The
-        reference's mask is built once here for every layer: an additive bias [B, 1, g * Q, C]
-        (g = query heads per KV head) in the query dtype, for the query groups folded into the
-        query rows."""
+    def bind(self, slot_table, positions, out_slots, queries: int, dtype=None, splits: int | None = None,
+             scratch=None) -> None:
+        """The step's device tensors: slot table [B, C], positions and KV slots [B * Q]; for the
+        Triton kernel its static number of key splits and their float32 scratch (made before a CUDA
+        graph is captured; None: chosen / allocated per call). The reference's mask is built once
+        here for every layer: an additive bias [B, 1, g * Q, C] (g = query heads per KV head) in the
+        query dtype, for the query groups folded into the query rows."""
         import torch
 
         self.table, self.queries, self.positions = slot_table, queries, positions
+        self.splits, self.scratch = splits, scratch
         self.meta = SimpleNamespace(out_slots=out_slots)
         if self.use_triton:
             return
@@ -182,7 +186,8 @@ class BurstAttention:
             self.kv_pool.write(layer, self.meta.out_slots, k, v)
         k_rows, v_rows = self.kv_pool.k[layer], self.kv_pool.v[layer]
         if self.use_triton:
-            return burst_attention_triton(q, k_rows, v_rows, self.table, self.positions, self.queries, self.scale)
+            return burst_attention_triton(q, k_rows, v_rows, self.table, self.positions, self.queries, self.scale,
+                                          splits=self.splits, scratch=self.scratch)
         return burst_attention_reference(q, k_rows, v_rows, self.table, self.bias, self.queries, self.scale)
 
 
@@ -230,6 +235,16 @@ class BurstRunner:
             self.result = torch.zeros(Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
             self.ring = torch.zeros(max(1, max_iterations), Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
             self.arange = torch.arange(self.Q, device=dev)
+        # the Triton attention's key splits per key (static: a graph captures them) and one float32
+        # scratch for their partials, as large as the largest key needs, made before any capture
+        self.splits: dict[BurstKey, int] = {}
+        self.attn_scratch = None
+        if self.attn.use_triton:
+            from kernels.burst_attention import device_sm_count
+
+            self.sm_count = device_sm_count(dev)
+            need = max((self._scratch_numel(key) for key in self.keys()), default=0)
+            self.attn_scratch = torch.empty(need, dtype=torch.float32, device=dev)
         self.graphs: dict[BurstKey, object] = {}
         self.replays = 0
         self.bursts = 0
@@ -258,6 +273,30 @@ class BurstRunner:
         return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
 
     # ---- the iteration ----------------------------------------------------------------------
+    def attention_splits(self, key: BurstKey) -> int:
+        """The Triton attention's key splits for a key: from its static shapes and the SM count."""
+        from kernels.burst_attention import choose_splits
+
+        if key not in self.splits:
+            self.splits[key] = choose_splits(key.batch, self.attn.num_kv_heads, key.context, self.sm_count)
+        return self.splits[key]
+
+    def _scratch_numel(self, key: BurstKey) -> int:
+        from kernels.burst_attention import scratch_numel
+
+        a = self.attn
+        return scratch_numel(key.batch, a.num_heads, a.num_kv_heads, a.head_dim, self.Q, self.attention_splits(key))
+
+    def _attention_scratch(self, key: BurstKey):
+        """The scratch of a key's splits: the buffer made at start-up; an eager key beyond the
+        captured ones (CPU) grows it, never while a graph is captured."""
+        torch, need = self.torch, self._scratch_numel(key)
+        if need > self.attn_scratch.numel():
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"burst attention scratch of {self.attn_scratch.numel()} for {need} in a capture")
+            self.attn_scratch = torch.empty(need, dtype=torch.float32, device=self.device)
+        return self.attn_scratch
+
     def _views(self, key: BurstKey):
         B, C = key.batch, key.context
         f = self.flat
@@ -282,7 +321,11 @@ class BurstRunner:
         positions = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
         slots = table.gather(1, positions).reshape(-1)
         positions = positions.reshape(-1)
-        self.attn.bind(table, positions, slots, Q, runner.model_dtype)
+        if self.attn.use_triton:
+            self.attn.bind(table, positions, slots, Q, runner.model_dtype, splits=self.attention_splits(key),
+                           scratch=self._attention_scratch(key))
+        else:
+            self.attn.bind(table, positions, slots, Q, runner.model_dtype)
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden).float()  # [B * Q, V]
