@@ -1,7 +1,8 @@
 """What one DSpark burst iteration costs on the device, and where it goes.
 
     python benchmarks/burst_profile.py --model DIR [--random-like] [--drafter DIR|random]
-        [--requests 1,8,32] [--context 256] [--attention triton,torch] [--block-n 64,128] [--json out.json]
+        [--requests 1,8,32] [--context 256] [--attention triton,torch] [--block-n 64,128]
+        [--splits auto,1,4,8] [--json out.json]
 
 For each burst attention (`--attention`, set through `SGLAUNCH_DSPARK_KERNELS`: the Triton kernel
 and its SDPA reference) it boots the engine `serve` would boot with a DSpark drafter (static mode, so nothing
@@ -12,6 +13,9 @@ position `--context` and reports, in the same run:
   queued back to back and read back once, so this is the device's time per drafting step);
 - `kernel_ms` and `kernels`: the CUDA kernel time and kernel count per iteration (torch.profiler
   over one burst), and the kernels with the most time: what to fuse next;
+- `splits`: the Triton attention's key splits at that request count's graph (`--splits`: auto
+  chooses them from the batch bucket, slot-table width, KV heads and SM count; a number fixes them,
+  at most one split per key block; every `--block-n` x `--splits` pair is one configuration);
 - beside them, on the same engine: a plain decode step of the same requests, pipelined as an
   overlapped engine runs it (`sps_profile._pipelined_seconds`), the number a burst iteration has
   to beat by its accept length.
@@ -48,6 +52,15 @@ def burst_input(engine, requests: int, context: int, borrowed: list[int]):
         tables.append(pages)
     return BurstInput([rng.randrange(vocab) for _ in range(requests)], [context] * requests, tables,
                       runner.max_iterations)
+
+
+def attention_splits(engine, requests: int, context: int) -> int | None:
+    """The key splits of the Triton attention in the graph a burst of `requests` at `context` replays."""
+    runner = engine.runner.burst
+    if not runner.attn.use_triton:
+        return None
+    key = runner.pick(requests, runner.context_needed([context] * requests, runner.max_iterations))
+    return runner.attention_splits(key) if key is not None else None
 
 
 def measure(engine, requests: int, context: int, repeats: int, top: int) -> dict:
@@ -97,6 +110,7 @@ def measure(engine, requests: int, context: int, repeats: int, top: int) -> dict
         plain = _pipelined_seconds(engine, plan, step)
         return {
             "requests": requests, "context": context, "iterations": N,
+            "splits": attention_splits(engine, requests, context),
             "iteration_ms": statistics.median(times) / N * 1e3,
             "kernel_ms": sum(sum(v) for v in by_name.values()) / N / 1e3,
             "kernels": len(kernels) / N,
@@ -121,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test (no kernels)")
     parser.add_argument("--block-n", default="64", help="key slots per loop step of the Triton attention, "
                         "comma-separated: each value is one more configuration (triton only)")
+    parser.add_argument("--splits", default="auto", help="key splits of the Triton attention (split-K), "
+                        "comma-separated: `auto` (from the shapes and the SM count) or a number; each value is "
+                        "one more configuration (triton only)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     from profile_step import random_drafter, random_like, release_device_memory
@@ -136,12 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(x) for x in args.requests.split(",")]
         import kernels.burst_attention as burst_kernel
 
-        configs = [(a, int(b)) for a in args.attention.split(",")
-                   for b in (args.block_n.split(",") if a == "triton" else ["0"])]
-        for attention, block_n in configs:
+        splits_values = [None if v.strip() == "auto" else int(v) for v in args.splits.split(",")]
+        configs = [(a, int(b), s) for a in args.attention.split(",")
+                   for b in (args.block_n.split(",") if a == "triton" else ["0"])
+                   for s in (splits_values if a == "triton" else [None])]
+        default_block_n = burst_kernel.DEFAULT_BLOCK_N
+        for attention, block_n, splits in configs:
             os.environ["SGLAUNCH_DSPARK_KERNELS"] = attention
-            if block_n:  # NOTE: before the engine boots: the graphs capture the kernel with it
-                burst_kernel.DEFAULT_BLOCK_N = block_n
+            # NOTE: before the engine boots: the graphs capture the kernel with them (and the
+            # runner sizes the splits' scratch at start-up)
+            burst_kernel.DEFAULT_BLOCK_N = block_n or default_block_n
+            burst_kernel.DEFAULT_SPLITS = splits
             os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "4")
             tokens = ["--model-path", str(model), "--served-model-name", "burst", "--device", args.device,
                       "--max-running-requests", str(max(counts)), "--random-seed", "0",
@@ -151,10 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for requests in counts:
                     row = {"attention": attention, "block_n": block_n or None,
+                           "splits_option": ("auto" if splits is None else splits) if attention == "triton" else None,
                            **measure(engine, requests, args.context, args.repeats, args.top)}
                     results.append(row)
-                    label = f"{attention}/{block_n}" if block_n else attention
-                    print(f"{label:10s} R={requests:3d} C={args.context}: iteration {row['iteration_ms']:.3f} ms "
+                    label = (f"{attention}/{block_n}/s{row['splits_option']}={row['splits']}" if block_n
+                             else attention)
+                    print(f"{label:18s} R={requests:3d} C={args.context}: iteration {row['iteration_ms']:.3f} ms "
                           f"(kernels {row['kernel_ms']:.3f} ms, {row['kernels']:.0f} a step); plain pipelined "
                           f"{row['plain_pipelined_ms']:.3f} ms", flush=True)
                     for k in row["top_kernels"]:
