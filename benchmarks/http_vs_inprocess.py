@@ -20,7 +20,14 @@ concurrency).
 Each side warms up first (one round of --concurrency short requests), then is timed; with
 --repeats > 1 the sides alternate and the median is kept. Prints output tok/s of both and the
 ratio http / in-process (issue 15's target: within 10% at concurrency 64). Without --model, a
-small random-weight Llama (tests/server/checkpoints.py) is built in a temporary folder.
+small random-weight Llama (tests/server/checkpoints.py) is built in a temporary folder: on a CPU
+its engine steps are cheap, so the HTTP side shows what the server path costs.
+
+The HTTP side also reports where the CPU went, per output token (from /proc and process_time, so
+comparable between runs on a shared machine where wall rates are not): the server process, the
+engine process (and its children), the client processes, and SSE content chunks per token (below
+1 when the server coalesced tokens for a stream that fell behind). --py-spy DIR records the
+server process during the timed loop (py-spy's raw collapsed stacks; `py-spy` on PATH).
 """
 
 from __future__ import annotations
@@ -65,6 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--server-arg", action="append", default=[], metavar="FIELD=VALUE",
                         help="an extra EngineConfig field for both sides (JSON value), e.g. cuda_graph_max_bs=64")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                        help="raw: sglaunch.bench.rawclient (lean keep-alive SSE client, the default); httpx: "
+                             "sglaunch bench's client library, several times the CPU per event")
+    parser.add_argument("--http-only", action="store_true", help="skip the in-process side (CPU profiling runs)")
+    parser.add_argument("--py-spy", type=Path, metavar="DIR", help="record the server process into DIR (raw stacks)")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.requests = args.requests or 4 * args.concurrency
@@ -160,39 +172,113 @@ class Server:
             return self.process.wait()
 
 
-async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int) -> int:
-    """Stream every prompt through /v1/completions, `concurrency` at a time; -> output tokens."""
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the engine process, its ranks, multiprocessing's helpers)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def request_body(prompt: list[int], new_tokens: int) -> dict:
+    return {"model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def http_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int,
+                           counts: dict | None = None, client: str = "raw") -> int:
+    """Stream every prompt through /v1/completions, `concurrency` at a time; -> output tokens.
+    `counts` gets the number of content chunks (events with a choice) under "chunks"."""
+    if client == "raw":
+        return await raw_closed_loop(url, prompts, new_tokens, concurrency, counts)
     import httpx
 
     from sglaunch.bench.runner import closed_loop
 
     tokens = [0] * len(prompts)
+    chunks = [0] * len(prompts)
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         async def one(index: int) -> None:
-            body = {"model": "bench", "prompt": prompts[index], "max_tokens": new_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            body = request_body(prompts[index], new_tokens)
             async with client.stream("POST", "/v1/completions", json=body) as reply:
                 if reply.status_code != 200:
                     raise RuntimeError(f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}")
                 async for line in reply.aiter_lines():
-                    if line.startswith("data: {") and '"usage"' in line:
+                    if not line.startswith("data: {"):
+                        continue
+                    if '"usage"' in line:
                         usage = json.loads(line[6:]).get("usage")
                         if usage:
                             tokens[index] = usage["completion_tokens"]
+                            continue
+                    chunks[index] += 1
 
         await closed_loop(one, len(prompts), concurrency)
+    if counts is not None:
+        counts["chunks"] = sum(chunks)
+    return sum(tokens)
+
+
+async def raw_closed_loop(url: str, prompts: list[list[int]], new_tokens: int, concurrency: int,
+                          counts: dict | None) -> int:
+    from sglaunch.bench.rawclient import RawStreamClient
+    from sglaunch.bench.runner import closed_loop
+
+    client = RawStreamClient(url)
+    tokens = [0] * len(prompts)
+    chunks = [0] * len(prompts)
+
+    async def one(index: int) -> None:
+        events, usage = await client.stream("/v1/completions", request_body(prompts[index], new_tokens))
+        if usage is None:
+            raise RuntimeError("a stream without its usage event")
+        tokens[index] = usage["completion_tokens"]
+        chunks[index] = events - 2  # NOTE: not the usage event, nor [DONE]
+
+    try:
+        await closed_loop(one, len(prompts), concurrency)
+    finally:
+        client.close()
+    if counts is not None:
+        counts["chunks"] = sum(chunks)
     return sum(tokens)
 
 
 def run_http(server: Server, prompts, warm, args) -> dict:
     """Warm up, then the timed closed loop, split over --client-processes processes (one Python
     client can fall behind a fast server) that start together; steps from /server_info."""
-    asyncio.run(http_closed_loop(server.url, warm, 8, args.concurrency))
+    asyncio.run(http_closed_loop(server.url, warm, 8, args.concurrency, client=args.client))
     steps_before = asyncio.run(steps_of(server.url))
     clients = max(1, min(args.client_processes, args.concurrency))
     shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
-               time.time() + 3.0) for i in range(clients)]
+               time.time() + (1.0 if clients == 1 else 3.0), args.client) for i in range(clients)]
+    engine_pids = descendants(server.process.pid)
+    spy = start_py_spy(server.process.pid, args.py_spy, args) if args.py_spy else None
+    server_cpu0, engine_cpu0 = cpu_seconds(server.process.pid), sum(map(cpu_seconds, engine_pids))
     if clients == 1:
         parts = [client_part(*shares[0])]
     else:
@@ -200,21 +286,55 @@ def run_http(server: Server, prompts, warm, args) -> dict:
 
         with multiprocessing.get_context("spawn").Pool(clients) as pool:
             parts = pool.starmap(client_part, shares)
+    server_cpu = cpu_seconds(server.process.pid) - server_cpu0
+    engine_cpu = sum(map(cpu_seconds, engine_pids)) - engine_cpu0
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
-    result = {"tokens": sum(p["tokens"] for p in parts), "seconds": seconds, "client_processes": clients,
-              "steps": asyncio.run(steps_of(server.url)) - steps_before}
+    tokens = sum(p["tokens"] for p in parts)
+    chunks = sum(p["chunks"] for p in parts)
+    client_cpu = sum(p["cpu"] for p in parts)
+    result = {"tokens": tokens, "seconds": seconds, "client_processes": clients,
+              "steps": asyncio.run(steps_of(server.url)) - steps_before,
+              "server_cpu_s": server_cpu, "engine_cpu_s": engine_cpu, "client_cpu_s": client_cpu,
+              "server_cpu_us_per_token": 1e6 * server_cpu / max(tokens, 1),
+              "engine_cpu_us_per_token": 1e6 * engine_cpu / max(tokens, 1),
+              "client_cpu_us_per_token": 1e6 * client_cpu / max(tokens, 1),
+              "server_cpu_busy": server_cpu / seconds, "client_cpu_busy": client_cpu / seconds,
+              "chunks_per_token": chunks / max(tokens, 1), "client": args.client}
     expected = len(prompts) * args.new_tokens
     if result["tokens"] != expected:
         raise RuntimeError(f"HTTP side produced {result['tokens']} tokens, expected {expected}")
     return result
 
 
-def client_part(url: str, prompts: list, new_tokens: int, concurrency: int, start_at: float) -> dict:
+def start_py_spy(pid: int, folder: Path, args) -> subprocess.Popen:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"server-{int(time.time())}.txt"
+    log(f"py-spy recording the server process into {out}")
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250", "--gil", "--format", "raw",
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def client_part(url: str, prompts: list, new_tokens: int, concurrency: int, start_at: float,
+                client: str = "raw") -> dict:
     """One client process's share of the closed loop, from the shared start time on."""
     time.sleep(max(0.0, start_at - time.time()))
-    start = time.time()
-    tokens = asyncio.run(http_closed_loop(url, prompts, new_tokens, concurrency))
-    return {"tokens": tokens, "start": start, "end": time.time()}
+    counts: dict = {}
+    cpu0, start = time.process_time(), time.time()
+    tokens = event_loop_run(http_closed_loop(url, prompts, new_tokens, concurrency, counts, client))
+    return {"tokens": tokens, "chunks": counts["chunks"], "start": start, "end": time.time(),
+            "cpu": time.process_time() - cpu0}
+
+
+def event_loop_run(coroutine):
+    """uvloop where it is installed (as the server runs), asyncio's loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 async def steps_of(url: str) -> int:
@@ -289,7 +409,8 @@ def main(argv=None) -> int:
         runs = {"http": [], "in-process": []}
         for repeat in range(args.repeats):
             runs["http"].append(http_side(fields, prompts, warm, args, Path(tmp) / f"server-{repeat}.log"))
-            runs["in-process"].append(inprocess_side(fields, prompts, warm, args, repeat))
+            if not args.http_only:
+                runs["in-process"].append(inprocess_side(fields, prompts, warm, args, repeat))
     report = summarize(args, runs)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -306,7 +427,10 @@ def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
     if code != 0:
         raise RuntimeError(f"server exited with {code}:\n{log_path.read_text()}")
     log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps, "
-        f"{result['client_processes']} client process(es)")
+        f"{result['client_processes']} client process(es); CPU us/token: server "
+        f"{result['server_cpu_us_per_token']:.1f} (busy {result['server_cpu_busy']:.2f}), engine "
+        f"{result['engine_cpu_us_per_token']:.1f}, client {result['client_cpu_us_per_token']:.1f} "
+        f"(busy {result['client_cpu_busy']:.2f}); chunks/token {result['chunks_per_token']:.3f}")
     return result
 
 
@@ -326,18 +450,30 @@ def inprocess_side(fields: dict, prompts, warm, args, repeat: int) -> dict:
     return result
 
 
+CPU_KEYS = ("server_cpu_us_per_token", "engine_cpu_us_per_token", "client_cpu_us_per_token",
+            "server_cpu_busy", "client_cpu_busy", "chunks_per_token")
+
+
 def summarize(args, runs: dict) -> dict:
-    rates = {side: statistics.median(r["tokens"] / r["seconds"] for r in results) for side, results in runs.items()}
-    ratio = rates["http"] / rates["in-process"]
+    rates = {side: statistics.median(r["tokens"] / r["seconds"] for r in results)
+             for side, results in runs.items() if results}
+    ratio = rates["http"] / rates["in-process"] if "in-process" in rates else None
+    http_cpu = {key: statistics.median(r[key] for r in runs["http"]) for key in CPU_KEYS}
     report = {"device": args.device, "dtype": args.dtype, "model": str(args.model or "random tiny llama"),
               "concurrency": args.concurrency, "requests": args.requests, "prompt_len": args.prompt_len,
-              "new_tokens": args.new_tokens, "repeats": args.repeats, "runs": runs,
-              "http_tok_s": rates["http"], "inprocess_tok_s": rates["in-process"], "ratio": ratio}
+              "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu_count": os.cpu_count(),
+              "runs": runs, "http_tok_s": rates["http"], "inprocess_tok_s": rates.get("in-process"),
+              "ratio": ratio, "http_cpu": http_cpu}
     print(f"concurrency {args.concurrency}, {args.requests} requests x {args.new_tokens} tokens "
           f"({args.device}, {args.dtype}):")
     print(f"  http        {rates['http']:10.1f} output tok/s")
-    print(f"  in-process  {rates['in-process']:10.1f} output tok/s")
-    print(f"  ratio http / in-process: {ratio:.3f}")
+    if ratio is not None:
+        print(f"  in-process  {rates['in-process']:10.1f} output tok/s")
+        print(f"  ratio http / in-process: {ratio:.3f}")
+    print(f"  http CPU us per output token: server {http_cpu['server_cpu_us_per_token']:.1f} "
+          f"(busy {http_cpu['server_cpu_busy']:.2f}), engine {http_cpu['engine_cpu_us_per_token']:.1f}, "
+          f"client {http_cpu['client_cpu_us_per_token']:.1f} (busy {http_cpu['client_cpu_busy']:.2f}); "
+          f"SSE chunks per token {http_cpu['chunks_per_token']:.3f}")
     return report
 
 
