@@ -328,17 +328,20 @@ class BurstRunner:
             self.attn.bind(table, positions, slots, Q, runner.model_dtype)
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
-        logits = runner.model.compute_logits(hidden).float()  # [B * Q, V]
+        logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
+        # NOTE: the argmax of the model-dtype logits is the float32 copy's (the conversion is exact):
+        # it reads half the bytes; the log-probabilities are the plain step's (log_softmax in float32)
         choice = logits.argmax(dim=-1)
-        lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0]
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, choice[:, None])[:, 0]
         choice = choice.view(B, Q)
-        n = (drafts == choice[:, :G]).to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B] accepted drafts
+        n = torch.cumprod(drafts == choice[:, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
         self.result[:B, :Q].copy_(choice)
         self.result[:B, Q: 2 * Q].copy_(lp.view(B, Q))
         self.result[:B, 2 * Q].copy_(n)
-        # the next iteration's inputs: anchor = the choice after the last accepted draft
-        anchors.copy_(choice.gather(1, n[:, None])[:, 0] * live)
-        starts.add_((n + 1) * live)
+        # the next iteration's inputs, written in place (no copy): anchor = the choice after the last
+        # accepted draft, start + n + 1; dummy rows (live 0) stay at token 0, position 0
+        torch.mul(choice.gather(1, n[:, None])[:, 0], live, out=anchors)
+        starts.addcmul_(n + 1, live)
 
     @property
     def captured(self) -> int:
