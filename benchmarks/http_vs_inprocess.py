@@ -77,6 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "sglaunch bench's client library, several times the CPU per event")
     parser.add_argument("--http-only", action="store_true", help="skip the in-process side (CPU profiling runs)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="record the server process into DIR (raw stacks)")
+    parser.add_argument("--py-spy-engine", action="store_true", help="with --py-spy: the engine process too")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.requests = args.requests or 4 * args.concurrency
@@ -277,7 +278,9 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
                time.time() + (1.0 if clients == 1 else 3.0), args.client) for i in range(clients)]
     engine_pids = descendants(server.process.pid)
-    spy = start_py_spy(server.process.pid, args.py_spy, args) if args.py_spy else None
+    spies = [start_py_spy(pid, args.py_spy, name) for name, pid in
+             (("server", server.process.pid), ("engine", max(engine_pids, key=cpu_seconds, default=None)))
+             if args.py_spy and pid is not None and (name == "server" or args.py_spy_engine)]
     server_cpu0, engine_cpu0 = cpu_seconds(server.process.pid), sum(map(cpu_seconds, engine_pids))
     if clients == 1:
         parts = [client_part(*shares[0])]
@@ -288,7 +291,7 @@ def run_http(server: Server, prompts, warm, args) -> dict:
             parts = pool.starmap(client_part, shares)
     server_cpu = cpu_seconds(server.process.pid) - server_cpu0
     engine_cpu = sum(map(cpu_seconds, engine_pids)) - engine_cpu0
-    if spy is not None:
+    for spy in spies:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
     seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
@@ -309,10 +312,10 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     return result
 
 
-def start_py_spy(pid: int, folder: Path, args) -> subprocess.Popen:
+def start_py_spy(pid: int, folder: Path, name: str) -> subprocess.Popen:
     folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"server-{int(time.time())}.txt"
-    log(f"py-spy recording the server process into {out}")
+    out = folder / f"{name}-{int(time.time())}.txt"
+    log(f"py-spy recording the {name} process ({pid}) into {out}")
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250", "--gil", "--format", "raw",
                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -365,7 +368,7 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
             engine.add_request(GenerateRequest(f"{tag}-{index}", tuple(prompts[index]), sampling))
             in_flight += 1
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     steps_before = engine.counters["steps"]
     top_up()
     while engine.has_work:
@@ -374,7 +377,9 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
             in_flight -= out.finished
         top_up()
     _synchronize(engine)
-    return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": engine.counters["steps"] - steps_before}
+    cpu = time.process_time() - cpu0
+    return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": engine.counters["steps"] - steps_before,
+            "engine_cpu_s": cpu, "engine_cpu_us_per_token": 1e6 * cpu / max(tokens, 1)}
 
 
 def release_device_memory(device: str) -> None:
@@ -446,7 +451,8 @@ def inprocess_side(fields: dict, prompts, warm, args, repeat: int) -> dict:
         cluster.stop(engine)
     del engine, cluster
     release_device_memory(args.device)
-    log(f"in-process: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps")
+    log(f"in-process: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps; "
+        f"CPU us/token: engine {result['engine_cpu_us_per_token']:.1f}")
     return result
 
 

@@ -570,7 +570,10 @@ class LLMEngine:
             raise
 
     def keepalive(self) -> None:
-        """Tell idle workers rank 0 is alive (their step broadcast would time out)."""
+        """Tell idle workers rank 0 is alive (their step broadcast would time out); DSpark's
+        `spec:` line for the steps since its last one."""
+        if self.spec is not None:
+            self.spec._maybe_log(force=True)
         try:
             self.tp.broadcast_object(("noop",))
         except Exception as exc:

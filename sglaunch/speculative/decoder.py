@@ -379,9 +379,11 @@ class DSparkDecoder:
         self.planner.reset_prior()
         self.stats = SpecStats(self.gamma)
 
-    def _maybe_log(self) -> None:
+    def _maybe_log(self, force: bool = False) -> None:
+        """The periodic `spec:` line (every LOG_INTERVAL_S while steps run; force: now, when any
+        step ran since the last line: the engine went idle, so a burst of load gets its line)."""
         now, steps = time.monotonic(), self.stats.steps + self.stats.step_aside_steps
-        if now - self._last_log >= LOG_INTERVAL_S and steps > self._logged_steps:
+        if (force or now - self._last_log >= LOG_INTERVAL_S) and steps > self._logged_steps:
             scale = self.planner.calibration.scale if self.planner.calibration is not None else None
             logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
                                                  f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else "")

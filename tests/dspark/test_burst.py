@@ -362,3 +362,22 @@ def test_fused_greedy_markov_step_gives_the_same_block(dspark_files):
     assert torch.equal(blocks[True].tokens, blocks[False].tokens)
     if blocks[False].conf_logits is not None:
         torch.testing.assert_close(blocks[True].conf_logits, blocks[False].conf_logits)
+
+
+def test_an_idle_engine_logs_the_steps_since_its_last_line(dspark_files, bursts, caplog):
+    """The `spec:` line comes every LOG_INTERVAL_S while steps run, and once more when the engine
+    goes idle (keepalive), so a short burst of load is reported; an idle engine adds no line."""
+    import logging
+
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        with caplog.at_level(logging.INFO, logger="sglaunch.speculative.decoder"):
+            run(engine, make_requests(prompts(2, seed=14), "i", greedy(12)))
+            before = sum("spec:" in r.getMessage() for r in caplog.records)
+            engine.keepalive()
+            after = sum("spec:" in r.getMessage() for r in caplog.records)
+            engine.keepalive()
+            again = sum("spec:" in r.getMessage() for r in caplog.records)
+    finally:
+        cluster.stop(engine)
+    assert after == before + 1 and again == after
