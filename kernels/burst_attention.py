@@ -56,6 +56,10 @@ WAVES = 2  # auto: about this many programs per SM (each is short and latency-bo
 CPU_SMS = 4  # the "SM count" where there is none (Triton's interpreter): a few splits, so tests run them
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -76,9 +80,9 @@ def device_sm_count(device) -> int:
 def split_chunk(width: int, splits: int, block_n: int) -> tuple[int, int]:
     """-> (splits, key slots per split): each split a whole number of key blocks, none past the
     slot table (so `splits` may come back smaller)."""
-    splits = max(1, min(int(splits), -(-width // block_n)))
-    chunk = -(-(-(-width // splits)) // block_n) * block_n
-    return -(-width // chunk), chunk
+    splits = max(1, min(int(splits), _cdiv(width, block_n)))
+    chunk = _cdiv(_cdiv(width, splits), block_n) * block_n
+    return _cdiv(width, chunk), chunk
 
 
 def choose_splits(batch: int, num_kv_heads: int, width: int, sm_count: int, block_n: int | None = None,
@@ -91,7 +95,7 @@ def choose_splits(batch: int, num_kv_heads: int, width: int, sm_count: int, bloc
     splits = splits if splits is not None else DEFAULT_SPLITS
     if splits is None:
         groups = max(1, batch * num_kv_heads)
-        splits = min(MAX_SPLITS, -(-WAVES * max(1, sm_count) // groups))
+        splits = min(MAX_SPLITS, _cdiv(WAVES * max(1, sm_count), groups))
     return split_chunk(width, splits, block_n)[0]
 
 
@@ -185,7 +189,7 @@ if HAS_TRITON:
         m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_all = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HD], tl.float32)
-        for s in range(0, used):
+        for s in range(used):
             part = first + s
             m_s = tl.load(ml_ptr + part * 2 * BLOCK_M + m, mask=valid, other=float("-inf"))
             l_s = tl.load(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, mask=valid, other=0.0)
