@@ -358,7 +358,7 @@ case "${1:-}" in
     echo "pipeline started"
     ;;
   snapshot)  # here, before call A
-    mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' ':(exclude)benchmarks/gpu6' > .gpu6/tree.tar.gz \
+    mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' ':(exclude)benchmarks/gpu6' ':(exclude)benchmarks/drafter_rounds' > .gpu6/tree.tar.gz \
       && git rev-parse HEAD > .gpu6/tree.commit && du -sh .gpu6
     ;;
   half1)  # half1 a (carry .s1a/p_aa), then half1 b (carry .s1a/p_ab): the first half in two quarters

@@ -415,6 +415,7 @@ class LLMEngine:
             self.spec.stats.record_step([n + 1 for n in accepted], len(chunks) * (gamma + 1), 0.0,
                                         seconds / iterations)
         self.spec.planner.skip_step()
+        self.spec.planner.observe_accepts(result.accepted)
         finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
         # NOTE: priced with its commit and outputs: what a burst step costs the engine

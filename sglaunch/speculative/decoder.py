@@ -387,5 +387,6 @@ class DSparkDecoder:
             scale = self.planner.calibration.scale if self.planner.calibration is not None else None
             logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
                                                  f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else "")
+                        + f", prior accept {1.0 + sum(self.planner.prior):.2f}"
                         + (self.log_suffix() if self.log_suffix is not None else ""))
             self._last_log, self._logged_steps = now, steps

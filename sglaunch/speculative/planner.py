@@ -358,6 +358,20 @@ class DSparkPlanner:
             self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
             self._observed = True
 
+    def observe_accepts(self, accepted: Sequence[Sequence[int]]) -> None:
+        """A DSpark burst's accepted draft counts [iterations][requests] (no confidences are read
+        back from a burst): the fraction of request-iterations that kept slot j is its empirical
+        survival, folded into the prior as one observed step's mean survivals are. NOTE: without
+        it, an engine that only bursts (1-32 requests) keeps the 1.0 guess, and the first batch too
+        wide to burst prices every new request as if all its drafts survive."""
+        counts = [n for row in accepted for n in row]
+        if not counts:
+            return
+        mean = [sum(n > j for n in counts) / len(counts) for j in range(self.block_size)]
+        decay = PRIOR_DECAY if self._observed else 0.0
+        self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
+        self._observed = True
+
     def skip_step(self) -> None:
         """A step that drafted nothing: it observed no survivals. NOTE: it still advances the
         relay, so `lag` such steps later every request is priced at the running mean survival

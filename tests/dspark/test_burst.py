@@ -381,3 +381,30 @@ def test_an_idle_engine_logs_the_steps_since_its_last_line(dspark_files, bursts,
     finally:
         cluster.stop(engine)
     assert after == before + 1 and again == after
+
+
+def test_bursts_teach_the_planner_its_prior():
+    """A burst's accepted counts are the empirical survivals the planner prices new requests at:
+    slot j survives in the request-iterations that kept more than j drafts."""
+    from sglaunch.speculative.planner import PRIOR_DECAY, DSparkPlanner
+
+    planner = DSparkPlanner(block_size=4, mode="static")
+    assert planner.prior == [1.0] * 4
+    planner.observe_accepts([[0, 4], [2, 1]])  # the first observation replaces the 1.0 guess
+    assert planner.prior == pytest.approx([0.75, 0.5, 0.25, 0.25])
+    planner.observe_accepts([[0, 0]])
+    assert planner.prior == pytest.approx([PRIOR_DECAY * p for p in (0.75, 0.5, 0.25, 0.25)])
+    planner.observe_accepts([])
+    assert planner.prior == pytest.approx([PRIOR_DECAY * p for p in (0.75, 0.5, 0.25, 0.25)])
+
+
+def test_an_engine_that_only_bursts_learns_a_prior(dspark_files, bursts):
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["random"], "static"))
+    try:
+        run(engine, make_requests(prompts(2, seed=15), "p", greedy(24)))
+        assert engine.runner.burst.bursts > 0
+        prior = engine.spec.planner.prior
+    finally:
+        cluster.stop(engine)
+    assert prior != [1.0] * GAMMA and all(0.0 <= p <= 1.0 for p in prior)
+    assert prior == sorted(prior, reverse=True)  # survivals never grow along the block
