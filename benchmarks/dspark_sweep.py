@@ -164,6 +164,7 @@ def run_level(engine, prompts: list[list[int]], concurrency: int, count: int, ma
     queue = deque(GenerateRequest(f"{tag}-{i}", tuple(prompts[i % len(prompts)]), sampling) for i in range(count))
     in_flight = most_in_flight = output_tokens = finished = 0
     before, steps_before = spec_totals(engine), engine.counters["steps"]
+    bursts_before = burst_totals(engine)
     sync(engine)
     start = time.perf_counter()
     while queue or engine.has_work:
@@ -192,7 +193,22 @@ def run_level(engine, prompts: list[list[int]], concurrency: int, count: int, ma
                    verify_tokens_per_request_step=delta["verify_tokens"] / max(1, delta["request_steps"]),
                    step_aside_steps=delta["step_aside_steps"],
                    step_aside_fraction=delta["step_aside_steps"] / max(1, delta["steps"] + delta["step_aside_steps"]))
+    if bursts_before is not None:  # DSpark bursts in this level: how many, their iterations, why steps did not burst
+        bursts_after = burst_totals(engine)
+        row["bursts"] = bursts_after["bursts"] - bursts_before["bursts"]
+        row["burst_iterations"] = bursts_after["iterations"] - bursts_before["iterations"]
+        row["steps_without_burst"] = {why: n - bursts_before["skipped"].get(why, 0)
+                                      for why, n in bursts_after["skipped"].items()
+                                      if n > bursts_before["skipped"].get(why, 0)}
     return row
+
+
+def burst_totals(engine):
+    """The burst policy's running counts (None: the engine does not burst)."""
+    policy = getattr(engine, "burst", None)
+    if policy is None:
+        return None
+    return {"bursts": policy.bursts, "iterations": policy.burst_iterations, "skipped": dict(policy.skipped)}
 
 
 def drafter_graphs(engine):

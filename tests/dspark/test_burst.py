@@ -408,3 +408,28 @@ def test_an_engine_that_only_bursts_learns_a_prior(dspark_files, bursts):
         cluster.stop(engine)
     assert prior != [1.0] * GAMMA and all(0.0 <= p <= 1.0 for p in prior)
     assert prior == sorted(prior, reverse=True)  # survivals never grow along the block
+
+
+def test_the_sweep_reports_each_levels_bursts(dspark_files, bursts):
+    """benchmarks/dspark_sweep.py's closed loop: per level, the bursts, their iterations and why
+    the other steps did not burst (deltas, so a second level does not count the first's)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "dspark_sweep.py"
+    spec = importlib.util.spec_from_file_location("dspark_sweep_for_bursts", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        batch = prompts(3, seed=16, lengths=(9, 17, 30))
+        first = sweep.run_level(engine, batch, concurrency=2, count=3, max_tokens=16, ignore_eos=True, tag="a")
+        second = sweep.run_level(engine, batch, concurrency=2, count=3, max_tokens=16, ignore_eos=True, tag="b")
+        total = engine.burst.bursts
+    finally:
+        cluster.stop(engine)
+    for row in (first, second):
+        assert row["bursts"] > 0 and row["burst_iterations"] >= row["bursts"]
+    # NOTE: the second level's prompts are in the radix cache: its prefills are one token, decodes
+    assert first["steps_without_burst"].get("prefill", 0) > 0
+    assert first["bursts"] + second["bursts"] == total
