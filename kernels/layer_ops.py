@@ -22,6 +22,8 @@ for the order of a row's float32 sum in RMSNorm.
   largest sum as torch.argmax gives it: the DSpark drafter's greedy Markov step (its base logits
   plus the Markov bias), whose add and argmax were two kernels a position, the argmax a slow
   one-row reduction (a burst iteration's eight argmaxes took 98 µs on an H200, session 10).
+  It runs kernels/vocab_reduce.py's vocabulary-split version ((row, chunk) programs and a
+  per-row combine): one program a row walking V was latency-bound at 1-32 rows (12 µs each).
 """
 
 from __future__ import annotations
@@ -101,23 +103,6 @@ if HAS_TRITON:
         y = (x32 * tl.math.rsqrt(var + eps)).to(x.dtype)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         tl.store(out_ptr + pid * D + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
-
-    @triton.jit
-    def _add_argmax_kernel(a_ptr, b_ptr, out_ptr, V, stride_a, stride_b, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        best = tl.full([1], float("-inf"), tl.float32)
-        where = tl.zeros([1], tl.int64)
-        for start in range(0, V, BLOCK):
-            col = start + tl.arange(0, BLOCK)
-            inside = col < V
-            x = (tl.load(a_ptr + row * stride_a + col, mask=inside, other=float("-inf"))
-                 + tl.load(b_ptr + row * stride_b + col, mask=inside, other=0.0))
-            value, index = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            # NOTE: a later block wins only with a strictly larger value: the first index of the maximum
-            better = value > best
-            where = tl.where(better, (start + index).to(tl.int64), where)
-            best = tl.where(better, value, best)
-        tl.store(out_ptr + row + tl.arange(0, 1), where)
 
     @triton.jit
     def _silu_and_mul_kernel(x_ptr, out_ptr, I, BLOCK: tl.constexpr):
@@ -222,17 +207,10 @@ if HAS_TRITON:
         return out, summed
 
     def add_argmax_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if a.shape != b.shape or a.dim() != 2 or a.dtype != torch.float32 or b.dtype != torch.float32:
-            raise ValueError(f"add_argmax: two float32 [rows, V] tensors of one shape, got {tuple(a.shape)} "
-                             f"{a.dtype} and {tuple(b.shape)} {b.dtype}")
-        if a.stride(-1) != 1 or b.stride(-1) != 1:
-            raise ValueError("add_argmax: the last dimension must be contiguous")
-        rows, V = a.shape
-        out = torch.empty(rows, dtype=torch.int64, device=a.device)
-        if rows:
-            _add_argmax_kernel[(rows,)](a, b, out, V, a.stride(0), b.stride(0),
-                                        BLOCK=min(4096, triton.next_power_of_2(V)))
-        return out
+        # split over the vocabulary: (row, chunk) programs and a per-row combine (kernels/vocab_reduce.py)
+        from .vocab_reduce import add_argmax_triton as split_add_argmax
+
+        return split_add_argmax(a, b)
 
     def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
