@@ -328,9 +328,13 @@ class CudaGraphRunner:
         import torch
 
         from sglaunch.engine.attention.flashinfer_backend import GraphBuffers
+        from sglaunch.engine.layers import use_layer_kernels
         from sglaunch.speculative.draft_graphs import enabled_from_env
 
         self.runner, self.plan, self.torch = runner, plan, torch
+        # the greedy choice + log-probability as one vocabulary-split Triton kernel where the
+        # layer kernels run (kernels/vocab_reduce.py); the torch sequence otherwise
+        self.fused_greedy = use_layer_kernels(runner.device)
         self.draft_in_graph = runner.draft is not None and enabled_from_env()
         self.attn, pool = runner.attn, runner.kv_pool
         self.padding_page, self.page_size = pool.padding_page, pool.page_size
@@ -432,12 +436,22 @@ class CudaGraphRunner:
         # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
         # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
         # DSpark step accepts from those alone; other steps compute their logits after the replay)
-        logits = runner.model.compute_logits(hidden).float()
-        if key.decode:
-            self.logits[:n].copy_(logits)
-        tokens = logits.argmax(dim=-1)
-        self.greedy[0, :n].copy_(tokens.double())
-        self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
+        if self.fused_greedy:
+            from kernels.vocab_reduce import greedy_logprob_triton
+
+            logits = runner.model.compute_logits(hidden)  # the model dtype: the kernel reads it as float32
+            if key.decode:
+                self.logits[:n].copy_(logits)  # the float32 conversion in the copy
+            tokens, lp = greedy_logprob_triton(logits)
+            self.greedy[0, :n].copy_(tokens)
+            self.greedy[1, :n].copy_(lp)
+        else:
+            logits = runner.model.compute_logits(hidden).float()
+            if key.decode:
+                self.logits[:n].copy_(logits)
+            tokens = logits.argmax(dim=-1)
+            self.greedy[0, :n].copy_(tokens.double())
+            self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.

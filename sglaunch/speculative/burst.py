@@ -329,10 +329,17 @@ class BurstRunner:
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
-        # NOTE: the argmax of the model-dtype logits is the float32 copy's (the conversion is exact):
-        # it reads half the bytes; the log-probabilities are the plain step's (log_softmax in float32)
-        choice = logits.argmax(dim=-1)
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, choice[:, None])[:, 0]
+        if self.attn.use_triton:
+            # one pass over the model-dtype logits (kernels/vocab_reduce.py): the argmax and its
+            # log-probability in float32, no float32 copy, log_softmax tensor or gather
+            from kernels.vocab_reduce import greedy_logprob_triton
+
+            choice, lp = greedy_logprob_triton(logits)
+        else:
+            # NOTE: the argmax of the model-dtype logits is the float32 copy's (the conversion is exact):
+            # it reads half the bytes; the log-probabilities are the plain step's (log_softmax in float32)
+            choice = logits.argmax(dim=-1)
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, choice[:, None])[:, 0]
         choice = choice.view(B, Q)
         n = torch.cumprod(drafts == choice[:, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
         self.result[:B, :Q].copy_(choice)
