@@ -83,7 +83,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _chunk_kernel(x_ptr, b_ptr, part_ptr, part_i_ptr, out_ptr, out_lp_ptr, V, stride_x, stride_b, CHUNK,
+    def _vocab_chunk_kernel(x_ptr, b_ptr, part_ptr, part_i_ptr, out_ptr, out_lp_ptr, V, stride_x, stride_b, CHUNK,
                       NCHUNKS, HAS_B: tl.constexpr, LOGPROB: tl.constexpr, SINGLE: tl.constexpr,
                       BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -137,7 +137,7 @@ if HAS_TRITON:
                 tl.store(part_ptr + 2 * rows * NCHUNKS + slot, tl.sum(s, axis=0))
 
     @triton.jit
-    def _combine_kernel(part_ptr, part_i_ptr, out_ptr, out_lp_ptr, NCHUNKS, LOGPROB: tl.constexpr,
+    def _vocab_combine_kernel(part_ptr, part_i_ptr, out_ptr, out_lp_ptr, NCHUNKS, LOGPROB: tl.constexpr,
                         CBLOCK: tl.constexpr):
         # chunks hold increasing indices: the first index of the overall maximum is the smallest
         # index among the chunks whose maximum it is (the first NaN's likewise)
@@ -179,10 +179,10 @@ if HAS_TRITON:
             part_i = torch.empty(rows * n, dtype=torch.int32, device=x.device)
         lp_arg = out_lp if logprob else out
         b_arg = b if b is not None else x
-        _chunk_kernel[(rows, n)](x, b_arg, part, part_i, out, lp_arg, V, x.stride(0), b_arg.stride(0), size, n,
+        _vocab_chunk_kernel[(rows, n)](x, b_arg, part, part_i, out, lp_arg, V, x.stride(0), b_arg.stride(0), size, n,
                                  HAS_B=b is not None, LOGPROB=logprob, SINGLE=single, BLOCK=BLOCK, num_warps=4)
         if not single:
-            _combine_kernel[(rows,)](part, part_i, out, lp_arg, n, LOGPROB=logprob,
+            _vocab_combine_kernel[(rows,)](part, part_i, out, lp_arg, n, LOGPROB=logprob,
                                      CBLOCK=max(16, triton.next_power_of_2(n)), num_warps=1)
         return out, out_lp
 
