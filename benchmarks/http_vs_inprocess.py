@@ -15,6 +15,10 @@ concurrency).
               prompts (sglaunch bench's closed loop over httpx, the concurrency shared by
               --client-processes processes so the client is not what limits); output tokens
               counted from each stream's usage chunk
+  engine-process  the server's EngineClient in this process (the engine process and the ZeroMQ
+              channel as the server runs them, no HTTP, no detokenization): generate() with
+              --concurrency in flight; tells the server's own cost (http against this side) from
+              the engine process's and the arrival pattern's (this side against in-process)
   in-process  create_engine in this process, with the same EngineConfig: add_request / step,
               topping the batch up to --concurrency whenever a request finishes
 Each side warms up first (one round of --concurrency short requests), then is timed; with
@@ -75,12 +79,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="raw: sglaunch.bench.rawclient (lean keep-alive SSE client, the default); httpx: "
                              "sglaunch bench's client library, several times the CPU per event")
-    parser.add_argument("--http-only", action="store_true", help="skip the in-process side (CPU profiling runs)")
+    parser.add_argument("--sides", default="http,engine-process,in-process",
+                        help="which sides to run, comma-separated (http, engine-process, in-process)")
+    parser.add_argument("--server-tree", type=Path, default=ROOT,
+                        help="run the HTTP side's server from the sglaunch package in this folder (e.g. a "
+                             "`git archive REF sglaunch` extraction, for before/after runs)")
+    parser.add_argument("--http-only", action="store_true", help="--sides http (CPU profiling runs)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="record the server process into DIR (raw stacks)")
     parser.add_argument("--py-spy-engine", action="store_true", help="with --py-spy: the engine process too")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.requests = args.requests or 4 * args.concurrency
+    args.sides = ["http"] if args.http_only else [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = set(args.sides) - {"http", "engine-process", "in-process"}
+    if unknown or not args.sides:
+        parser.error(f"--sides: unknown {sorted(unknown)}" if unknown else "--sides: none given")
     return args
 
 
@@ -138,15 +151,15 @@ def free_port() -> int:
 class Server:
     """run_server in a subprocess; stopped with SIGTERM."""
 
-    def __init__(self, fields: dict, log_path: Path):
+    def __init__(self, fields: dict, log_path: Path, tree: Path = ROOT):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.log_path = log_path
         with open(log_path, "wb") as out:
             self.process = subprocess.Popen([sys.executable, "-c", LAUNCH_SNIPPET,
                                              json.dumps({**fields, "port": self.port})],
-                                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=tree, env=env)
 
     def wait_healthy(self, timeout: float = 600) -> None:
         import httpx
@@ -411,10 +424,13 @@ def main(argv=None) -> int:
         fields = engine_fields(args, model)
         prompts = make_prompts(args.requests, args.prompt_len, vocab_size(model), args.seed)
         warm = make_prompts(args.concurrency, args.prompt_len, vocab_size(model), args.seed + 1)
-        runs = {"http": [], "in-process": []}
+        runs = {side: [] for side in args.sides}
         for repeat in range(args.repeats):
-            runs["http"].append(http_side(fields, prompts, warm, args, Path(tmp) / f"server-{repeat}.log"))
-            if not args.http_only:
+            if "http" in runs:
+                runs["http"].append(http_side(fields, prompts, warm, args, Path(tmp) / f"server-{repeat}.log"))
+            if "engine-process" in runs:
+                runs["engine-process"].append(engine_process_side(fields, prompts, warm, args, repeat))
+            if "in-process" in runs:
                 runs["in-process"].append(inprocess_side(fields, prompts, warm, args, repeat))
     report = summarize(args, runs)
     if args.out:
@@ -423,7 +439,7 @@ def main(argv=None) -> int:
 
 
 def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
-    server = Server(fields, log_path)
+    server = Server(fields, log_path, args.server_tree)
     try:
         server.wait_healthy()
         result = run_http(server, prompts, warm, args)
@@ -437,6 +453,59 @@ def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
         f"{result['engine_cpu_us_per_token']:.1f}, client {result['client_cpu_us_per_token']:.1f} "
         f"(busy {result['client_cpu_busy']:.2f}); chunks/token {result['chunks_per_token']:.3f}")
     return result
+
+
+def engine_process_side(fields: dict, prompts, warm, args, repeat: int) -> dict:
+    result = event_loop_run(engine_process_run(fields, prompts, warm, args, repeat))
+    log(f"engine-process: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps; "
+        f"CPU us/token: engine {result['engine_cpu_us_per_token']:.1f}, client {result['client_cpu_us_per_token']:.1f}")
+    return result
+
+
+async def engine_process_run(fields: dict, prompts, warm, args, repeat: int) -> dict:
+    """The closed loop straight on EngineClient (the server's engine process and channel)."""
+    from sglaunch.bench.runner import closed_loop
+    from sglaunch.config import EngineConfig
+    from sglaunch.engine.engine_client import EngineClient
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+    engine = EngineClient(EngineConfig(**fields))
+    await engine.start()
+    try:
+        async def run(batch, new_tokens: int, tag: str) -> int:
+            sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+            tokens = [0] * len(batch)
+
+            async def one(index: int) -> None:
+                request = GenerateRequest(f"{tag}-{index}", tuple(batch[index]), sampling)
+                async for out in engine.generate(request):
+                    tokens[index] += len(out.new_token_ids)
+
+            await closed_loop(one, len(batch), args.concurrency)
+            return sum(tokens)
+
+        await run(warm, 8, f"warm{repeat}")
+        await asyncio.sleep(0.2)  # NOTE: the live statistics of the warm-up's end have arrived
+        steps_before = int(engine.server_info().get("total_steps", 0))
+        engine_pids = descendants(os.getpid())
+        spy = (start_py_spy(max(engine_pids, key=cpu_seconds), args.py_spy, "engine-process")
+               if args.py_spy and args.py_spy_engine and engine_pids else None)
+        engine_cpu0, cpu0, start = sum(map(cpu_seconds, engine_pids)), time.process_time(), time.perf_counter()
+        tokens = await run(prompts, args.new_tokens, f"r{repeat}")
+        seconds = time.perf_counter() - start
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+        client_cpu, engine_cpu = time.process_time() - cpu0, sum(map(cpu_seconds, engine_pids)) - engine_cpu0
+        await asyncio.sleep(0.2)
+        steps = int(engine.server_info().get("total_steps", 0)) - steps_before
+    finally:
+        await engine.shutdown()
+    expected = len(prompts) * args.new_tokens
+    if tokens != expected:
+        raise RuntimeError(f"engine-process side produced {tokens} tokens, expected {expected}")
+    return {"tokens": tokens, "seconds": seconds, "steps": steps, "engine_cpu_s": engine_cpu,
+            "engine_cpu_us_per_token": 1e6 * engine_cpu / tokens, "client_cpu_us_per_token": 1e6 * client_cpu / tokens}
 
 
 def inprocess_side(fields: dict, prompts, warm, args, repeat: int) -> dict:
@@ -463,23 +532,31 @@ CPU_KEYS = ("server_cpu_us_per_token", "engine_cpu_us_per_token", "client_cpu_us
 def summarize(args, runs: dict) -> dict:
     rates = {side: statistics.median(r["tokens"] / r["seconds"] for r in results)
              for side, results in runs.items() if results}
-    ratio = rates["http"] / rates["in-process"] if "in-process" in rates else None
-    http_cpu = {key: statistics.median(r[key] for r in runs["http"]) for key in CPU_KEYS}
+    step_ms = {side: statistics.median(1e3 * r["seconds"] / max(r["steps"], 1) for r in results)
+               for side, results in runs.items() if results}
+    base = rates.get("in-process")
+    ratio = rates["http"] / base if base and "http" in rates else None
     report = {"device": args.device, "dtype": args.dtype, "model": str(args.model or "random tiny llama"),
               "concurrency": args.concurrency, "requests": args.requests, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu_count": os.cpu_count(),
-              "runs": runs, "http_tok_s": rates["http"], "inprocess_tok_s": rates.get("in-process"),
-              "ratio": ratio, "http_cpu": http_cpu}
+              "client": args.client, "runs": runs, "tok_s": rates, "ms_per_step": step_ms,
+              "http_tok_s": rates.get("http"), "inprocess_tok_s": base,
+              "engine_process_tok_s": rates.get("engine-process"), "ratio": ratio,
+              "ratio_engine_process": rates["engine-process"] / base if base and "engine-process" in rates else None}
     print(f"concurrency {args.concurrency}, {args.requests} requests x {args.new_tokens} tokens "
           f"({args.device}, {args.dtype}):")
-    print(f"  http        {rates['http']:10.1f} output tok/s")
+    for side, rate in rates.items():
+        share = f"  ({rate / base:.3f} of in-process)" if base and side != "in-process" else ""
+        print(f"  {side:15s} {rate:10.1f} output tok/s, {step_ms[side]:.2f} ms per engine step{share}")
     if ratio is not None:
-        print(f"  in-process  {rates['in-process']:10.1f} output tok/s")
         print(f"  ratio http / in-process: {ratio:.3f}")
-    print(f"  http CPU us per output token: server {http_cpu['server_cpu_us_per_token']:.1f} "
-          f"(busy {http_cpu['server_cpu_busy']:.2f}), engine {http_cpu['engine_cpu_us_per_token']:.1f}, "
-          f"client {http_cpu['client_cpu_us_per_token']:.1f} (busy {http_cpu['client_cpu_busy']:.2f}); "
-          f"SSE chunks per token {http_cpu['chunks_per_token']:.3f}")
+    if "http" in runs:
+        http_cpu = {key: statistics.median(r[key] for r in runs["http"]) for key in CPU_KEYS}
+        report["http_cpu"] = http_cpu
+        print(f"  http CPU us per output token: server {http_cpu['server_cpu_us_per_token']:.1f} "
+              f"(busy {http_cpu['server_cpu_busy']:.2f}), engine {http_cpu['engine_cpu_us_per_token']:.1f}, "
+              f"client {http_cpu['client_cpu_us_per_token']:.1f} (busy {http_cpu['client_cpu_busy']:.2f}); "
+              f"SSE chunks per token {http_cpu['chunks_per_token']:.3f}")
     return report
 
 

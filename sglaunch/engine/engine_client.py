@@ -21,7 +21,6 @@ from multiprocessing.util import Finalize
 from typing import AsyncIterator
 
 import zmq
-import zmq.asyncio
 
 import sglaunch
 from sglaunch.config import EngineConfig
@@ -110,6 +109,7 @@ class EngineClient:
         self._failure: str | None = None
         self._failure_reported = False
         self._exited = asyncio.Event()  # the engine process has ended
+        self._receiving = False
         self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -122,7 +122,9 @@ class EngineClient:
         self._open_channel()
         self._spawn()
         loop.add_reader(self._process.sentinel, self._on_exit)
-        self._receiver = asyncio.create_task(self._receive())
+        loop.add_reader(self._events.getsockopt(zmq.FD), self._receive)
+        self._receiving = True
+        self._receive()  # NOTE: anything that arrived before the reader was added
         try:
             await self._started
         except BaseException:
@@ -146,7 +148,9 @@ class EngineClient:
         self._commands.setsockopt(zmq.SNDHWM, 0)
         self._commands.setsockopt(zmq.LINGER, 0)
         self._commands.bind(self._endpoints.commands)
-        self._events = zmq.asyncio.Context.shadow(self._context).socket(zmq.PULL)
+        # NOTE: a plain socket read from the loop's own reader callback (issue 15: zmq.asyncio's
+        # futures, tasks and poller callbacks cost more per step event than the event itself)
+        self._events = self._context.socket(zmq.PULL)
         self._events.setsockopt(zmq.RCVHWM, 0)
         self._events.setsockopt(zmq.LINGER, 0)
         self._events.bind(self._endpoints.events)
@@ -186,7 +190,9 @@ class EngineClient:
             raise RuntimeError(self._failure or f"the engine process exited with code {code} while shutting down")
 
     def _close(self) -> None:
-        self._receiver.cancel()
+        if self._receiving:
+            self._receiving = False
+            asyncio.get_running_loop().remove_reader(self._events.getsockopt(zmq.FD))
         self._events.close()
         self._commands.close()
         self._context.term()
@@ -246,10 +252,23 @@ class EngineClient:
             pass
 
     # ---- events from the engine ---------------------------------------------------------
-    async def _receive(self) -> None:
-        while True:
-            frame = await self._events.recv(copy=False)
-            self._on_event(ipc.decode(frame.buffer))
+    def _receive(self) -> None:
+        """Every event queued now, handled at once (the socket's descriptor is edge-triggered:
+        it signals again only once the queue has been read empty)."""
+        events, recv, flags = self._events, self._events.recv, zmq.NOBLOCK
+        while self._receiving:
+            try:
+                frame = recv(flags, copy=False)
+            except zmq.Again:
+                if not events.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                continue
+            except zmq.ZMQError:  # closed under us
+                return
+            try:
+                self._on_event(ipc.decode(frame.buffer))
+            except Exception:  # NOTE: one bad event must not stop the reader
+                logger.exception("Could not handle an event from the engine process")
 
     def _on_event(self, event: tuple) -> None:
         kind = event[0]

@@ -247,7 +247,11 @@ async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMet
                 yield plain(delta.text)
             elif delta.text or delta.finished or logprobs.wanted_for(delta):
                 choice = _completion_choice(0, delta, logprobs)
-                yield sse(meta.envelope("text_completion", choices=[choice]), logprobs.floats(delta))
+                chunk = sse(meta.envelope("text_completion", choices=[choice]), logprobs.floats(delta))
+                if delta.finished and include_usage:  # NOTE: the last two events in one write
+                    chunk += sse(meta.envelope("text_completion", choices=[], usage=_usage([delta])))
+                    last = None
+                yield chunk
     finally:
         await deltas.aclose()
     if include_usage and last is not None:
@@ -278,7 +282,11 @@ async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, log
                 yield _chat_chunk(meta, {"content": delta.text}, logprobs=logprobs.chat(delta),
                                   floats=logprobs.floats(delta))
             if delta.finished:
-                yield _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
+                chunk = _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
+                if include_usage:  # NOTE: the last two events in one write
+                    chunk += sse(meta.envelope("chat.completion.chunk", choices=[], usage=_usage([delta])))
+                    last = None
+                yield chunk
     finally:
         await deltas.aclose()
     if include_usage and last is not None:

@@ -112,5 +112,5 @@ class EventStreamResponse(StreamingResponse):
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await events.aclose()
-        await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # NOTE: [DONE] and the end of the body in one write
+        await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
