@@ -2,9 +2,15 @@
 
     python benchmarks/http_vs_inprocess.py [--model CHECKPOINT] [--device cuda|cpu]
         [--concurrency 64] [--requests N] [--prompt-len 64] [--new-tokens 128] [--repeats 1]
-        [--client-processes N] [--dtype bfloat16] [--out results.json] [--server-arg FIELD=JSON ...]
+        [--client-processes N] [--client raw|httpx] [--sides http,engine-process,in-process]
+        [--dtype bfloat16] [--out results.json] [--server-arg FIELD=JSON ...]
+        [--server-tree DIR] [--py-spy DIR [--py-spy-engine]]
 
 On the H200: python benchmarks/http_vs_inprocess.py --device cuda --model SMOLLM2_DIR
+    --sides http,engine-process,in-process
+On a CPU (the server's cost per token, with real parts: the tiny random Llama's steps are cheap):
+    python benchmarks/http_vs_inprocess.py --concurrency 64 --requests 192 --client-processes 1 \
+        --sides http,engine-process,in-process
 
 Both sides see the same requests: random token-id prompts of --prompt-len tokens, --new-tokens
 tokens each, EOS ignored, greedy, no radix cache, --concurrency requests in flight (a closed
@@ -79,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="raw: sglaunch.bench.rawclient (lean keep-alive SSE client, the default); httpx: "
                              "sglaunch bench's client library, several times the CPU per event")
-    parser.add_argument("--sides", default="http,engine-process,in-process",
+    parser.add_argument("--sides", default="http,in-process",
                         help="which sides to run, comma-separated (http, engine-process, in-process)")
     parser.add_argument("--server-tree", type=Path, default=ROOT,
                         help="run the HTTP side's server from the sglaunch package in this folder (e.g. a "
