@@ -176,3 +176,228 @@ def dspark_loss(logits: torch.Tensor, conf: torch.Tensor | None, target_logits: 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp_min(1))
+
+
+# ----------------------------------------------------------------------------- the fast training path
+#
+# What the step above materialises is vocabulary-sized: every block slot's drafter logits, Markov
+# bias, log-probabilities, probabilities and the target's logits and probabilities, [N, G, V] fp32
+# each (32 x 128 x 7 x 49152 = 1.4G elements, 5.6 GB apiece for SmolLM2), and as many again in the
+# backward; most of a step's GPU time went there. The path below computes the same loss and the
+# same gradients chunk by chunk of SUPERVISED slots only (weight > 0: padding blocks and the slots
+# past a response's end carry none), with the target's distribution computed once per distinct
+# position (a position is read by up to G blocks) and the gradient w.r.t. the logits formed in
+# closed form inside the chunk, so no [rows, V] tensor outlives its chunk and nothing
+# vocabulary-sized is kept for the backward.
+
+CHUNK_ELEMENTS = 1 << 28  # rows x V per chunk: 1 GiB in fp32
+
+
+@dataclass
+class LossRows:
+    """The supervised slots of a micro-batch's blocks, built on the host (no device sync)."""
+
+    rows: torch.Tensor  # [R] flat slot index j * G + k, valid slots only
+    target_rows: torch.Tensor  # [P] distinct flat target positions s * T + (a_j + k) they read
+    inverse: torch.Tensor  # [R] index of each slot's position in target_rows
+    labels: torch.Tensor  # [R] tok_{a+k+1}
+    weights: torch.Tensor  # [R] w_k
+    slot: torch.Tensor  # [R] k
+    denom: torch.Tensor  # [] sum of all weights (clamped), the normaliser of every term
+
+
+def loss_rows(blocks: Blocks, T: int) -> LossRows:
+    N, G = blocks.valid.shape
+    rows = blocks.valid.reshape(-1).nonzero()[:, 0]
+    j, k = rows // G, rows % G
+    # a valid slot has a + k + 1 < T, so its target row a + k needs no clamp
+    flat = blocks.seq[j] * T + blocks.anchor[j] + k
+    target_rows, inverse = torch.unique(flat, return_inverse=True)
+    return LossRows(rows, target_rows, inverse, blocks.labels.reshape(-1)[rows], blocks.weights.reshape(-1)[rows],
+                    k, blocks.weights.sum().clamp_min(1e-6))
+
+
+def to_device(x, device: torch.device):
+    """Host tensors (or a dataclass of them) to the device without a stream sync: pinned memory and
+    non_blocking copies on CUDA, so the host can go on preparing the next micro-batch."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(x):
+        return type(x)(**{f.name: to_device(getattr(x, f.name), device) for f in dataclasses.fields(x)})
+    if not isinstance(x, torch.Tensor) or x.device == device:
+        return x
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+class _NoLMHead(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[..., :1]  # forward_block's logits become [B, G, 1]: the loss computes the real ones
+
+
+def block_hidden(drafter: DSparkDrafter, batch: DraftBatch) -> torch.Tensor:
+    """The drafter's own forward_block (grouped layout), with autograd, returning the final-normed
+    block states h [B, G, d] only: the LM head is applied chunk-wise by fused_dspark_loss."""
+    if drafter.draft_vocab is not None:
+        raise ValueError("train with the full vocabulary (restrict_vocab comes after training)")
+    head = drafter.lm_head
+    drafter.lm_head = _NoLMHead()
+    try:
+        return block_forward(drafter, batch, torch.float32).hidden
+    finally:
+        drafter.lm_head = head
+
+
+def teacher_forced_markov(drafter: DSparkDrafter, hidden: torch.Tensor, prev: torch.Tensor
+                          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """teacher_forced_heads without the vocabulary: -> (z [N, G, r], the Markov head's input to W2,
+    so that its bias is z W2^T; confidence logits [N, G]). z comes from the head's own bias() with
+    W2 replaced by the r x r identity, so every head type (vanilla, gated, rnn) keeps its code."""
+    N, G, _ = hidden.shape
+    head = drafter.markov_head
+    z = None
+    e = head.markov_w1(prev) if head is not None else None  # [N, G, r]
+    if head is not None:
+        eye = torch.eye(head.rank, dtype=e.dtype, device=e.device)
+        if head.kind != "rnn":
+            z = head.bias(e, hidden, None, eye)[0]
+        else:
+            zs, state = [], head.init_state(N, e[:, 0])
+            for k in range(G):
+                zk, state = head.bias(e[:, k], hidden[:, k], state, eye)
+                zs.append(zk)
+            z = torch.stack(zs, 1)
+    conf = None
+    if drafter.confidence_head is not None:
+        flat_e = e.reshape(N * G, -1) if e is not None else None
+        conf = drafter.confidence_head(hidden.reshape(N * G, -1), flat_e).view(N, G)
+    return z, conf
+
+
+def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w_ce: torch.Tensor,
+                w_l1: torch.Tensor, t_arg: torch.Tensor):
+    """One chunk, in place on its fp32 logits [c, V] (then free): -> (d loss / d logits [c, V] in
+    logits' storage, ce [c], l1 [c], top1 [c]). loss = sum_r w_ce CE + w_l1 ||p_d - p_t||_1, whose
+    gradient w.r.t. logit v is w_ce (p_v - [v = label]) + w_l1 p_v (s_v - <p, s>), s = sign(p_d - p_t)."""
+    top1 = logits.argmax(-1) == t_arg
+    lse = torch.logsumexp(logits, -1)
+    ce = lse - logits.gather(1, labels[:, None])[:, 0]
+    p = logits.sub_(lse[:, None]).exp_()  # p_d
+    d = torch.sub(p, p_t, out=p_t)  # p_t is this chunk's own gathered copy
+    l1 = torch.linalg.vector_norm(d, 1, dim=-1)
+    s = d.sign_()
+    ps = torch.bmm(p[:, None, :], s[:, :, None])[:, 0, 0]  # <p, s>
+    g = s.mul_(w_l1[:, None]).add_((w_ce - w_l1 * ps)[:, None]).mul_(p)
+    g.scatter_add_(1, labels[:, None], -w_ce[:, None])
+    return g, ce, l1, top1
+
+
+def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg):
+    """_chunk_grad without in-place ops, for torch.compile (which fuses it into a few passes)."""
+    top1 = logits.argmax(-1) == t_arg
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    ce = lse[:, 0] - logits.gather(1, labels[:, None])[:, 0]
+    p = torch.exp(logits - lse)
+    d = p - p_t
+    l1 = d.abs().sum(-1)
+    s = torch.sign(d)
+    ps = (p * s).sum(-1, keepdim=True)
+    g = p * (w_l1[:, None] * (s - ps) + w_ce[:, None])
+    g = g - w_ce[:, None] * F.one_hot(labels, logits.shape[1]).to(g.dtype)
+    return g, ce, l1, top1
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_chunk_grad():
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(_chunk_grad_functional, dynamic=True)
+    return _COMPILED["fn"]
+
+
+class _FusedVocabLoss(torch.autograd.Function):
+    """sum_r w_ce[r] CE_r + w_l1[r] L1_r over the rows' logits l_r = h_r W^T + z_r W2^T, chunk by
+    chunk; the gradients w.r.t. h, z and W2 are formed in the forward (the loss is a scalar) and
+    scaled by the incoming gradient in the backward. Matmuls run in `dtype` (bf16 under autocast,
+    as the unfused step's) with their outputs rounded to it before the fp32 softmax, as there."""
+
+    @staticmethod
+    def forward(ctx, hidden, z, head_w, w2, p_t, t_arg, inverse, labels, w_ce, w_l1, dtype, compiled):
+        R, V = hidden.shape[0], head_w.shape[0]
+        dev = hidden.device
+        with torch.autocast(dev.type, enabled=False):
+            W = head_w.detach().to(dtype)
+            W2 = w2.detach().to(dtype) if w2 is not None else None
+            hd = hidden.detach().to(dtype)
+            zd = z.detach().to(dtype) if z is not None else None
+            gh = torch.empty(R, hidden.shape[1], dtype=hidden.dtype, device=dev)
+            gz = torch.empty(R, z.shape[1], dtype=z.dtype, device=dev) if z is not None else None
+            gw2 = torch.zeros(V, w2.shape[1], dtype=torch.float32, device=dev) if w2 is not None else None
+            ce, l1 = torch.empty(R, device=dev), torch.empty(R, device=dev)
+            top1 = torch.empty(R, dtype=torch.bool, device=dev)
+            step = max(1, min(R, CHUNK_ELEMENTS // V))
+            chunk_fn = compiled_chunk_grad() if compiled else _chunk_grad
+            for i in range(0, R, step):
+                sl = slice(i, min(R, i + step))
+                logits = F.linear(hd[sl], W).float()
+                if W2 is not None:
+                    logits.add_(F.linear(zd[sl], W2))
+                inv = inverse[sl]
+                g, ce[sl], l1[sl], top1[sl] = chunk_fn(logits, p_t.index_select(0, inv), labels[sl], w_ce[sl],
+                                                        w_l1[sl], t_arg.index_select(0, inv))
+                g = g.to(dtype)
+                gh[sl] = g @ W
+                if W2 is not None:
+                    gz[sl] = g @ W2
+                    gw2.add_((g.t() @ zd[sl]).float())
+                del logits, g
+            loss = (w_ce * ce).sum() + (w_l1 * l1).sum()
+        ctx.save_for_backward(gh, gz, gw2)
+        ctx.has_z, ctx.w2_dtype = z is not None, (w2.dtype if w2 is not None else None)
+        ctx.mark_non_differentiable(ce, l1, top1)
+        return loss, ce, l1, top1
+
+    @staticmethod
+    def backward(ctx, g_loss, *unused):
+        gh, gz, gw2 = ctx.saved_tensors
+        return (gh * g_loss.to(gh.dtype), gz * g_loss.to(gz.dtype) if ctx.has_z else None, None,
+                (gw2 * g_loss).to(ctx.w2_dtype) if gw2 is not None else None) + (None,) * 8
+
+
+def fused_dspark_loss(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | None,
+                      conf: torch.Tensor | None, p_t: torch.Tensor, t_arg: torch.Tensor, rows: LossRows,
+                      dtype: torch.dtype, compiled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """dspark_loss's loss and metrics, from the block states h [N, G, d], the Markov input z
+    [N, G, r] and the confidence logits [N, G], against the target's distribution p_t [P, V] (fp32)
+    and argmax t_arg [P] at rows.target_rows. Metrics stay device tensors (no sync)."""
+    N, G, d = hidden.shape
+    head = drafter.lm_head
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("fused_dspark_loss expects an LM head without bias")
+    dev = hidden.device
+    w = rows.weights
+    w_ce, w_l1 = (CE_ALPHA / rows.denom) * w, (L1_ALPHA / rows.denom) * w
+    h_rows = hidden.reshape(N * G, d).index_select(0, rows.rows)
+    z_rows = z.reshape(N * G, -1).index_select(0, rows.rows) if z is not None else None
+    w2 = drafter.markov_head.markov_w2.weight if z is not None else None
+    vocab_loss, ce, l1, top1 = _FusedVocabLoss.apply(h_rows, z_rows, head.weight, w2, p_t, t_arg, rows.inverse,
+                                                     rows.labels, w_ce, w_l1, dtype, compiled)
+    loss = vocab_loss
+    metrics = {"ce": (w * ce).sum() / rows.denom, "l1": (w * l1).sum() / rows.denom}
+    c_rows = (1.0 - 0.5 * l1).clamp(0.0, 1.0)  # c* of the supervised slots (detached: l1 has no grad)
+    if conf is not None:
+        c_star = torch.zeros(N * G, device=dev).index_copy_(0, rows.rows, c_rows)
+        w_full = torch.zeros(N * G, device=dev).index_copy_(0, rows.rows, w)
+        bce = F.binary_cross_entropy_with_logits(conf.reshape(-1).float(), c_star, reduction="none")
+        loss_conf = (w_full * bce).sum() / rows.denom
+        loss = loss + CONF_ALPHA * loss_conf
+        metrics["conf"] = loss_conf.detach()
+        metrics["conf_bias"] = ((torch.sigmoid(conf.detach().reshape(-1).float().index_select(0, rows.rows)) - c_rows).sum()
+                                / max(1, rows.rows.numel()))
+    counts = torch.zeros(G, device=dev).index_add_(0, rows.slot, torch.ones_like(c_rows)).clamp_min(1)
+    metrics["top1@k"] = torch.zeros(G, device=dev).index_add_(0, rows.slot, top1.float()) / counts
+    metrics["accept_rate@k"] = torch.zeros(G, device=dev).index_add_(0, rows.slot, c_rows) / counts
+    metrics["loss"] = loss.detach()
+    return loss, metrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -79,6 +80,11 @@ class TrainArgs:
     time_limit_s: float | None = None  # stop (checkpointed) after this long; --resume continues
     train_minutes: float | None = None  # fix the step count from the first steps' speed to fill this budget
     num_procs: int = 1  # data-parallel processes (one per GPU on cuda); each takes batch_size sequences
+    # the step's implementation: "fused" (the vocabulary side chunked over supervised slots, no host
+    # sync) or "reference" (the materialised [N, G, V] loss with a metrics sync: the pre-issue-19
+    # step, kept for tests and before/after benchmarks); both learn the same thing
+    loss_impl: str = "fused"
+    compile_loss: bool | None = None  # torch.compile the fused loss's chunk math (None: SGLAUNCH_TRAIN_COMPILE=1)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -187,7 +193,13 @@ class Trainer:
         else:
             model.load_checkpoint_weights(self.drafter, a.init_from)
         self.params = list(model.own_parameters(self.drafter).values())
-        self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95))
+        # one fused kernel for every parameter on CUDA (the default there is foreach: a few per tensor)
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95), **fused)
+        if a.loss_impl not in ("fused", "reference"):
+            raise SglaunchError(f"loss_impl {a.loss_impl!r} is not fused or reference")
+        self.compile_loss = (a.compile_loss if a.compile_loss is not None
+                             else os.environ.get("SGLAUNCH_TRAIN_COMPILE", "") not in ("", "0"))
         micro = a.batch_size * a.grad_accum
         steps = math.ceil(len(self.samples) * a.epochs / micro)
         self.total_steps = max(1, a.max_steps if a.max_steps is not None else steps)
@@ -218,7 +230,7 @@ class Trainer:
         sq, n = None, 0
         for i in range(batches):
             batch = objective.collate(self.micro_batch(i), self.args.max_length)
-            feats = self.target.run(batch.ids, batch.attention_mask).features.float()
+            feats = self.target.run(batch.ids).features.float()  # right-padded: causal attention needs no mask
             rows = feats[batch.loss_mask.to(feats.device)]  # [tokens, n_features * d]
             sq = rows.pow(2).sum(0) if sq is None else sq + rows.pow(2).sum(0)
             n += rows.shape[0]
@@ -251,6 +263,37 @@ class Trainer:
         return cached[1]
 
     def compute_loss(self, samples: list[data.Sample], gen: torch.Generator):
+        """-> (loss, metrics as device tensors) of one micro-batch, or (None, {}) without anchors.
+        Everything host-side (collate, anchors, blocks, the supervised slots) is built on the CPU
+        and copied without a sync, so the host prepares the next micro-batch while the GPU works."""
+        a = self.args
+        if a.loss_impl == "reference":
+            return self.compute_loss_reference(samples, gen)
+        batch = objective.collate(samples, a.max_length)
+        seq, anchor, real = objective.sample_anchors(batch, a.anchors_per_seq, gen)
+        if seq.numel() == 0:
+            return None, {}
+        B, T = batch.ids.shape
+        blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size, real)
+        rows = objective.loss_rows(blocks, T)
+        ids, blocks, rows = (objective.to_device(x, self.device) for x in (batch.ids, blocks, rows))
+        # right-padded sequences: a real position's causal attention never reaches the padding, so
+        # no mask (SDPA's flash kernel instead of a materialised [B, 1, T, T] mask)
+        tout = self.target.run(ids)
+        with torch.no_grad():  # the target's distribution once per distinct supervised position
+            t_logits = self.target.logits(tout.final_hidden.reshape(B * T, -1).index_select(0, rows.target_rows))
+            t_arg, p_t = t_logits.argmax(-1), torch.softmax(t_logits, dim=-1)
+            del t_logits
+        dbatch = objective.draft_batch(ids, tout.features, blocks, groups=seq.numel() // len(samples))
+        with self.autocast():
+            hidden = objective.block_hidden(self.drafter, dbatch)
+            z, conf = objective.teacher_forced_markov(self.drafter, hidden, blocks.prev)
+        return objective.fused_dspark_loss(self.drafter, hidden, z, conf, p_t, t_arg, rows, self.dtype,
+                                           compiled=self.compile_loss)
+
+    def compute_loss_reference(self, samples: list[data.Sample], gen: torch.Generator):
+        """The step before issue 19's speed work: [N, G, V] logits and distributions materialised
+        for every block slot, the target run with its padding mask, metrics read back each step."""
         a = self.args
         batch = objective.collate(samples, a.max_length)
         seq, anchor, real = objective.sample_anchors(batch, a.anchors_per_seq, gen)
@@ -288,10 +331,27 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        row = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(norm)}
+        row = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "grad_norm": norm.detach()}
         for k, vs in totals.items():
-            row[k] = [sum(x) / len(vs) for x in zip(*vs)] if isinstance(vs[0], list) else sum(vs) / len(vs)
+            if isinstance(vs[0], torch.Tensor):  # device metrics: averaged there, read at logging
+                row[k] = torch.stack(vs).mean(0)
+            else:
+                row[k] = [sum(x) / len(vs) for x in zip(*vs)] if isinstance(vs[0], list) else sum(vs) / len(vs)
         return row
+
+    @staticmethod
+    def host_row(row: dict[str, Any]) -> dict[str, Any]:
+        """A step's row with its device metrics read back (one sync): floats, lists per slot."""
+        tensors = {k: v for k, v in row.items() if isinstance(v, torch.Tensor)}
+        if not tensors:
+            return row
+        flat = torch.cat([v.detach().float().reshape(-1) for v in tensors.values()]).cpu().tolist()
+        out, i = dict(row), 0
+        for k, v in tensors.items():
+            n = v.numel()
+            out[k] = flat[i] if v.dim() == 0 else flat[i: i + n]
+            i += n
+        return out
 
     def sum_gradients(self) -> None:
         """All-reduce the gradients (each already divided by the step's micro-batch count) in one
@@ -341,9 +401,11 @@ class Trainer:
                       and self.step < self.total_steps):
                     self.refit_steps_to_budget(row["elapsed_s"])
                     bars.update(task, total=self.total_steps)
-                bars.update(task, completed=self.step, loss=f"loss {row.get('loss', float('nan')):.4f}")
                 if self.step % a.log_every == 0 or self.step == self.total_steps or self.step == 1:
+                    row = self.host_row(row)  # the only read-back of a step's metrics
                     self.log(row)
+                    bars.update(task, loss=f"loss {row.get('loss', float('nan')):.4f}")
+                bars.update(task, completed=self.step)
                 if self.step % a.save_every == 0 and self.step < self.total_steps:
                     self.save_checkpoint()
                 over = a.time_limit_s is not None and time.monotonic() - start > a.time_limit_s

@@ -1,0 +1,181 @@
+"""Micro-benchmark of one `train-draft` optimizer step (issue 19): steps/s and ms per step of
+Trainer.train_step, the exact step the drafter rounds run, for a given target and drafter.
+
+    # the next GPU session (H200; random SmolLM2 weights unless --target; the round's settings)
+    python benchmarks/train_step_bench.py --device cuda --impl fused,reference --json OUT/step_bench.json
+    python benchmarks/train_step_bench.py --device cuda --impl fused --compile        # + torch.compile
+    python benchmarks/train_step_bench.py --device cuda --profile 3                  # + a kernel table
+    # CPU smoke (CI-sized: 6 target layers, a 1-layer drafter, 2 sequences, full 49k vocabulary)
+    python benchmarks/train_step_bench.py --device cpu --smoke
+
+--impl fused is the step as it is now (the vocabulary side chunked over supervised slots, the
+target's distribution once per position, no per-step host sync, fused AdamW on CUDA); reference
+is the step before (issue 19's 5.7 steps/s on the H200: benchmarks/drafter_rounds/s11-round5/):
+[N, G, V] logits and distributions materialised for every slot, the target run with its padding
+mask, metrics read back every step. Both run in one process on the same micro-batches.
+
+The target is --target DIR (a checkpoint, e.g. /tmp/cache/models/smollm2-135m-instruct on a warm
+machine), else random weights with --config DIR's shape (default benchmarks/gpu6/smolcfg, SmolLM2-
+135M's config and tokenizer), saved once into --work. The drafter is --init-from DIR (default the
+bundled one, as the rounds use), or a fresh one with --num-draft-layers/--markov-rank. The
+sequences are real responses (--responses, default s11-round5's, 15k of them) in the seeded order.
+Prints one JSON line per implementation; --json FILE writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+DEFAULT_RESPONSES = REPO / "benchmarks/drafter_rounds/s11-round5/responses.jsonl.gz"
+DEFAULT_CONFIG = REPO / "benchmarks/gpu6/smolcfg"
+BUNDLED = REPO / "sglaunch/hub/drafters/smollm2-135m-instruct"
+LOGGED_STEPS_PER_S = 5.73  # s11-round5/logs.txt: "5.73 steps/s since step 500" (batch 32, length 768, 128 anchors)
+
+
+def random_target(config: Path, work: Path, layers: int | None, dtype: str) -> Path:
+    """A checkpoint folder with config's shape (optionally fewer layers) and random weights."""
+    import transformers
+
+    cfg = json.loads((config / "config.json").read_text())
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    folder = work / f"target-{cfg['num_hidden_layers']}l"
+    if (folder / "config.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (config / name).is_file():
+            shutil.copy(config / name, folder / name)
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, dtype))
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def read_responses(path: Path, limit: int | None) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines = []
+    with opener(path, "rt") as handle:
+        for line in handle:
+            if line.strip():
+                lines.append(line if line.endswith("\n") else line + "\n")
+                if limit and len(lines) >= limit:
+                    break
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="bfloat16 on cuda, float32 on cpu (train-draft's defaults)")
+    ap.add_argument("--target", type=Path, default=None)
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--target-layers", type=int, default=None, help="random target: this many layers")
+    ap.add_argument("--init-from", type=Path, default=None, help="default: the bundled drafter ('none': fresh)")
+    ap.add_argument("--num-draft-layers", type=int, default=2)
+    ap.add_argument("--markov-rank", type=int, default=8)
+    ap.add_argument("--responses", type=Path, action="append", default=None)
+    ap.add_argument("--max-responses", type=int, default=None)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-length", type=int, default=768)
+    ap.add_argument("--anchors-per-seq", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per implementation")
+    ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (allocator, kernels, compile)")
+    ap.add_argument("--impl", default="fused,reference", help="comma list of fused | reference")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the fused loss's chunk math")
+    ap.add_argument("--profile", type=int, default=0, help="after timing: profile N fused steps, print the top kernels")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/train_step_bench"))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU-sized: 6 target layers, fresh 1-layer drafter, 2 x 256 tokens")
+    a = ap.parse_args()
+    if a.smoke:
+        a.target_layers = a.target_layers or 6
+        a.init_from = a.init_from or Path("none")
+        a.num_draft_layers, a.batch_size, a.max_length, a.anchors_per_seq = 1, 2, 256, 16
+        a.steps, a.warmup, a.max_responses = min(a.steps, 3), min(a.warmup, 1), a.max_responses or 64
+    dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
+
+    from sglaunch.training import data
+    from sglaunch.training.trainer import TrainArgs, Trainer
+
+    a.work.mkdir(parents=True, exist_ok=True)
+    target = a.target or random_target(a.config, a.work, a.target_layers, "bfloat16" if a.device == "cuda" else "float32")
+    out = a.work / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    lines = []
+    for path in a.responses or [DEFAULT_RESPONSES]:
+        lines += read_responses(path, a.max_responses and a.max_responses - len(lines))
+    (out / "responses.jsonl").write_text("".join(lines))  # the cache train-draft reuses: no generation
+    prompt = a.work / "one_prompt.jsonl"
+    prompt.write_text('{"messages": [{"role": "user", "content": "unused: the responses are cached"}]}\n')
+    init = None if a.init_from is not None and str(a.init_from) == "none" else (a.init_from or BUNDLED)
+    args = TrainArgs(target=target, prompts=prompt, output=out, eval_fraction=0.0, device=a.device, dtype=dtype,
+                     init_from=init, num_draft_layers=a.num_draft_layers, markov_rank=a.markov_rank,
+                     max_length=a.max_length, batch_size=a.batch_size, anchors_per_seq=a.anchors_per_seq, lr=a.lr,
+                     max_steps=10**9, progress=False, compile_loss=a.compile)
+    trainer = Trainer(args)
+    trainer.setup()
+    dev = trainer.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    results = []
+    for impl in [x.strip() for x in a.impl.split(",") if x.strip()]:
+        trainer.args.loss_impl = impl
+        for _ in range(a.warmup):
+            trainer.train_step()
+        sync()
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        host = 0.0
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            h0 = time.perf_counter()
+            row = trainer.train_step()
+            host += time.perf_counter() - h0
+        sync()
+        wall = time.perf_counter() - t0
+        last = Trainer.host_row(row)
+        res = {"impl": impl, "compile": bool(a.compile and impl == "fused"), "device": str(dev),
+               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "dtype": dtype,
+               "batch_size": a.batch_size, "max_length": a.max_length, "anchors_per_seq": a.anchors_per_seq,
+               "target": str(target), "drafter": str(init) if init else "fresh", "steps": a.steps,
+               "ms_per_step": round(1000 * wall / a.steps, 2), "steps_per_s": round(a.steps / wall, 3),
+               "host_ms_per_step": round(1000 * host / a.steps, 2),
+               "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
+               "loss": round(float(last.get("loss", float("nan"))), 4)}
+        if dev.type == "cuda" and a.batch_size == 32 and a.max_length == 768 and a.anchors_per_seq == 128:
+            res["vs_logged_5.73_steps_per_s"] = round(res["steps_per_s"] / LOGGED_STEPS_PER_S, 2)
+        print(json.dumps(res), flush=True)
+        results.append(res)
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        trainer.args.loss_impl = "fused"
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for _ in range(a.profile):
+                trainer.train_step()
+            sync()
+        key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=30))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
