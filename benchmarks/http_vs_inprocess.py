@@ -292,7 +292,8 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     """Warm up, then the timed closed loop, split over --client-processes processes (one Python
     client can fall behind a fast server) that start together; steps from /server_info."""
     asyncio.run(http_closed_loop(server.url, warm, 8, args.concurrency, client=args.client))
-    steps_before = asyncio.run(steps_of(server.url))
+    info_before = asyncio.run(engine_info_of(server.url))
+    steps_before, replays_before = int(info_before["total_steps"]), graph_replays(info_before)
     clients = max(1, min(args.client_processes, args.concurrency))
     shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
                time.time() + (1.0 if clients == 1 else 3.0), args.client) for i in range(clients)]
@@ -317,8 +318,10 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     tokens = sum(p["tokens"] for p in parts)
     chunks = sum(p["chunks"] for p in parts)
     client_cpu = sum(p["cpu"] for p in parts)
-    result = {"tokens": tokens, "seconds": seconds, "client_processes": clients,
-              "steps": asyncio.run(steps_of(server.url)) - steps_before,
+    info_after = asyncio.run(engine_info_of(server.url))
+    steps = int(info_after["total_steps"]) - steps_before
+    result = {"tokens": tokens, "seconds": seconds, "client_processes": clients, "steps": steps,
+              "eager_steps": steps - (graph_replays(info_after) - replays_before),
               "server_cpu_s": server_cpu, "engine_cpu_s": engine_cpu, "client_cpu_s": client_cpu,
               "server_cpu_us_per_token": 1e6 * server_cpu / max(tokens, 1),
               "engine_cpu_us_per_token": 1e6 * engine_cpu / max(tokens, 1),
@@ -360,11 +363,19 @@ def event_loop_run(coroutine):
 
 
 async def steps_of(url: str) -> int:
+    return int((await engine_info_of(url))["total_steps"])
+
+
+async def engine_info_of(url: str) -> dict:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        info = (await client.get("/server_info")).json()["internal_states"][0]
-    return int(info["total_steps"])
+        return (await client.get("/server_info")).json()["internal_states"][0]
+
+
+def graph_replays(info: dict) -> int:
+    """Target forwards a CUDA graph served (decode + verify) in a server_info() dict; 0 without graphs."""
+    return sum(int(n) for n in (info.get("total_graph_replays") or {}).values())
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -388,7 +399,7 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
             in_flight += 1
 
     start, cpu0 = time.perf_counter(), time.process_time()
-    steps_before = engine.counters["steps"]
+    steps_before, replays_before = engine.counters["steps"], graph_replays(engine.live_stats())
     top_up()
     while engine.has_work:
         for out in engine.step():
@@ -397,8 +408,9 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
         top_up()
     _synchronize(engine)
     cpu = time.process_time() - cpu0
-    return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": engine.counters["steps"] - steps_before,
-            "engine_cpu_s": cpu, "engine_cpu_us_per_token": 1e6 * cpu / max(tokens, 1)}
+    steps = engine.counters["steps"] - steps_before
+    return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": steps,
+            "eager_steps": steps - (graph_replays(engine.live_stats()) - replays_before), "engine_cpu_s": cpu, "engine_cpu_us_per_token": 1e6 * cpu / max(tokens, 1)}
 
 
 def release_device_memory(device: str) -> None:
@@ -492,7 +504,8 @@ async def engine_process_run(fields: dict, prompts, warm, args, repeat: int) -> 
 
         await run(warm, 8, f"warm{repeat}")
         await asyncio.sleep(0.2)  # NOTE: the live statistics of the warm-up's end have arrived
-        steps_before = int(engine.server_info().get("total_steps", 0))
+        info_before = engine.server_info()
+        steps_before, replays_before = int(info_before.get("total_steps", 0)), graph_replays(info_before)
         engine_pids = descendants(os.getpid())
         spy = (start_py_spy(max(engine_pids, key=cpu_seconds), args.py_spy, "engine-process")
                if args.py_spy and args.py_spy_engine and engine_pids else None)
@@ -504,13 +517,15 @@ async def engine_process_run(fields: dict, prompts, warm, args, repeat: int) -> 
             spy.wait(60)
         client_cpu, engine_cpu = time.process_time() - cpu0, sum(map(cpu_seconds, engine_pids)) - engine_cpu0
         await asyncio.sleep(0.2)
-        steps = int(engine.server_info().get("total_steps", 0)) - steps_before
+        info_after = engine.server_info()
+        steps = int(info_after.get("total_steps", 0)) - steps_before
+        eager = steps - (graph_replays(info_after) - replays_before)
     finally:
         await engine.shutdown()
     expected = len(prompts) * args.new_tokens
     if tokens != expected:
         raise RuntimeError(f"engine-process side produced {tokens} tokens, expected {expected}")
-    return {"tokens": tokens, "seconds": seconds, "steps": steps, "engine_cpu_s": engine_cpu,
+    return {"tokens": tokens, "seconds": seconds, "steps": steps, "eager_steps": eager, "engine_cpu_s": engine_cpu,
             "engine_cpu_us_per_token": 1e6 * engine_cpu / tokens, "client_cpu_us_per_token": 1e6 * client_cpu / tokens}
 
 
@@ -553,7 +568,9 @@ def summarize(args, runs: dict) -> dict:
           f"({args.device}, {args.dtype}):")
     for side, rate in rates.items():
         share = f"  ({rate / base:.3f} of in-process)" if base and side != "in-process" else ""
-        print(f"  {side:15s} {rate:10.1f} output tok/s, {step_ms[side]:.2f} ms per engine step{share}")
+        eager = statistics.median(r.get("eager_steps", 0) / max(r["steps"], 1) for r in runs[side])
+        print(f"  {side:15s} {rate:10.1f} output tok/s, {step_ms[side]:.2f} ms per engine step, "
+              f"{100 * eager:.0f}% of steps eager (no CUDA graph){share}")
     if ratio is not None:
         print(f"  ratio http / in-process: {ratio:.3f}")
     if "http" in runs:

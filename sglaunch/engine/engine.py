@@ -604,8 +604,17 @@ class LLMEngine:
             "kv_usage": active / total_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             **{f"total_{k}": v for k, v in self.counters.items()},
+            **self._graph_stats(),
             **self._spec_stats(),
         }
+
+    def _graph_stats(self) -> dict:
+        """Target forwards served by a CUDA graph, by kind (rank 0's): the other steps ran eagerly
+        (a prefill chunk longer than the verify window, a batch over the largest bucket)."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return {}
+        return {"total_graph_replays": dict(graphs.replays)}
 
     def _spec_stats(self) -> dict:
         """DSpark statistics: a `speculative` section plus SGLang's `avg_spec_accept_length`."""

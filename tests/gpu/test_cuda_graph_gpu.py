@@ -283,6 +283,7 @@ def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch):
                 torch.cuda.set_sync_debug_mode("default")
         assert engine.runner.graphs.replays["decode"] - before == 10
         assert engine._in_flight is not None
+        assert engine.live_stats()["total_graph_replays"] == engine.runner.graphs.replays  # /server_info's count
     unexpected = [site for site in sites if not any(a in site for a in allowed)]
     assert not unexpected, f"synchronising calls in overlapped decode steps: {unexpected}"
 
