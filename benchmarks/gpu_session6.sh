@@ -317,8 +317,8 @@ pipeline18() {  # session 11, run 2 (the model upload as pipeline13): the GPU te
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 128 --output-len 128 \
     --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
-  part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
-    --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
+  part http 240 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
+    --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http.json"
   part profile1024 200 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
     --requests 1,8,32 --context 1024 --attention triton --block-n 64,128 --splits auto --json "$W/burst_profile_1024.json"
   touch "$W/all.done"
