@@ -5,18 +5,23 @@ Two families, captured at start-up largest first into one shared memory pool:
 - decode graphs, one per batch-size bucket (1, 2, 4, 8, 16, 24, ... up to --cuda-graph-max-bs):
   every request has one query token; a batch of b requests replays the smallest bucket B >= b,
   padded with B - b dummy requests (one token each, on the KV pool's padding page);
-- DSpark verify graphs, one per tier of TOTAL tokens (bucket * (gamma + 1), plus any tiers in
-  SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS): a ragged step of t tokens over b requests whose
-  query lengths are all <= gamma + 1 replays the smallest tier T >= t. Its batch is fixed at
+- ragged graphs, one per tier of TOTAL tokens (bucket * (gamma + 1) with DSpark, bucket * 8
+  without, plus any tiers in SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS): a ragged step of t tokens
+  over b requests replays the smallest tier T >= t. They serve DSpark's verify steps and, unless
+  SGLAUNCH_MIXED_GRAPHS=0, the steps that mix a prefill chunk of at most MIXED_MAX_QUERY tokens
+  into a decode batch (every arrival under load: run eagerly, such a step cost about three decode
+  steps on an H200, and staggered arrivals put one in most steps). Its batch is fixed at
   min(T, max_bs) + 1 requests so there is always a spare one: the first dummy owns the T - t
   padding rows (its own causal attention over the padding page), the others have no query rows.
+  FlashInfer's prefill plan in CUDA-graph mode sizes its tiles for the longest request the fixed
+  total and batch allow (T - B + 1 rows), so any split of the T rows among the requests replays.
 
 With a DSpark drafter every graph writes the draft context K/V itself, so no eager draft work
 follows a replay; with SGLAUNCH_DRAFT_CUDA_GRAPH=0 (which also turns the drafter's own graphs off)
 the target features are copied to a static buffer and the model runner writes the draft context
 from them after the replay.
 
-Steps that fit no graph (prefill chunks longer than the window, batches over the largest bucket,
+Steps that fit no graph (longer prefill chunks, batches over the largest bucket,
 page tables over the fixed index buffer) run eagerly. The torch attention backend builds
 shape-dependent metadata per step, so graphs are only used with FlashInfer.
 
@@ -50,6 +55,9 @@ logger = logging.getLogger(__name__)
 FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
+MIXED_ENV = "SGLAUNCH_MIXED_GRAPHS"  # 0: a step with a prefill chunk runs eagerly (ragged graphs: verify only)
+MIXED_WIDTH = 8  # ragged tiers of an engine without DSpark: each decode bucket times this
+MIXED_MAX_QUERY = 256  # longest query (prefill chunk) a ragged graph takes; longer ones are compute-bound
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
 HOST_PAGES = 1 << 20  # initial page-index room of a HostLayout (4 MiB); it grows up to max_pages
 
@@ -93,7 +101,7 @@ class GraphKey:
     num_tokens: int  # query rows in the graph, padding included
 
     def __str__(self) -> str:
-        return f"decode bs={self.batch_size}" if self.decode else f"verify tokens={self.num_tokens} (bs {self.batch_size})"
+        return f"decode bs={self.batch_size}" if self.decode else f"ragged tokens={self.num_tokens} (bs {self.batch_size})"
 
 
 def _pages(tokens: int, page_size: int) -> int:
@@ -105,21 +113,26 @@ class GraphPlan:
     """Which graphs exist and which one a step replays."""
 
     decode_sizes: tuple[int, ...]
-    verify_tiers: tuple[int, ...]  # empty without DSpark
+    verify_tiers: tuple[int, ...]  # the ragged graphs' total tokens (empty: none)
     max_bs: int
     window: int  # gamma + 1 with DSpark, else 0
     page_size: int
     max_pages: int  # capacity of the shared page-index buffer
+    max_query: int = 0  # most query rows of one request in a ragged graph (window; MIXED_MAX_QUERY with mixed steps)
 
     @classmethod
     def build(cls, max_bs: int, window: int, context_length: int, page_size: int,
-              extra_tiers: tuple[int, ...] = ()) -> GraphPlan:
+              extra_tiers: tuple[int, ...] = (), mixed: bool = False) -> GraphPlan:
+        """mixed: ragged graphs also take a prefill chunk of up to MIXED_MAX_QUERY tokens beside
+        decodes (verify windows beside it with DSpark); without DSpark they exist for that alone."""
         sizes = capture_batch_sizes(max_bs)
-        tiers = verify_token_tiers(sizes, window, extra_tiers) if window else []
+        width = window or (MIXED_WIDTH if mixed else 0)
+        tiers = verify_token_tiers(sizes, width, extra_tiers) if width else []
         max_tokens = max([max_bs, *tiers])
         per_request = _pages(context_length + window, page_size)
         max_pages = min(MAX_GRAPH_PAGES, (max_bs + 1) * per_request + _pages(max_tokens, page_size))
-        return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages)
+        max_query = max(window, MIXED_MAX_QUERY) if mixed and tiers else window
+        return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages, max_query)
 
     def keys(self) -> list[GraphKey]:
         """Every graph, largest first (capture order: later ones reuse the pool's memory)."""
@@ -145,7 +158,7 @@ class GraphPlan:
             size = next((s for s in self.decode_sizes if s >= b), None)
             if size is not None and pages + (size - b) <= self.max_pages:
                 return GraphKey(True, size, size)
-        if not self.verify_tiers or max(step.query_lens) > self.window:
+        if not self.verify_tiers or max(step.query_lens) > self.max_query:
             return None
         tier = next((s for s in self.verify_tiers if s >= t), None)
         if tier is None:
@@ -375,8 +388,10 @@ class CudaGraphRunner:
                 advance()
         decode = [k.batch_size for k in keys if k.decode]
         verify = [k.num_tokens for k in keys if not k.decode]
-        logger.info("CUDA graphs: %d decode (batch %s) and %d verify (tokens %s) captured in %.1f s",
-                    len(decode), _span(decode), len(verify), _span(verify), time.perf_counter() - start)
+        logger.info("CUDA graphs: %d decode (batch %s) and %d ragged (tokens %s; verify windows%s) captured in %.1f s",
+                    len(decode), _span(decode), len(verify), _span(verify),
+                    f" and prefill chunks up to {self.plan.max_query} tokens" if self.plan.max_query > self.plan.window else "",
+                    time.perf_counter() - start)
 
     def _capture(self, key: GraphKey):
         torch = self.torch
@@ -487,3 +502,11 @@ def _span(values: list[int]) -> str:
 
 def extra_tiers_from_env() -> tuple[int, ...]:
     return parse_extra_tiers(os.environ.get(TIERS_ENV))
+
+
+def mixed_from_env() -> bool:
+    """SGLAUNCH_MIXED_GRAPHS: 1 (default) ragged graphs take steps with a prefill chunk, 0 not."""
+    value = os.environ.get(MIXED_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{MIXED_ENV}={value!r}: expected 0 or 1")
+    return value == "1"

@@ -452,10 +452,10 @@ class LLMEngine:
 
     def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
         """Captured verify-graph tiers a step of these chunks can replay; none when it will run
-        eagerly (a batch over the largest bucket, a prefill chunk longer than the verify window)."""
+        eagerly (a batch over the largest bucket, a prefill chunk longer than a ragged graph takes)."""
         graphs = self.runner.graphs
         if graphs is not None and (len(chunks) > graphs.plan.max_bs or
-                                   any(c.end - c.start > graphs.plan.window for c in chunks if not c.lookahead)):
+                                   any(c.end - c.start > graphs.plan.max_query for c in chunks if not c.lookahead)):
             return ()
         return tuple(self.runner.verify_token_tiers)
 

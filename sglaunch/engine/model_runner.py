@@ -19,6 +19,7 @@ from sglaunch.engine.cuda_graph import (
     GraphPlan,
     extra_tiers_from_env,
     graphs_disabled_reason,
+    mixed_from_env,
 )
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
@@ -147,7 +148,8 @@ class ModelRunner:
         # NOTE: without a drafter, `sglaunch profile-sps` names the verify window it will time,
         # so its verify-shaped steps replay the same total-token tier graphs as DSpark serving
         window = self.draft.block_size + 1 if self.draft is not None else int(os.environ.get(VERIFY_WINDOW_ENV, "0"))
-        plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env())
+        plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env(),
+                               mixed=mixed_from_env())
         return CudaGraphRunner(self, plan, show_progress)
 
     @property

@@ -338,6 +338,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
            "8 requests), off elsewhere.",
            sglaunch_only=True),
+    EnvVar("SGLAUNCH_MIXED_GRAPHS", "A step that mixes a prefill chunk of at most 256 tokens into a decode "
+           "batch replays a ragged CUDA graph (the graphs DSpark verifies with; captured for engines without "
+           "DSpark too) instead of running eagerly: 1 (default) or 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "

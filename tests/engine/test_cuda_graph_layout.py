@@ -119,3 +119,41 @@ def test_fill_padded_refuses_what_does_not_fit():
     big.page_tables[0] = list(range(100, 130))
     with pytest.raises(ValueError, match="page indices do not fit"):
         fill_padded(big, GraphKey(True, 2, 2), PAD, 1, out)
+
+
+def test_mixed_steps_pick_a_ragged_graph():
+    """A decode batch with a prefill chunk (an arrival under load) replays the smallest ragged tier
+    that holds its tokens, with DSpark (verify windows beside it) and without (the ragged tiers
+    exist for mixed steps alone); a chunk over MIXED_MAX_QUERY, or SGLAUNCH_MIXED_GRAPHS=0, runs
+    eagerly as before."""
+    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY, MIXED_WIDTH
+
+    rng = random.Random(3)
+    plain = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True)
+    assert plain.verify_tiers == tuple(sorted({b * MIXED_WIDTH for b in plain.decode_sizes}))
+    assert plain.max_query == MIXED_MAX_QUERY
+    step = random_step(rng, [1] * 9 + [40], 1, arrays=True)
+    key = plain.pick(step)
+    assert key == GraphKey(False, verify_batch_size(64, MAX_BS), 64)  # 49 tokens: the tier of 64
+    out = HostLayout(plain.max_tokens, plain.max_batch, plain.max_pages)
+    assert new_layout(step, key, 1, out) == old_layout(step, key, 1)
+    assert plain.pick(random_step(rng, [1] * 9, 1, arrays=True)).decode  # decodes alone: a decode graph
+    assert plain.pick(random_step(rng, [1, MIXED_MAX_QUERY + 1], 1, arrays=True)) is None
+    assert GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1).verify_tiers == ()
+    dspark = GraphPlan.build(max_bs=MAX_BS, window=WINDOW, context_length=CONTEXT + WINDOW, page_size=1, mixed=True)
+    verify_and_prefill = random_step(rng, [WINDOW] * 3 + [30], 1, arrays=False)
+    assert dspark.pick(verify_and_prefill) is not None
+    off = GraphPlan.build(max_bs=MAX_BS, window=WINDOW, context_length=CONTEXT + WINDOW, page_size=1)
+    assert off.max_query == WINDOW and off.pick(verify_and_prefill) is None
+
+
+def test_mixed_graphs_env(monkeypatch):
+    from sglaunch.engine.cuda_graph import MIXED_ENV, mixed_from_env
+
+    monkeypatch.delenv(MIXED_ENV, raising=False)
+    assert mixed_from_env()
+    monkeypatch.setenv(MIXED_ENV, "0")
+    assert not mixed_from_env()
+    monkeypatch.setenv(MIXED_ENV, "yes")
+    with pytest.raises(ValueError, match=MIXED_ENV):
+        mixed_from_env()

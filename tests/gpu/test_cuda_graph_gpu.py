@@ -171,12 +171,34 @@ def test_verify_tier_with_padding_replays_the_eager_forward(files, in_graph, mon
         assert_close_logits(graph_draft, eager_draft, "draft context written from the graph's features")
 
 
+@pytest.mark.parametrize("drafter", [None, "oracle"])
+def test_mixed_step_replays_the_eager_forward(files, drafter):
+    """A decode batch with a prefill chunk (an arrival under load) replays a ragged graph (the
+    verify tiers with DSpark; their own tiers without) and gives the eager forward's logits."""
+    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY
+
+    with booted(cuda_config(files, drafter=drafter)) as engine:
+        runner, page_size = engine.runner, engine.config.page_size
+        assert runner.graphs.plan.max_query == MIXED_MAX_QUERY and runner.verify_token_tiers
+        lengths = [9, 33, 17, 50, 4, 26]
+        reqs = make_requests(engine, lengths + [45], spare=1, seed=3)
+        runner.forward(step_of(reqs[:6], [0] * 6, lengths, page_size))  # prefill: eager
+        # six decodes and the seventh request's prefill of 45 tokens (51 rows: a tier above)
+        step = step_of(reqs, lengths + [0], [n + 1 for n in lengths] + [45], page_size)
+        key, graph, eager, graph_draft, eager_draft = graph_and_eager(runner, step)
+        assert not key.decode and key.num_tokens >= step.num_tokens
+        assert_close_logits(graph, eager, f"decodes + a prefill chunk (graph {key})")
+        if drafter is not None:
+            assert_close_logits(graph_draft, eager_draft, "draft context of the mixed step")
+
+
 # ---- (c) end to end ---------------------------------------------------------------------------
-def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
-    """{rid: (tokens, logprobs)} and how often graphs were replayed."""
+def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[int]):
+    """{rid: (tokens, logprobs)} and how often graphs were replayed. max_new_tokens: one for all,
+    or one per prompt (requests that end at different steps let the next ones in one by one)."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    lengths = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     out = {f"r{i}": ([], []) for i in range(len(prompts))}
     with booted(config) as engine:
         draft = engine.runner.draft
@@ -184,6 +206,7 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int):
             assert draft.graphs.captures == len(draft.graphs.plan.keys()) == len(draft.graphs.graphs)
         captured = draft.graphs.captures if draft is not None and draft.graphs is not None else 0
         for i, p in enumerate(prompts):
+            params = SamplingParams(max_new_tokens=lengths[i], temperature=0.0, ignore_eos=True)
             engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
         while engine.has_work:
             for o in engine.step():
@@ -229,6 +252,21 @@ def test_greedy_with_graphs_equals_without(files):
     without, _ = greedy_outputs(cuda_config(files, graphs=False), batch, 24)
     assert replays.get("decode", 0) > 0, f"no decode graph was replayed: {replays}"
     assert_same_greedy(with_graphs, without, "graphs on vs off")
+
+
+def test_greedy_with_mixed_graphs_equals_eager_mixed_steps(files, monkeypatch):
+    """Arrivals while others decode (more requests than the batch holds): with ragged graphs for
+    mixed steps (the default) the greedy output equals graphs off, and mixed steps replayed."""
+    batch = prompts(28, seed=7)
+    lengths = [6 + 3 * (i % 7) for i in range(len(batch))]  # they end at different steps
+    monkeypatch.setenv("SGLAUNCH_MIXED_GRAPHS", "1")
+    mixed, replays = greedy_outputs(cuda_config(files), batch, lengths)
+    without, _ = greedy_outputs(cuda_config(files, graphs=False), batch, lengths)
+    assert replays.get("verify", 0) > 0, f"no mixed step replayed a ragged graph: {replays}"
+    assert_same_greedy(mixed, without, "mixed steps in graphs vs eager", max_diverged=2)  # 28 requests: bf16 rounding
+    monkeypatch.setenv("SGLAUNCH_MIXED_GRAPHS", "0")
+    _, off = greedy_outputs(cuda_config(files), batch, lengths)
+    assert off.get("verify", 0) == 0, f"SGLAUNCH_MIXED_GRAPHS=0 still replayed ragged graphs: {off}"
 
 
 @pytest.mark.parametrize("graphs", [True, False])
