@@ -302,16 +302,17 @@ pipeline17() {  # session 11, run 1 (the model upload as pipeline13): pipeline16
 }
 
 pipeline18() {  # session 11, run 2 (the model upload as pipeline13): the GPU tests of the split-K burst
-  # attention and the split-vocabulary argmax kernels; the burst iteration with them (context 256:
-  # key blocks 64 and 128, splits auto and 1); the issue's bench --compare (128 prompts now: two
-  # waves at c=64) with the servers' per-level spec: lines; HTTP against in-process at c=64 after
-  # the server's per-token work moved; the burst iteration at context 1024 last
+  # attention, the vocabulary-split kernels and the mixed steps in ragged graphs; the burst
+  # iteration with them (context 256, key blocks 64 and 128, splits auto); the issue's bench
+  # --compare (128 prompts now: two waves at c=64) with the servers' per-level spec: lines; HTTP
+  # against the engine process and in-process at c=64; train-draft's step, fused against the old
+  # one; the burst iteration at context 1024 last
   part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
-    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py tests/engine/test_argmax_kernels.py tests/dspark/test_burst.py \
+    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py tests/engine/test_argmax_kernels.py \
     tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
   part vocab 60 python3 benchmarks/vocab_reduce_bench.py
-  part profile256 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
-    --requests 1,8,32 --context 256 --attention triton --block-n 64,128 --splits auto,1 --json "$W/burst_profile_256.json"
+  part profile256 200 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --requests 1,8,32 --context 256 --attention triton --block-n 64,128 --splits auto --json "$W/burst_profile_256.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
@@ -319,8 +320,9 @@ pipeline18() {  # session 11, run 2 (the model upload as pipeline13): the GPU te
     --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
   part http 240 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
     --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http.json"
-  part profile1024 200 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
-    --requests 1,8,32 --context 1024 --attention triton --block-n 64,128 --splits auto --json "$W/burst_profile_1024.json"
+  part trainstep 150 python3 benchmarks/train_step_bench.py --device cuda --impl fused,reference --json "$W/train_step.json"
+  part profile1024 120 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --requests 1,8,32 --context 1024 --attention triton --block-n 128 --splits auto --json "$W/burst_profile_1024.json"
   touch "$W/all.done"
 }
 
@@ -328,7 +330,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused vocab; do
+    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -374,6 +376,8 @@ case "${1:-}" in
     # engineers' unfinished edits; the drafters (15 MB, unchanged) come from the working tree
     rm -rf "$REPO" && mkdir -p "$REPO" && tar -xzf .gpu6/tree.tar.gz -C "$REPO" \
       && cp -a sglaunch/hub/drafters "$REPO/sglaunch/hub/" && cp -a .gpu6 "$REPO/" || exit 1
+    # the latest round's responses (train_step_bench.py's default sequences)
+    mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
     export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline16 pipeline17 pipeline18
     export W REPO SMOL DRAFTER
