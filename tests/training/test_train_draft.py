@@ -373,3 +373,79 @@ def test_draft_vocab_size_writes_the_most_frequent_response_tokens(tiny_target, 
     bad = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
                  str(tmp_path / "o"), "--draft-vocab-size", "-1")
     assert bad.exit_code == 2 and "--draft-vocab-size must be 0 or more" in bad.output
+
+
+# ----------------------------------------------------------------------------- the fast step (issue 19)
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path, head):
+    """The fused, chunked loss over supervised slots (target distribution once per position, the
+    logit gradient in closed form) gives the materialised loss's value, metrics and gradients."""
+    from sglaunch.training import objective as obj
+
+    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / head, max_steps=1, markov_head_type=head))
+    trainer.setup()
+    with torch.no_grad():
+        for p in model.own_parameters(trainer.drafter).values():
+            p.add_(torch.randn_like(p) * 0.05)
+    samples = trainer.micro_batch(0)
+    results = {}
+    for impl, chunk in (("reference", None), ("fused", None), ("fused", 7 * trainer.dcfg.vocab_size)):
+        trainer.args.loss_impl = impl
+        old = obj.CHUNK_ELEMENTS
+        obj.CHUNK_ELEMENTS = chunk or old  # 7 rows a chunk: several chunks, a ragged last one
+        try:
+            trainer.drafter.zero_grad(set_to_none=True)
+            loss, metrics = trainer.compute_loss(samples, torch.Generator().manual_seed(5))
+            loss.backward()
+        finally:
+            obj.CHUNK_ELEMENTS = old
+        grads = {n: p.grad.clone() for n, p in model.own_parameters(trainer.drafter).items() if p.grad is not None}
+        results[(impl, chunk)] = (float(loss), Trainer.host_row(metrics), grads)
+    ref_loss, ref_metrics, ref_grads = results[("reference", None)]
+    for key in (("fused", None), ("fused", 7 * trainer.dcfg.vocab_size)):
+        loss, metrics, grads = results[key]
+        assert loss == pytest.approx(ref_loss, rel=1e-5)
+        assert metrics.keys() == ref_metrics.keys()
+        for name, value in ref_metrics.items():
+            assert metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+        assert grads.keys() == ref_grads.keys()
+        for name, g in ref_grads.items():
+            # fp32 rounding, and |p_d - p_t|'s subgradient: where p_d and p_t (nearly) tie, the two
+            # roundings of p_d can take opposite signs of that entry (2 w p_v apart)
+            err = float((grads[name] - g).norm() / g.norm().clamp_min(1e-12))
+            assert err <= 2e-3, (key, name, err)
+
+
+def test_compiled_chunk_math_equals_the_in_place_one():
+    """What torch.compile runs (SGLAUNCH_TRAIN_COMPILE=1) is the in-place chunk's math."""
+    from sglaunch.training import objective as obj
+
+    torch.manual_seed(0)
+    c, V = 5, 11
+    logits = torch.randn(c, V) * 3
+    p_t = torch.softmax(torch.randn(c, V), -1)
+    labels, t_arg = torch.randint(0, V, (c,)), torch.randint(0, V, (c,))
+    w_ce, w_l1 = torch.rand(c), torch.rand(c)
+    want = obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg)
+    got = obj._chunk_grad(logits.clone(), p_t.clone(), labels, w_ce, w_l1, t_arg)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # and the closed-form gradient is autograd's
+    x = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(x, -1)
+    loss = (w_ce * -logp.gather(1, labels[:, None])[:, 0]).sum() + (w_l1 * (logp.exp() - p_t).abs().sum(-1)).sum()
+    loss.backward()
+    torch.testing.assert_close(want[0], x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_reads_nothing_back_until_it_is_logged(tiny_target, prompt_file, tmp_path):
+    """train_step leaves its metrics on the device (no per-step sync); host_row reads them once."""
+    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / "s", max_steps=2))
+    trainer.setup()
+    row = trainer.train_step()
+    assert isinstance(row["loss"], torch.Tensor) and isinstance(row["grad_norm"], torch.Tensor)
+    host = Trainer.host_row(row)
+    assert isinstance(host["loss"], float) and len(host["top1@k"]) == trainer.dcfg.block_size
+    assert all(isinstance(x, float) for x in host["accept_rate@k"])
