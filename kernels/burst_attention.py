@@ -112,6 +112,17 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
+    def _group_rows(pos_ptr, b, kvh, QROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+        """The query rows of request b's KV head kvh, one per (query head of the group, row):
+        their index m, whether real, head, token row and position (read on the device)."""
+        m = tl.arange(0, BLOCK_M)
+        valid = m < GROUP * QROWS
+        h = kvh * GROUP + m // QROWS
+        t = b * QROWS + m % QROWS
+        pos = tl.load(pos_ptr + t, mask=valid, other=0)
+        return m, valid, h, t, pos
+
+    @triton.jit
     def _burst_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, acc_ptr, ml_ptr, scale,
                                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                 stride_ot, stride_oh, C, CHUNK,
@@ -121,13 +132,8 @@ if HAS_TRITON:
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        m = tl.arange(0, BLOCK_M)
-        valid = m < GROUP * QROWS
-        i = m % QROWS
-        h = kvh * GROUP + m // QROWS
-        t = b * QROWS + i
+        m, valid, h, t, pos = _group_rows(pos_ptr, b, kvh, QROWS, GROUP, BLOCK_M)
         d = tl.arange(0, HD)
-        pos = tl.load(pos_ptr + t, mask=valid, other=0)
         last = tl.max(pos, axis=0)  # the group's last visible column: the loop stops there, not at C
         lo = split * CHUNK
         hi = tl.minimum(tl.minimum(lo + CHUNK, last + 1), C)  # this split's columns lo .. hi - 1
@@ -177,13 +183,8 @@ if HAS_TRITON:
         reached (the others wrote nothing)."""
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        m = tl.arange(0, BLOCK_M)
-        valid = m < GROUP * QROWS
-        i = m % QROWS
-        h = kvh * GROUP + m // QROWS
-        t = b * QROWS + i
+        m, valid, h, t, pos = _group_rows(pos_ptr, b, kvh, QROWS, GROUP, BLOCK_M)
         d = tl.arange(0, HD)
-        pos = tl.load(pos_ptr + t, mask=valid, other=0)
         used = (tl.minimum(tl.max(pos, axis=0) + 1, C) + CHUNK - 1) // CHUNK
         first = (b * tl.num_programs(1) + kvh) * SPLITS
         m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
