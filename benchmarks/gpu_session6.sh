@@ -265,26 +265,7 @@ pipeline15() {  # session 10, run 3 (the model upload as pipeline13): run 2's bu
   touch "$W/all.done"
 }
 
-pipeline16() {  # for session 11 (the model upload as pipeline13; not run yet): the GPU tests after the
-  # drafter's fused add + argmax (f438484) and the burst kernels, the burst iteration's attention at
-  # three key-block sizes and two contexts, then the default bursts (at most 8 iterations, 4 above 8
-  # requests) against plain twice, and HTTP against in-process at c=64
-  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
-    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py \
-    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
-  for ctx in 256 1024; do
-    part "profile$ctx" 300 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
-      --requests 1,8,32 --context "$ctx" --attention triton --block-n 64,128,256 --json "$W/burst_profile_$ctx.json"
-  done
-  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json"
-  part bench2 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench2/bench.json"
-  part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
-    --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
-  touch "$W/all.done"
-}
-
-pipeline17() {  # session 11, run 1 (the model upload as pipeline13): pipeline16 cut to what guides this
+pipeline17() {  # session 11, run 1 (the model upload as pipeline13): session 10's unrun pipeline16, cut to what guides this
   # session: the GPU tests (drafter's fused add + argmax, burst kernels), the burst iteration's
   # attention at three key-block sizes and two contexts, then the default bursts (at most 8
   # iterations, 4 above 8 requests) against plain once, with the servers' logs saying why steps
@@ -379,7 +360,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline16 pipeline17 pipeline18
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

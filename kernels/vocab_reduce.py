@@ -207,3 +207,9 @@ if HAS_TRITON:
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         return _launch(logits, None, True, chunks)
+
+
+def greedy_logprob(logits: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy choice and its float32 log-probability per row: the fused kernel where the caller
+    runs Triton kernels (fused), the torch reference otherwise (the kernel needs Triton only then)."""
+    return greedy_logprob_triton(logits) if fused else greedy_logprob_reference(logits)

@@ -451,22 +451,15 @@ class CudaGraphRunner:
         # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
         # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
         # DSpark step accepts from those alone; other steps compute their logits after the replay)
-        if self.fused_greedy:
-            from kernels.vocab_reduce import greedy_logprob_triton
+        from kernels.vocab_reduce import greedy_logprob
 
-            logits = runner.model.compute_logits(hidden)  # the model dtype: the kernel reads it as float32
-            if key.decode:
-                self.logits[:n].copy_(logits)  # the float32 conversion in the copy
-            tokens, lp = greedy_logprob_triton(logits)
-            self.greedy[0, :n].copy_(tokens)
-            self.greedy[1, :n].copy_(lp)
-        else:
-            logits = runner.model.compute_logits(hidden).float()
-            if key.decode:
-                self.logits[:n].copy_(logits)
-            tokens = logits.argmax(dim=-1)
-            self.greedy[0, :n].copy_(tokens.double())
-            self.greedy[1, :n].copy_(torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].double())
+        logits = runner.model.compute_logits(hidden)  # the model dtype: both read it as float32
+        if key.decode:
+            self.logits[:n].copy_(logits)  # the float32 conversion in the copy
+        # the fused kernel where the layer kernels run (one pass, no float32 copy), its reference otherwise
+        tokens, lp = greedy_logprob(logits, self.fused_greedy)
+        self.greedy[0, :n].copy_(tokens)
+        self.greedy[1, :n].copy_(lp)
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.

@@ -610,7 +610,7 @@ class LLMEngine:
 
     def _graph_stats(self) -> dict:
         """Target forwards served by a CUDA graph, by kind (rank 0's): the other steps ran eagerly
-        (a prefill chunk longer than the verify window, a batch over the largest bucket)."""
+        (a prefill chunk longer than a ragged graph takes, a batch over the largest bucket)."""
         graphs = self.runner.graphs
         if graphs is None:
             return {}

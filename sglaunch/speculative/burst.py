@@ -329,17 +329,11 @@ class BurstRunner:
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
-        if self.attn.use_triton:
-            # one pass over the model-dtype logits (kernels/vocab_reduce.py): the argmax and its
-            # log-probability in float32, no float32 copy, log_softmax tensor or gather
-            from kernels.vocab_reduce import greedy_logprob_triton
+        # the argmax and its log-probability in float32: one pass of the fused kernel over the
+        # model-dtype logits where the Triton attention runs (kernels/vocab_reduce.py), its reference otherwise
+        from kernels.vocab_reduce import greedy_logprob
 
-            choice, lp = greedy_logprob_triton(logits)
-        else:
-            # NOTE: the argmax of the model-dtype logits is the float32 copy's (the conversion is exact):
-            # it reads half the bytes; the log-probabilities are the plain step's (log_softmax in float32)
-            choice = logits.argmax(dim=-1)
-            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, choice[:, None])[:, 0]
+        choice, lp = greedy_logprob(logits, self.attn.use_triton)
         choice = choice.view(B, Q)
         n = torch.cumprod(drafts == choice[:, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
         self.result[:B, :Q].copy_(choice)
@@ -439,8 +433,9 @@ class BurstPolicy:
     declined: int = 0
     skipped: Counter = field(default_factory=Counter)  # why a step did not burst -> steps
 
-    def skip(self, why: str) -> None:  # noqa: D401 (returns None for _burst_plan)
-        """Count a step that did not burst, by reason (prefill, sampled, not worth, kv, ...)."""
+    def skip(self, why: str) -> None:
+        """Count a step that did not burst, by reason (prefill, sampled, not worth, kv, ...); None,
+        which _burst_plan returns."""
         self.skipped[why] += 1
         return None
 

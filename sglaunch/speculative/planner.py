@@ -353,10 +353,13 @@ class DSparkPlanner:
         self.relay.push(request_ids, survival)
         rows = survival.tolist() if hasattr(survival, "tolist") else [list(r) for r in survival]
         if rows:
-            mean = [sum(col) / len(rows) for col in zip(*rows)]
-            decay = PRIOR_DECAY if self._observed else 0.0  # NOTE: the first step replaces the 1.0 guess
-            self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
-            self._observed = True
+            self._fold_prior([sum(col) / len(rows) for col in zip(*rows)])
+
+    def _fold_prior(self, mean: Sequence[float]) -> None:
+        """One step's mean survival per slot into the running prior."""
+        decay = PRIOR_DECAY if self._observed else 0.0  # NOTE: the first step replaces the 1.0 guess
+        self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
+        self._observed = True
 
     def observe_accepts(self, accepted: Sequence[Sequence[int]]) -> None:
         """A DSpark burst's accepted draft counts [iterations][requests] (no confidences are read
@@ -365,12 +368,8 @@ class DSparkPlanner:
         it, an engine that only bursts (1-32 requests) keeps the 1.0 guess, and the first batch too
         wide to burst prices every new request as if all its drafts survive."""
         counts = [n for row in accepted for n in row]
-        if not counts:
-            return
-        mean = [sum(n > j for n in counts) / len(counts) for j in range(self.block_size)]
-        decay = PRIOR_DECAY if self._observed else 0.0
-        self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
-        self._observed = True
+        if counts:
+            self._fold_prior([sum(n > j for n in counts) / len(counts) for j in range(self.block_size)])
 
     def skip_step(self) -> None:
         """A step that drafted nothing: it observed no survivals. NOTE: it still advances the
