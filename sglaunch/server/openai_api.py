@@ -235,6 +235,11 @@ def _completion_choice(index: int, delta: TextDelta, logprobs: Logprobs) -> dict
             "matched_stop": delta.matched_stop if delta.finished else None}
 
 
+def _usage_event(meta: ResponseMeta, kind: str, delta: TextDelta) -> bytes:
+    """A stream's closing usage event (stream_options.include_usage), from its last delta."""
+    return sse(meta.envelope(kind, choices=[], usage=_usage([delta])))
+
+
 async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta,
                              logprobs: Logprobs, include_usage: bool) -> AsyncIterator[bytes]:
     last = None
@@ -249,13 +254,13 @@ async def _completion_events(deltas: AsyncIterator[TextDelta], meta: ResponseMet
                 choice = _completion_choice(0, delta, logprobs)
                 chunk = sse(meta.envelope("text_completion", choices=[choice]), logprobs.floats(delta))
                 if delta.finished and include_usage:  # NOTE: the last two events in one write
-                    chunk += sse(meta.envelope("text_completion", choices=[], usage=_usage([delta])))
+                    chunk += _usage_event(meta, "text_completion", delta)
                     last = None
                 yield chunk
     finally:
         await deltas.aclose()
     if include_usage and last is not None:
-        yield sse(meta.envelope("text_completion", choices=[], usage=_usage([last])))
+        yield _usage_event(meta, "text_completion", last)
 
 
 def _chat_chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None = None,
@@ -284,10 +289,10 @@ async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, log
             if delta.finished:
                 chunk = _chat_chunk(meta, {}, delta.finish_reason, delta.matched_stop)
                 if include_usage:  # NOTE: the last two events in one write
-                    chunk += sse(meta.envelope("chat.completion.chunk", choices=[], usage=_usage([delta])))
+                    chunk += _usage_event(meta, "chat.completion.chunk", delta)
                     last = None
                 yield chunk
     finally:
         await deltas.aclose()
     if include_usage and last is not None:
-        yield sse(meta.envelope("chat.completion.chunk", choices=[], usage=_usage([last])))
+        yield _usage_event(meta, "chat.completion.chunk", last)
