@@ -252,13 +252,14 @@ class DSparkAttention(nn.Module):
         q, k, v = self.block_qkv(x, positions)
         keys = torch.cat([ck.view(S, T, self.kv_heads, self.hd).to(q.dtype), k.view(S, A * G, self.kv_heads, self.hd)], 1)
         values = torch.cat([cv.view(S, T, self.kv_heads, self.hd).to(q.dtype), v.view(S, A * G, self.kv_heads, self.hd)], 1)
-        ctx_visible = torch.arange(T, device=x.device)[None, None, :] < batch.ctx_lens.view(S, A, 1)  # [S, A, T]
-        own_block = torch.eye(A, dtype=torch.bool, device=x.device)  # [A, A]
-        visible = torch.cat([ctx_visible.repeat_interleave(G, dim=1),
-                             own_block.repeat_interleave(G, 0).repeat_interleave(G, 1).expand(S, -1, -1)], dim=2)
-        out = F.scaled_dot_product_attention(
-            q.view(S, A * G, self.heads, self.hd).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=visible[:, None], scale=self.scale, enable_gqa=self.heads != self.kv_heads,
+        # the attention itself: sglaunch/training/attention.py (the reference SDPA call, an
+        # expanded-heads SDPA call or flex_attention: the same visibility), chosen once by the Trainer
+        from sglaunch.training import attention as grouped
+
+        impl = getattr(self, "train_attention", None) or grouped.default_impl(x.device)
+        out = grouped.grouped_attention(
+            impl, q.view(S, A * G, self.heads, self.hd).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            batch.ctx_lens.view(S, A), T, G, self.scale, cache=batch,
         )  # [S, heads, A * G, hd]
         return self.o_proj(out.transpose(1, 2).reshape(N * G, self.heads * self.hd))
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from sglaunch.errors import SglaunchError
-from sglaunch.training import data, model, objective, target as target_mod
+from sglaunch.training import attention as train_attention, data, model, objective, target as target_mod
 
 
 @dataclass
@@ -85,6 +85,9 @@ class TrainArgs:
     # step, kept for tests and before/after benchmarks); both learn the same thing
     loss_impl: str = "fused"
     compile_loss: bool | None = None  # torch.compile the fused loss's chunk math (None: SGLAUNCH_TRAIN_COMPILE=1)
+    # the drafter's grouped-layout attention (training/attention.py): auto (dense on CUDA, sdpa
+    # elsewhere; SGLAUNCH_TRAIN_ATTENTION overrides), sdpa (the reference), dense, flex (CUDA)
+    attention: str = "auto"
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -193,6 +196,7 @@ class Trainer:
         else:
             model.load_checkpoint_weights(self.drafter, a.init_from)
         self.params = list(model.own_parameters(self.drafter).values())
+        self.set_attention(a.attention)
         # one fused kernel for every parameter on CUDA (the default there is foreach: a few per tensor)
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95), **fused)
@@ -220,7 +224,7 @@ class Trainer:
                  f"{self.dcfg.markov_rank}, target layers {list(self.dcfg.target_layer_ids)}, mask id "
                  f"{self.dcfg.mask_token_id}; {n_own / 1e6:.2f}M trained parameters "
                  f"(checkpoint ~{model.checkpoint_bytes(self.dcfg) / 1e6:.1f} MB in bf16); "
-                 f"{len(self.samples)} sequences, {self.total_steps} steps")
+                 f"{len(self.samples)} sequences, {self.total_steps} steps; attention {self.attention}")
 
     @torch.no_grad()
     def whiten_fc(self, batches: int = 2) -> None:
@@ -238,6 +242,15 @@ class Trainer:
             return
         rms = (sq / n).sqrt().clamp_min(1e-3)
         self.drafter.fc.weight.div_(rms[None, :].to(self.drafter.fc.weight.device))
+
+    def set_attention(self, name: str) -> str:
+        """Choose the drafter's grouped-layout attention once (not per step) -> the resolved name."""
+        try:
+            self.attention = train_attention.resolve(name, self.device)
+        except ValueError as exc:
+            raise SglaunchError(str(exc), hint=f"use {train_attention.ENV}=sdpa or dense") from None
+        train_attention.set_attention(self.drafter, self.attention)
+        return self.attention
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
