@@ -5,6 +5,8 @@ Trainer.train_step, the exact step the drafter rounds run, for a given target an
     python benchmarks/train_step_bench.py --device cuda --impl fused,reference --json OUT/step_bench.json
     python benchmarks/train_step_bench.py --device cuda --impl fused --compile        # + torch.compile
     python benchmarks/train_step_bench.py --device cuda --profile 3                  # + a kernel table
+    # the drafter's grouped attention (training/attention.py): reference SDPA, expanded heads, flex
+    python benchmarks/train_step_bench.py --device cuda --impl fused --attention sdpa,dense,flex
     # CPU smoke (CI-sized: 6 target layers, a 1-layer drafter, 2 sequences, full 49k vocabulary)
     python benchmarks/train_step_bench.py --device cpu --smoke
 
@@ -13,6 +15,12 @@ target's distribution once per position, no per-step host sync, fused AdamW on C
 is the step before (issue 19's 5.7 steps/s on the H200: benchmarks/drafter_rounds/s11-round5/):
 [N, G, V] logits and distributions materialised for every slot, the target run with its padding
 mask, metrics read back every step. Both run in one process on the same micro-batches.
+--attention (comma list of auto | sdpa | dense | flex, training/attention.py) times each loss
+implementation with each attention of the drafter's grouped layout: sdpa is the reference call
+(boolean mask + enable_gqa), dense the expanded-heads call, flex compiled flex_attention; each
+row reports ms per step, peak memory, the first warm-up step's seconds (flex's compilation) and
+its ratio to the first row. On CUDA a probe line first says which SDPA kernels accept the
+reference call and the dense one at the run's shapes (forward + backward).
 
 The target is --target DIR (a checkpoint, e.g. /tmp/cache/models/smollm2-135m-instruct on a warm
 machine), else random weights with --config DIR's shape (default benchmarks/gpu6/smolcfg, SmolLM2-
@@ -95,6 +103,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="timed steps per implementation")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (allocator, kernels, compile)")
     ap.add_argument("--impl", default="fused,reference", help="comma list of fused | reference")
+    ap.add_argument("--attention", default="auto", help="comma list of auto | sdpa | dense | flex (drafter attention)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the SDPA kernel probe (CUDA)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the fused loss's chunk math")
     ap.add_argument("--profile", type=int, default=0, help="after timing: profile N fused steps, print the top kernels")
     ap.add_argument("--work", type=Path, default=Path("/tmp/train_step_bench"))
@@ -131,39 +141,56 @@ def main() -> int:
     trainer.setup()
     dev = trainer.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda" and not a.no_probe:
+        print(json.dumps(sdpa_probe(trainer, a)), flush=True)
     results = []
-    for impl in [x.strip() for x in a.impl.split(",") if x.strip()]:
-        trainer.args.loss_impl = impl
-        for _ in range(a.warmup):
-            trainer.train_step()
-        sync()
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        host = 0.0
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            h0 = time.perf_counter()
-            row = trainer.train_step()
-            host += time.perf_counter() - h0
-        sync()
-        wall = time.perf_counter() - t0
-        last = Trainer.host_row(row)
-        res = {"impl": impl, "compile": bool(a.compile and impl == "fused"), "device": str(dev),
-               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "dtype": dtype,
-               "batch_size": a.batch_size, "max_length": a.max_length, "anchors_per_seq": a.anchors_per_seq,
-               "target": str(target), "drafter": str(init) if init else "fresh", "steps": a.steps,
-               "ms_per_step": round(1000 * wall / a.steps, 2), "steps_per_s": round(a.steps / wall, 3),
-               "host_ms_per_step": round(1000 * host / a.steps, 2),
-               "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
-               "loss": round(float(last.get("loss", float("nan"))), 4)}
-        if dev.type == "cuda" and a.batch_size == 32 and a.max_length == 768 and a.anchors_per_seq == 128:
-            res["vs_logged_5.73_steps_per_s"] = round(res["steps_per_s"] / LOGGED_STEPS_PER_S, 2)
-        print(json.dumps(res), flush=True)
-        results.append(res)
+    attentions = [x.strip() for x in a.attention.split(",") if x.strip()]
+    for attention in attentions:
+        resolved = trainer.set_attention(attention)
+        for impl in [x.strip() for x in a.impl.split(",") if x.strip()]:
+            trainer.args.loss_impl = impl
+            first = None
+            for i in range(a.warmup):
+                t0 = time.perf_counter()
+                trainer.train_step()
+                if i == 0:
+                    sync()
+                    first = time.perf_counter() - t0
+            sync()
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            host = 0.0
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                h0 = time.perf_counter()
+                row = trainer.train_step()
+                host += time.perf_counter() - h0
+            sync()
+            wall = time.perf_counter() - t0
+            last = Trainer.host_row(row)
+            res = {"impl": impl, "attention": resolved, "compile": bool(a.compile and impl == "fused"),
+                   "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+                   "dtype": dtype, "batch_size": a.batch_size, "max_length": a.max_length,
+                   "anchors_per_seq": a.anchors_per_seq, "target": str(target), "drafter": str(init) if init else "fresh",
+                   "steps": a.steps, "ms_per_step": round(1000 * wall / a.steps, 2),
+                   "steps_per_s": round(a.steps / wall, 3), "host_ms_per_step": round(1000 * host / a.steps, 2),
+                   "first_step_s": round(first, 2) if first is not None else None,
+                   "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
+                   "loss": round(float(last.get("loss", float("nan"))), 4)}
+            if results:
+                res["ms_vs_first_row"] = round(res["ms_per_step"] / results[0]["ms_per_step"], 3)
+            if dev.type == "cuda" and a.batch_size == 32 and a.max_length == 768 and a.anchors_per_seq == 128:
+                res["vs_logged_5.73_steps_per_s"] = round(res["steps_per_s"] / LOGGED_STEPS_PER_S, 2)
+            print(json.dumps(res), flush=True)
+            results.append(res)
+            if a.json:  # after every row: a run cut short keeps what it measured
+                a.json.parent.mkdir(parents=True, exist_ok=True)
+                a.json.write_text(json.dumps(results, indent=1) + "\n")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 
         trainer.args.loss_impl = "fused"
+        trainer.set_attention(attentions[0])
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with profile(activities=acts) as prof:
             for _ in range(a.profile):
@@ -171,10 +198,45 @@ def main() -> int:
             sync()
         key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=30))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
+
+
+def sdpa_probe(trainer, a) -> dict:
+    """Which SDPA kernels take the drafter's reference call (boolean mask + enable_gqa) and the
+    dense one (expanded heads + additive mask) at this run's shapes, forward and backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sglaunch.training import attention as att
+
+    c, dev = trainer.dcfg, trainer.device
+    S, A, G, T = a.batch_size, a.anchors_per_seq, c.block_size, a.max_length
+    dt = torch.bfloat16 if trainer.dtype != torch.float32 else torch.float32
+    lens = torch.randint(0, T, (S, A), generator=torch.Generator().manual_seed(0)).sort(-1).values.to(dev)
+    visible = att.visibility(lens, T, G)
+    out = {"probe": "sdpa_kernels", "shape": {"S": S, "heads": c.num_heads, "kv_heads": c.num_kv_heads,
+                                              "queries": A * G, "keys": T + A * G, "head_dim": c.head_dim}}
+    forms = {"sdpa": lambda q, k, v: att.attend_sdpa(q, k, v, visible, c.head_dim ** -0.5),
+             "dense": lambda q, k, v: att.attend_dense(q, k, v, att.additive_mask(visible, dt), c.head_dim ** -0.5)}
+    for form, fn in forms.items():
+        row = {}
+        for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+            backend = getattr(SDPBackend, name, None)
+            if backend is None:
+                continue
+            q = torch.randn(S, c.num_heads, A * G, c.head_dim, device=dev, dtype=dt, requires_grad=True)
+            k = torch.randn(S, c.num_kv_heads, T + A * G, c.head_dim, device=dev, dtype=dt, requires_grad=True)
+            v = torch.randn_like(k, requires_grad=True)
+            try:
+                with sdpa_kernel([backend]):
+                    fn(q, k, v).sum().backward()
+                torch.cuda.synchronize(dev)
+                row[name.lower()] = "ok"
+            except Exception as exc:  # noqa: BLE001 - the probe reports why a kernel refused
+                row[name.lower()] = f"refused: {str(exc).splitlines()[0][:120]}"
+            del q, k, v
+        out[form] = row
+    torch.cuda.empty_cache()
+    return out
 
 
 if __name__ == "__main__":
