@@ -73,6 +73,9 @@ class Cluster:
             proc.join(10)
         kill_processes(list(self.children.values()))
         destroy_tp_group(self.tp)
+        from sglaunch.engine.heap import unfreeze_heap
+
+        unfreeze_heap()  # NOTE: a process that boots another engine after this one (tests, sweeps) frees this one
 
     def abort_startup(self) -> None:
         from sglaunch.engine.watchdog import kill_processes
@@ -113,6 +116,9 @@ def create_engine(config: EngineConfig):
         engine = LLMEngine(config, runner, tp, on_tp_failure=cluster.fail)
         engine.profile_sps_if_missing()
         engine.profile_bursts()
+        from sglaunch.engine.heap import freeze_startup_heap
+
+        freeze_startup_heap()  # NOTE: after the profiles: nothing of start-up is left to collect
         return engine, cluster
     except BaseException:
         cluster.abort_startup()

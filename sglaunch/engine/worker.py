@@ -48,6 +48,9 @@ def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
     tp = init_tp_group(config, rank, store)
     device = rank_device(config, layout.local_rank(rank))
     runner = ModelRunner(config, load_model_spec(config.model_path), tp, device, show_progress=False)
+    from sglaunch.engine.heap import freeze_startup_heap
+
+    freeze_startup_heap()  # see engine/heap.py: the collector's full passes stall every step
     while True:
         command = tp.broadcast_object()
         if command[0] == "step":

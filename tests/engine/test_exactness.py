@@ -160,3 +160,20 @@ def test_engine_rejects_overlong_prompt(checkpoints):
         assert engine.static_info()["context_length"] == 16
     finally:
         cluster.stop(engine)
+
+
+def test_the_engine_freezes_its_start_up_heap_until_it_stops(checkpoints):
+    """engine/heap.py: the collector's full passes must not walk the start-up heap every few
+    steps, and a process that stops an engine gets its cycles back to collect."""
+    import gc
+
+    gc.unfreeze()
+    engine, cluster = create_engine(engine_config(checkpoints["llama"]))
+    try:
+        frozen = gc.get_freeze_count()
+        # the model's modules and parameters are among the frozen objects: far more than a few
+        assert frozen > 10_000, frozen
+        run_requests(engine, requests_for([PROMPTS[0]]))
+    finally:
+        cluster.stop(engine)
+    assert gc.get_freeze_count() == 0

@@ -1,0 +1,29 @@
+"""The garbage collector after start-up. Torch-free.
+
+Booting a rank leaves a few hundred thousand container objects alive for the life of the
+process (torch, transformers and their modules, the model's parameters and buffers, captured
+graphs' keys, the KV pool's bookkeeping): 385,000 tracked objects in a CPU SmolLM2 engine, whose
+full collection took 188 ms on the dev CPU. A step allocates lists, tuples and dicts per request,
+so the cyclic collector runs every step or two, and each of its full passes walks that whole
+start-up heap: a stall of tens to hundreds of milliseconds in the middle of decoding.
+freeze_startup_heap() moves everything alive at that moment out of the collector's reach
+(gc.freeze()); what steps allocate later is collected as before. A process that stops its
+engine and goes on (tests, benchmarks that boot engines one after another) unfreezes the heap
+when the engine stops (Cluster.stop), so the stopped engine's reference cycles are collected.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then freeze every object alive now; -> how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def unfreeze_heap() -> None:
+    """Give the frozen objects back to the collector (their cycles are collectable again)."""
+    gc.unfreeze()
