@@ -18,6 +18,7 @@ import torch
 from sglaunch.config import EngineConfig
 from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.heap import PAUSES
 from sglaunch.engine.interface import GenerateRequest, TokenOutput
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
@@ -606,6 +607,7 @@ class LLMEngine:
             **{f"total_{k}": v for k, v in self.counters.items()},
             **self._graph_stats(),
             **self._spec_stats(),
+            "gc": PAUSES.stats(),  # the collector's passes in this process since start-up (engine/heap.py)
         }
 
     def _graph_stats(self) -> dict:

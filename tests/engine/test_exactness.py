@@ -174,6 +174,10 @@ def test_the_engine_freezes_its_start_up_heap_until_it_stops(checkpoints):
         # the model's modules and parameters are among the frozen objects: far more than a few
         assert frozen > 10_000, frozen
         run_requests(engine, requests_for([PROMPTS[0]]))
+        gc.collect(0)
+        live = engine.live_stats()["gc"]  # /server_info: the passes since start-up
+        assert abs(live["frozen_objects"] - frozen) < 100 and len(live["collections"]) == 3
+        assert live["collections"][0] >= 1 and live["seconds"][0] >= 0.0
     finally:
         cluster.stop(engine)
     assert gc.get_freeze_count() == 0
