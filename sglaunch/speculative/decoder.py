@@ -32,7 +32,7 @@ from sglaunch.engine.step import DraftStepInput, draft_marker
 from sglaunch.speculative import kernels
 from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
-from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier
+from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier, measured_survivals
 from sglaunch.speculative.stats import SpecStats
 from sglaunch.engine.transfer import pack_flat, pack_for_host, split_flat, to_device
 
@@ -105,14 +105,18 @@ class DSparkDecoder:
         temps = load_sts(spec.confidence_sts_path, self.gamma) if spec.confidence_sts_path else None
         self.planner = DSparkPlanner(self.gamma, self.mode, sps, temps, int(os.environ.get(LAG_ENV, DEFAULT_LAG_STEPS)),
                                      has_confidence_head=drafter.confidence_head is not None,
-                                     step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0")
+                                     step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0",
+                                     start_prior=measured_survivals(spec.draft_model_path, self.gamma))
         self.stats = SpecStats(self.gamma)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
         self.log_suffix: Callable[[], str] | None = None  # more for the periodic log line (the engine's bursts)
-        logger.info("DSpark: block size %d, ragged verify mode %s, SPS table %s, STS %s", self.gamma, self.mode,
+        logger.info("DSpark: block size %d, ragged verify mode %s, SPS table %s, STS %s, starting prior accept %s",
+                    self.gamma, self.mode,
                     spec.sps_table_path or ("none yet (profiled at start-up)" if self.mode == "compact"
-                                            else "none (verify every draft)"), spec.confidence_sts_path or "none")
+                                            else "none (verify every draft)"), spec.confidence_sts_path or "none",
+                    f"{1.0 + sum(self.planner.prior):.2f} (the drafter's eval.json)" if self.planner.start_prior
+                    else "none (learnt from the first steps)")
 
     # ---- before the target forward ------------------------------------------------------
     def plan(self, rids: Sequence[str], extra_tokens: int) -> int | None:

@@ -45,7 +45,15 @@ DEFAULT_LAG_STEPS = 2
 # NOTE: drafting must be expected to commit this much more per second than a plain step, since
 # the profile leaves out some host work of a DSpark step (the longer step input, the commit)
 MIN_DRAFT_GAIN = 1.05
-PRIOR_DECAY = 0.9  # weight of the old running mean survival per observed step
+# The prior (unknown requests' survival row) is a running mean weighted by request-steps: an
+# observed step of R rows (a burst: R x iterations) weighs R; the old mean keeps at most
+# PRIOR_WINDOW of weight, so older steps fade. NOTE: weighted by rows, not one step one vote:
+# a few requests (a bench's warm-up, one easy prompt bursting alone) cannot set the price of the
+# next wave of 64 (session 11: two warm-up requests left a prior accept of 5.83; the first wave
+# drafted 180 tokens a step at 64 requests).
+PRIOR_WINDOW = 512
+# a drafter's own measured survivals (its bundle's eval.json) start the prior at this weight
+PRIOR_START_WEIGHT = 256
 
 
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
@@ -259,7 +267,8 @@ class DSparkPlanner:
 
     def __init__(self, block_size: int, mode: str, sps: SpsTable | None = None,
                  sts_temperatures: Sequence[float] | None = None, lag_steps: int = DEFAULT_LAG_STEPS,
-                 has_confidence_head: bool = True, step_aside: bool = True, calibrate: bool = True):
+                 has_confidence_head: bool = True, step_aside: bool = True, calibrate: bool = True,
+                 start_prior: Sequence[float] | None = None):
         if mode not in ("static", "cap-accept", "compact"):
             raise ValueError(f"unknown ragged verify mode {mode!r}; choose static, cap-accept or compact")
         if mode != "static" and not has_confidence_head:
@@ -272,8 +281,11 @@ class DSparkPlanner:
         self.relay = ConfidenceRelay(block_size, lag_steps)
         self.step_aside = step_aside  # False: always draft (SGLAUNCH_DSPARK_STEP_ASIDE=0)
         self.calibration = StepCostCalibration() if calibrate else None  # None: the table as it is
-        self.prior = [1.0] * block_size  # running mean survival per slot: unknown requests' row
-        self._observed = False
+        if start_prior is not None and len(start_prior) != block_size:
+            raise ValueError(f"the starting prior has {len(start_prior)} survivals, the block size is {block_size}")
+        # start_prior: the drafter's measured survival per slot (measured_survivals), else the 1.0 guess
+        self.start_prior = list(start_prior) if start_prior is not None else None
+        self.reset_prior()
         self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
 
     @property
@@ -353,13 +365,16 @@ class DSparkPlanner:
         self.relay.push(request_ids, survival)
         rows = survival.tolist() if hasattr(survival, "tolist") else [list(r) for r in survival]
         if rows:
-            self._fold_prior([sum(col) / len(rows) for col in zip(*rows)])
+            self._fold_prior([sum(col) / len(rows) for col in zip(*rows)], len(rows))
 
-    def _fold_prior(self, mean: Sequence[float]) -> None:
-        """One step's mean survival per slot into the running prior."""
-        decay = PRIOR_DECAY if self._observed else 0.0  # NOTE: the first step replaces the 1.0 guess
-        self.prior = [decay * p + (1.0 - decay) * m for p, m in zip(self.prior, mean)]
-        self._observed = True
+    def _fold_prior(self, mean: Sequence[float], rows: int) -> None:
+        """The mean survival per slot of `rows` observed request-steps into the running prior
+        (a weighted mean, its weight capped at PRIOR_WINDOW). NOTE: the 1.0 guess has no weight:
+        the first observation replaces it."""
+        total = self._prior_weight + rows
+        share = rows / total
+        self.prior = [p + share * (m - p) for p, m in zip(self.prior, mean)]
+        self._prior_weight = min(total, PRIOR_WINDOW)
 
     def observe_accepts(self, accepted: Sequence[Sequence[int]]) -> None:
         """A DSpark burst's accepted draft counts [iterations][requests] (no confidences are read
@@ -369,7 +384,7 @@ class DSparkPlanner:
         wide to burst prices every new request as if all its drafts survive."""
         counts = [n for row in accepted for n in row]
         if counts:
-            self._fold_prior([sum(n > j for n in counts) / len(counts) for j in range(self.block_size)])
+            self._fold_prior([sum(n > j for n in counts) / len(counts) for j in range(self.block_size)], len(counts))
 
     def skip_step(self) -> None:
         """A step that drafted nothing: it observed no survivals. NOTE: it still advances the
@@ -381,5 +396,27 @@ class DSparkPlanner:
         self.relay.forget(request_id)
 
     def reset_prior(self) -> None:
-        """Back to the 1.0 guess (after a profile's synthetic steps)."""
-        self.prior, self._observed = [1.0] * self.block_size, False
+        """Back to the starting prior (after a profile's synthetic steps): the drafter's measured
+        survivals at PRIOR_START_WEIGHT, or the 1.0 guess at no weight."""
+        if self.start_prior is not None:
+            self.prior, self._prior_weight = list(self.start_prior), PRIOR_START_WEIGHT
+        else:
+            self.prior, self._prior_weight = [1.0] * self.block_size, 0
+
+
+def measured_survivals(drafter_dir: str, block_size: int) -> list[float] | None:
+    """The drafter's measured survival per block slot at T=0 from its bundle's eval.json
+    (`temperatures["0.0"].per_position.reach_rate_per_position`, written by train-draft's
+    evaluation): the planner's starting prior. None when the folder has none (or another size)."""
+    import json
+    from pathlib import Path
+
+    path = Path(drafter_dir) / "eval.json"
+    try:
+        rates = json.loads(path.read_text())["temperatures"]["0.0"]["per_position"]["reach_rate_per_position"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(rates, list) or len(rates) != block_size or \
+            not all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rates):
+        return None
+    return [float(r) for r in rates]

@@ -6,6 +6,7 @@ chunked prefill with preemption, no pages left behind; the policy that decides w
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -385,17 +386,59 @@ def test_an_idle_engine_logs_the_steps_since_its_last_line(dspark_files, bursts,
 
 def test_bursts_teach_the_planner_its_prior():
     """A burst's accepted counts are the empirical survivals the planner prices new requests at:
-    slot j survives in the request-iterations that kept more than j drafts."""
-    from sglaunch.speculative.planner import PRIOR_DECAY, DSparkPlanner
+    slot j survives in the request-iterations that kept more than j drafts; each
+    request-iteration weighs one in the running mean."""
+    from sglaunch.speculative.planner import DSparkPlanner
 
     planner = DSparkPlanner(block_size=4, mode="static")
     assert planner.prior == [1.0] * 4
     planner.observe_accepts([[0, 4], [2, 1]])  # the first observation replaces the 1.0 guess
     assert planner.prior == pytest.approx([0.75, 0.5, 0.25, 0.25])
-    planner.observe_accepts([[0, 0]])
-    assert planner.prior == pytest.approx([PRIOR_DECAY * p for p in (0.75, 0.5, 0.25, 0.25)])
+    planner.observe_accepts([[0, 0]])  # two more request-iterations: 4 of 6 in the mean
+    assert planner.prior == pytest.approx([4 / 6 * p for p in (0.75, 0.5, 0.25, 0.25)])
     planner.observe_accepts([])
-    assert planner.prior == pytest.approx([PRIOR_DECAY * p for p in (0.75, 0.5, 0.25, 0.25)])
+    assert planner.prior == pytest.approx([4 / 6 * p for p in (0.75, 0.5, 0.25, 0.25)])
+
+
+def test_a_few_easy_requests_cannot_set_the_price_of_a_wide_batch():
+    """Session 11: two warm-up requests that accepted everything left a prior accept of 5.83 and
+    the next wave of 64 was drafted at it. Started from the drafter's measured survivals, a
+    handful of request-iterations moves the prior a little; a long run of them takes it over."""
+    from sglaunch.speculative.planner import PRIOR_START_WEIGHT, PRIOR_WINDOW, DSparkPlanner
+
+    start = [0.6, 0.35, 0.2, 0.1]
+    planner = DSparkPlanner(block_size=4, mode="static", start_prior=start)
+    assert planner.prior == start
+    for _ in range(4):  # two requests, two bursts of 4 iterations each, every draft accepted
+        planner.observe_accepts([[4, 4]] * 4)
+    moved = 32 / (PRIOR_START_WEIGHT + 32)
+    assert planner.prior == pytest.approx([p + moved * (1.0 - p) for p in start])
+    assert 1.0 + sum(planner.prior) < 2.6  # 2.25 at the start; 5.0 if the easy requests set it
+    for _ in range(8 * PRIOR_WINDOW):
+        planner.observe_accepts([[4]])
+    assert planner.prior == pytest.approx([1.0] * 4, abs=1e-3)  # older steps fade: it still adapts
+    planner.reset_prior()
+    assert planner.prior == start
+    with pytest.raises(ValueError, match="block size"):
+        DSparkPlanner(block_size=4, mode="static", start_prior=[0.5])
+
+
+def test_the_starting_prior_is_read_from_the_drafters_eval(tmp_path):
+    import json
+
+    from sglaunch.speculative.planner import measured_survivals
+
+    assert measured_survivals(str(tmp_path), 3) is None  # no eval.json
+    (tmp_path / "eval.json").write_text("{not json")
+    assert measured_survivals(str(tmp_path), 3) is None
+    rates = [0.58, 0.34, 0.19]
+    (tmp_path / "eval.json").write_text(json.dumps(
+        {"temperatures": {"0.0": {"per_position": {"reach_rate_per_position": rates}}}}))
+    assert measured_survivals(str(tmp_path), 3) == rates
+    assert measured_survivals(str(tmp_path), 4) is None  # another block size
+    bundled = Path(__file__).resolve().parents[2] / "sglaunch" / "hub" / "drafters" / "smollm2-135m-instruct"
+    got = measured_survivals(str(bundled), 7)
+    assert got is not None and got == sorted(got, reverse=True) and 1.5 < 1.0 + sum(got) < 4.0
 
 
 def test_an_engine_that_only_bursts_learns_a_prior(dspark_files, bursts):
