@@ -6,7 +6,7 @@ Trainer.train_step, the exact step the drafter rounds run, for a given target an
     python benchmarks/train_step_bench.py --device cuda --impl fused --compile        # + torch.compile
     python benchmarks/train_step_bench.py --device cuda --profile 3                  # + a kernel table
     # the drafter's grouped attention (training/attention.py): reference SDPA, expanded heads, flex
-    python benchmarks/train_step_bench.py --device cuda --impl fused --attention sdpa,dense,flex
+    python benchmarks/train_step_bench.py --device cuda --impl fused --attention sdpa,dense,flex --phases 5
     # CPU smoke (CI-sized: 6 target layers, a 1-layer drafter, 2 sequences, full 49k vocabulary)
     python benchmarks/train_step_bench.py --device cpu --smoke
 
@@ -104,6 +104,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (allocator, kernels, compile)")
     ap.add_argument("--impl", default="fused,reference", help="comma list of fused | reference")
     ap.add_argument("--attention", default="auto", help="comma list of auto | sdpa | dense | flex (drafter attention)")
+    ap.add_argument("--phases", type=int, default=0,
+                    help="after timing each row: N more steps synchronised at each phase's end (host, target, "
+                         "drafter, loss, backward, optimizer; fused loss), mean ms per phase in the row")
     ap.add_argument("--no-probe", action="store_true", help="skip the SDPA kernel probe (CUDA)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the fused loss's chunk math")
     ap.add_argument("--profile", type=int, default=0, help="after timing: profile N fused steps, print the top kernels")
@@ -177,6 +180,8 @@ def main() -> int:
                    "first_step_s": round(first, 2) if first is not None else None,
                    "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None,
                    "loss": round(float(last.get("loss", float("nan"))), 4)}
+            if a.phases:
+                res["phases_ms"] = time_phases(trainer, a.phases, sync)
             if results:
                 res["ms_vs_first_row"] = round(res["ms_per_step"] / results[0]["ms_per_step"], 3)
             if dev.type == "cuda" and a.batch_size == 32 and a.max_length == 768 and a.anchors_per_seq == 128:
@@ -199,6 +204,29 @@ def main() -> int:
         key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=30))
     return 0
+
+
+def time_phases(trainer, steps: int, sync) -> dict:
+    """Mean ms per phase of `steps` steps, the device synchronised at every phase's end (so the
+    phases do not overlap: their sum exceeds a free-running step; the split is what it says)."""
+    totals: dict[str, float] = {}
+    last = [0.0]
+
+    def hook(name: str) -> None:
+        sync()
+        now = time.perf_counter()
+        totals[name] = totals.get(name, 0.0) + now - last[0]
+        last[0] = now
+
+    trainer.phase_hook = hook
+    try:
+        for _ in range(steps):
+            sync()
+            last[0] = time.perf_counter()
+            trainer.train_step()
+    finally:
+        trainer.phase_hook = None
+    return {k: round(1000 * v / steps, 2) for k, v in totals.items()}
 
 
 def sdpa_probe(trainer, a) -> dict:

@@ -125,6 +125,8 @@ class Trainer:
         self.out = args.output
         self.log_rows: list[dict[str, Any]] = []
         self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation of the samples)
+        # benchmarks only (train_step_bench.py --phases): called with a phase's name when it ends
+        self.phase_hook = None
 
     # ------------------------------------------------------------------ setup
     def drafter_config(self):
@@ -281,7 +283,9 @@ class Trainer:
         and copied without a sync, so the host prepares the next micro-batch while the GPU works."""
         a = self.args
         if a.loss_impl == "reference":
-            return self.compute_loss_reference(samples, gen)
+            out = self.compute_loss_reference(samples, gen)
+            self._phase("forward")  # the reference step's whole forward (it syncs for its metrics)
+            return out
         batch = objective.collate(samples, a.max_length)
         seq, anchor, real = objective.sample_anchors(batch, a.anchors_per_seq, gen)
         if seq.numel() == 0:
@@ -290,6 +294,7 @@ class Trainer:
         blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size, real)
         rows = objective.loss_rows(blocks, T)
         ids, blocks, rows = (objective.to_device(x, self.device) for x in (batch.ids, blocks, rows))
+        self._phase("host")
         # right-padded sequences: a real position's causal attention never reaches the padding, so
         # no mask (SDPA's flash kernel instead of a materialised [B, 1, T, T] mask)
         tout = self.target.run(ids)
@@ -297,12 +302,20 @@ class Trainer:
             t_logits = self.target.logits(tout.final_hidden.reshape(B * T, -1).index_select(0, rows.target_rows))
             t_arg, p_t = t_logits.argmax(-1), torch.softmax(t_logits, dim=-1)
             del t_logits
+        self._phase("target")
         dbatch = objective.draft_batch(ids, tout.features, blocks, groups=seq.numel() // len(samples))
         with self.autocast():
             hidden = objective.block_hidden(self.drafter, dbatch)
             z, conf = objective.teacher_forced_markov(self.drafter, hidden, blocks.prev)
-        return objective.fused_dspark_loss(self.drafter, hidden, z, conf, p_t, t_arg, rows, self.dtype,
-                                           compiled=self.compile_loss)
+        self._phase("drafter")
+        out = objective.fused_dspark_loss(self.drafter, hidden, z, conf, p_t, t_arg, rows, self.dtype,
+                                          compiled=self.compile_loss)
+        self._phase("loss")
+        return out
+
+    def _phase(self, name: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(name)
 
     def compute_loss_reference(self, samples: list[data.Sample], gen: torch.Generator):
         """The step before issue 19's speed work: [N, G, V] logits and distributions materialised
@@ -335,6 +348,7 @@ class Trainer:
             if loss is None:
                 continue
             (loss / per_step).backward()
+            self._phase("backward")
             for k, v in metrics.items():
                 totals.setdefault(k, []).append(v)
         if self.world > 1:
@@ -343,6 +357,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._phase("optimizer")
         self.step += 1
         row = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "grad_norm": norm.detach()}
         for k, vs in totals.items():
