@@ -82,16 +82,20 @@ def visibility(ctx_lens: torch.Tensor, T: int, G: int) -> torch.Tensor:
                       own_block.repeat_interleave(G, 0).repeat_interleave(G, 1).expand(S, -1, -1)], dim=2)
 
 
-def mask_mod_for(ctx_lens: torch.Tensor, T: int, G: int):
-    """flex_attention's mask_mod of `visibility` (indices clamped: tiles past the ends are masked
-    by the kernel, but their indices must still be loadable)."""
-    A = ctx_lens.shape[1]
+def mask_mod_for(ctx_lens: torch.Tensor, T: int, G: int, block: int = FLEX_BLOCK):
+    """flex_attention's mask_mod of `visibility`. It captures tensors only (and the run's fixed
+    block size G), so a new step's T and anchor count change input shapes, not constants baked
+    into the compiled kernel: no recompilation per step. The per-query context length is padded
+    to whole tiles, so the kernel's ragged last tile indexes inside it."""
+    S, A = ctx_lens.shape
+    ctx_q = ctx_lens.repeat_interleave(G, dim=1)  # [S, A*G] the context length of each query row
+    ctx_q = F.pad(ctx_q, (0, -(-A * G // block) * block - A * G))
+    t_len = torch.tensor(T, dtype=torch.int64, device=ctx_lens.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        blk = torch.clamp(q_idx // G, 0, A - 1)
-        in_ctx = kv_idx < T
-        sees_ctx = kv_idx < ctx_lens[b, blk]
-        own = (kv_idx - T) // G == blk  # never true for kv_idx < T (negative)
+        in_ctx = kv_idx < t_len
+        sees_ctx = kv_idx < ctx_q[b, q_idx]
+        own = (kv_idx - t_len) // G == q_idx // G  # never true for kv_idx < T (negative)
         return (in_ctx & sees_ctx) | (~in_ctx & own)
 
     return mask_mod
@@ -123,7 +127,7 @@ def block_mask(ctx_lens: torch.Tensor, T: int, G: int, visible: torch.Tensor | N
     kv_num, kv_idx = sparse(partial)
     full_num, full_idx = sparse(full)
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
-                                    mask_mod=mask_mod_for(ctx_lens, T, G), seq_lengths=(Q, KV))
+                                    mask_mod=mask_mod_for(ctx_lens, T, G, block), seq_lengths=(Q, KV))
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -155,7 +159,8 @@ def flex_fn(compiled: bool = True):
     if not compiled:
         return flex_attention
     if "fn" not in _FLEX:
-        _FLEX["fn"] = torch.compile(flex_attention)
+        # dynamic: T and the anchor count change every step; one compilation serves them all
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=True)
     return _FLEX["fn"]
 
 

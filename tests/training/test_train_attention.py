@@ -227,3 +227,21 @@ def test_cuda_impls_equal_the_reference_with_gradients(impl):
         results.append([out.detach().float()] + [t.grad.float() for t in (q, k, v)])
     for a, b, what in zip(results[1], results[0], ["out", "dq", "dk", "dv"]):
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2, msg=what)
+
+
+def test_flex_compiles_once_for_changing_shapes():
+    """A step's T and anchor count change every step: the compiled flex call (CPU forward here)
+    is not recompiled for them (the mask_mod captures tensors, not those numbers)."""
+    from torch._dynamo.utils import counters
+
+    S, H, KH, G, D = 2, 4, 2, 7, 16
+    graphs = []
+    for A, T in [(24, 150), (20, 131), (30, 200)]:
+        lens = ctx_lens_for(S, A, T, A)
+        q, k, v = (t.detach() for t in qkv(S, H, KH, A, G, T, D, torch.float32))
+        want = att.attend_sdpa(q, k, v, att.visibility(lens, T, G), D ** -0.5)
+        with torch.no_grad():
+            got = att.grouped_attention("flex", q, k, v, lens, T, G, D ** -0.5)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] == graphs[0] and graphs[2] == graphs[0], graphs
