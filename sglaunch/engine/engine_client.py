@@ -5,11 +5,18 @@ step events out to one asyncio queue per request; all on the event loop, no lock
 scheduler would make (prompt too long, ...) are checked here, synchronously, against the
 scheduler limits the engine sends at start-up. A dead engine process (killed, crashed, a dead
 rank) ends every open stream with the reason and resolves `wait_failed()`.
+
+With `--tokenizer-worker-num N > 1` the launcher holds the owner (`EngineClient(config,
+workers=N)`: it spawns the engine process, waits for it, shuts it down; it runs no request) and
+each HTTP worker process an attached client (`EngineClient.attached`): its own pipe pair to the
+same engine process, request ids prefixed with the worker's index (unique across workers), and
+the engine process's exit seen through a pidfd (it is not the worker's child).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -98,9 +105,15 @@ class _PoolSize:
 class EngineClient:
     """Implements sglaunch.engine.interface.AsyncEngine over an engine process."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, *, workers: int = 0):
         self.config = config
         self.pid: int | None = None  # the engine process, once spawned
+        self.endpoints: ipc.Endpoints | None = None  # the pipes' folder, made at launch()
+        self._workers = workers  # HTTP worker processes that attach to the engine process
+        self._pipe = 0  # which pipe pair of the engine process is this client's
+        self._rid_prefix = ""
+        self._process = None  # the engine process when this client spawned it, else None
+        self._pidfd: int | None = None  # the engine process when it is not our child
         self._streams: dict[str, _Stream] = {}
         self._static: dict = {}
         self._live: dict = {}
@@ -112,19 +125,48 @@ class EngineClient:
         self._receiving = False
         self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
 
+    @classmethod
+    def attached(cls, config: EngineConfig, endpoints: ipc.Endpoints, worker: int,
+                 engine_pid: int) -> "EngineClient":
+        """HTTP worker `worker`'s client of an engine process the launcher spawned (start() binds
+        its pipe pair and waits for the engine to be ready; shutdown() only closes the pipes)."""
+        client = cls(config)
+        client.endpoints, client._pipe, client.pid = endpoints, worker + 1, engine_pid
+        client._rid_prefix = f"w{worker}-"
+        return client
+
+    @property
+    def owner(self) -> bool:
+        """Whether this client spawned the engine process (and shuts it down)."""
+        return self._pipe == 0
+
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Spawn the engine process and wait until it is ready; ValueError for a checkpoint or
-        configuration it refuses, RuntimeError for any other start-up failure."""
+        """Spawn the engine process (or, attached, connect to it) and wait until it is ready;
+        ValueError for a checkpoint or configuration it refuses, RuntimeError for any other
+        start-up failure."""
+        self.launch()
+        await self.ready()
+
+    def launch(self) -> None:
+        """Spawn the engine process (owner) or bind this worker's pipes; `pid` is known after."""
         loop = asyncio.get_running_loop()
         self._started: asyncio.Future = loop.create_future()
         self._failed: asyncio.Future = loop.create_future()
+        if self.endpoints is None:
+            self.endpoints = ipc.Endpoints(tempfile.mkdtemp(prefix="sglaunch-engine-"), self._workers)
         self._open_channel()
-        self._spawn()
-        loop.add_reader(self._process.sentinel, self._on_exit)
+        if self.owner:
+            self._spawn()
+            loop.add_reader(self._process.sentinel, self._on_exit)
+        else:
+            self._watch_engine(loop)
         loop.add_reader(self._events.getsockopt(zmq.FD), self._receive)
         self._receiving = True
         self._receive()  # NOTE: anything that arrived before the reader was added
+
+    async def ready(self) -> None:
+        """Wait until the engine process is ready (see start)."""
         try:
             await self._started
         except BaseException:
@@ -134,26 +176,36 @@ class EngineClient:
 
     async def _reap(self) -> None:
         """After a failed start: let the process exit (it reported why), then release it all."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self._exited.wait()), EXIT_GRACE_S + 5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            pass
-        _kill(self._process)
+        if self.owner:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exited.wait()), EXIT_GRACE_S + 5)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+            _kill(self._process)
         self._close()
 
     def _open_channel(self) -> None:
-        self._endpoints = ipc.Endpoints(tempfile.mkdtemp(prefix="sglaunch-engine-"))
         self._context = zmq.Context(1)
         self._commands = self._context.socket(zmq.PUSH)
         self._commands.setsockopt(zmq.SNDHWM, 0)
         self._commands.setsockopt(zmq.LINGER, 0)
-        self._commands.bind(self._endpoints.commands)
+        self._commands.bind(self.endpoints.commands_of(self._pipe))
         # NOTE: a plain socket read from the loop's own reader callback (issue 15: zmq.asyncio's
         # futures, tasks and poller callbacks cost more per step event than the event itself)
         self._events = self._context.socket(zmq.PULL)
         self._events.setsockopt(zmq.RCVHWM, 0)
         self._events.setsockopt(zmq.LINGER, 0)
-        self._events.bind(self._endpoints.events)
+        self._events.bind(self.endpoints.events_of(self._pipe))
+
+    def _watch_engine(self, loop: asyncio.AbstractEventLoop) -> None:
+        """An attached client: the engine process is the launcher's child, not ours; a pidfd
+        becomes readable when it exits."""
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:  # already gone
+            loop.call_soon(self._on_exit)
+            return
+        loop.add_reader(self._pidfd, self._on_exit)
 
     def _spawn(self) -> None:
         from sglaunch.engine.engine_process import engine_main  # torch-free until it boots
@@ -161,7 +213,7 @@ class EngineClient:
         context = multiprocessing.get_context("spawn")
         # NOTE: not daemonic: the engine process spawns the other tensor-parallel ranks itself
         self._process = context.Process(target=engine_main, name="sglaunch-engine",
-                                        args=(self.config, self._endpoints, os.getpid()))
+                                        args=(self.config, self.endpoints, os.getpid()))
         self._process.start()
         self.pid = self._process.pid
         # NOTE: multiprocessing joins live children at interpreter exit; one that was never shut
@@ -170,10 +222,14 @@ class EngineClient:
 
     async def shutdown(self) -> None:
         """Let the engine stop its ranks and exit; kill it if it does not within the timeout.
-        Raises RuntimeError when it failed, unless wait_failed() has already reported that."""
+        Raises RuntimeError when it failed, unless wait_failed() has already reported that.
+        An attached client only closes its pipes (the launcher shuts the engine down)."""
         if self._stopping:
             return
         self._stopping = True
+        if not self.owner:
+            self._close()
+            return
         try:
             if not self._exited.is_set():
                 self._send((ipc.SHUTDOWN,))
@@ -190,13 +246,23 @@ class EngineClient:
             raise RuntimeError(self._failure or f"the engine process exited with code {code} while shutting down")
 
     def _close(self) -> None:
+        loop = asyncio.get_running_loop()
         if self._receiving:
             self._receiving = False
-            asyncio.get_running_loop().remove_reader(self._events.getsockopt(zmq.FD))
+            loop.remove_reader(self._events.getsockopt(zmq.FD))
+        if self._pidfd is not None:
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
         self._events.close()
         self._commands.close()
         self._context.term()
-        shutil.rmtree(self._endpoints.folder, ignore_errors=True)
+        if self.owner:
+            shutil.rmtree(self.endpoints.folder, ignore_errors=True)
+
+    def drop_worker(self, worker: int) -> None:
+        """Owner: HTTP worker `worker` died; the engine aborts its requests (frees their KV)."""
+        self._send((ipc.DROP, worker + 1))
 
     async def wait_failed(self) -> str:
         """Returns why, once the engine process has died (never, after a clean shutdown)."""
@@ -216,10 +282,12 @@ class EngineClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenOutput]:
         """Stream a request's outputs; a refused request raises ValueError at the first
         iteration, before any output."""
+        if self._rid_prefix:  # NOTE: unique across the HTTP workers of one engine
+            request = dataclasses.replace(request, rid=self._rid_prefix + request.rid)
         self.check_request(request)
         stream = _Stream()
         self._streams[request.rid] = stream
-        self._send((ipc.ADD, request))
+        self._send((ipc.ADD, request, self._pipe) if self._pipe else (ipc.ADD, request))
         finished = False
         try:
             while not finished:
@@ -237,7 +305,7 @@ class EngineClient:
                 self._send((ipc.ABORT, request.rid))
 
     async def abort(self, rid: str) -> None:
-        self._send((ipc.ABORT, rid))
+        self._send((ipc.ABORT, self._rid_prefix + rid))
 
     def server_info(self) -> dict:
         config = {k: v for k, v in self.config.to_dict().items() if k != "api_key"}  # never leak it
@@ -306,26 +374,44 @@ class EngineClient:
 
     # ---- the engine process ended -------------------------------------------------------
     def _on_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._process.sentinel)
+        loop = asyncio.get_running_loop()
+        if self._process is not None:
+            loop.remove_reader(self._process.sentinel)
+            if self.endpoints.workers:
+                self._process.join(1.0)
+                self._leave_exit_reason()
+        elif self._pidfd is not None:
+            loop.remove_reader(self._pidfd)
         asyncio.create_task(self._after_exit())
 
+    def _leave_exit_reason(self) -> None:
+        """Owner of an engine with HTTP workers: when the engine left no last words, write how it
+        exited in their place, for the workers (which cannot read its exit code)."""
+        if self._last_words() is None and self._process.exitcode not in (0, None):
+            _leave_last_words(self.endpoints.last_words, self._unexpected_exit())
+
+    def _unexpected_exit(self) -> str:
+        code = self._process.exitcode if self._process is not None else None
+        how = f" with {_describe(code)}" if self._process is not None else ""
+        return f"the engine process (pid {self.pid}) exited unexpectedly{how}"
+
     async def _after_exit(self) -> None:
-        self._process.join(1.0)
+        if self._process is not None:
+            self._process.join(1.0)
         if not self._last_event.is_set():  # events sent just before the exit may still be on the way
             try:
                 await asyncio.wait_for(self._last_event.wait(), EXIT_GRACE_S)
             except asyncio.TimeoutError:
                 pass
         self._exited.set()
-        code = self._process.exitcode
+        code = self._process.exitcode if self._process is not None else None
         if not self._started.done():
             why = self._last_words() or f"the engine process exited with {_describe(code)} while starting"
             _settle(self._started, RuntimeError(why))
             return
-        if self._stopping and self._last_event.is_set() and code == 0:
+        if self._stopping and self._last_event.is_set() and (code == 0 or not self.owner):
             return
-        self._fail(self._last_words()
-                   or f"the engine process (pid {self.pid}) exited unexpectedly with {_describe(code)}")
+        self._fail(self._last_words() or self._unexpected_exit())
 
     def _fail(self, message: str) -> None:
         """Every open stream ends with the reason; wait_failed() returns it."""
@@ -338,10 +424,20 @@ class EngineClient:
 
     def _last_words(self) -> str | None:
         try:
-            with open(self._endpoints.last_words, encoding="utf-8") as f:
+            with open(self.endpoints.last_words, encoding="utf-8") as f:
                 return f.read().strip() or None
         except OSError:
             return None
+
+
+def _leave_last_words(path: str, message: str) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(message)
+        os.replace(tmp, path)
+    except OSError:  # the folder is gone: nobody is left to read it
+        pass
 
 
 def _describe(code: int | None) -> str:

@@ -4,7 +4,9 @@
 ranks), reports READY or FAILED, then loops: take every queued command, run one step, send one
 STEP event with all of that step's outputs. It ignores SIGINT and SIGTERM (Ctrl+C reaches the
 whole process group; the server drains, then sends SHUTDOWN), and exits when the server process
-is gone. A fatal error (a dead rank, a broken engine) leaves its message in the last-words file
+is gone. With several HTTP worker processes (`--tokenizer-worker-num`), each step's outputs and
+refusals go to the worker that added each request, one message per worker, and the live
+statistics to every worker. A fatal error (a dead rank, a broken engine) leaves its message in the last-words file
 for the server, which then ends every open stream with it.
 """
 
@@ -85,6 +87,8 @@ class _EngineLoop:
         self.engine, self.cluster, self.channel = engine, cluster, channel
         self._failed_steps = 0
         self._stats_sent = 0.0
+        # several worker pipes: rid -> the pipe of the worker that added it (None: one pipe)
+        self._owners: dict[str, int] | None = {} if channel.pipes > 1 else None
 
     def run(self) -> None:
         from sglaunch.engine.distributed import KEEPALIVE_S
@@ -108,8 +112,11 @@ class _EngineLoop:
             self._publish(outputs, refusals)
 
     def _handle(self, command: tuple, outputs: list, refusals: list) -> None:
-        if command[0] == ipc.ADD:
+        kind = command[0]
+        if kind == ipc.ADD:
             request = command[1]
+            if self._owners is not None:
+                self._owners[request.rid] = command[2]
             try:
                 outputs += self.engine.add_request(request)
             except ValueError as exc:
@@ -117,10 +124,24 @@ class _EngineLoop:
             except Exception as exc:  # noqa: BLE001 - one request's failure, not the engine's
                 logger.exception("Could not add request %s", request.rid)
                 refusals.append((request.rid, ipc.ERROR, f"the engine could not add the request: {exc!r}"))
-        elif command[0] == ipc.ABORT:
+        elif kind == ipc.ABORT:
             out = self.engine.abort(command[1])
             if out is not None:
                 outputs.append(out)
+        elif kind == ipc.DROP:
+            self._drop(command[1], outputs)
+
+    def _drop(self, pipe: int, outputs: list) -> None:
+        """A worker process died: abort its requests (frees their KV), stop sending to it."""
+        owners = self._owners or {}
+        rids = [rid for rid, owner in owners.items() if owner == pipe]
+        for rid in rids:
+            out = self.engine.abort(rid)
+            if out is not None:
+                outputs.append(out)
+        self.channel.drop(pipe)
+        if rids:
+            logger.warning("Aborted %d request(s) of HTTP worker %d, which is gone.", len(rids), pipe - 1)
 
     def _step(self) -> list:
         """One engine step; on one rank, a failed step fails the requests it ran, not the engine."""
@@ -136,34 +157,76 @@ class _EngineLoop:
         return outputs
 
     def _publish(self, outputs: list, refusals: list) -> None:
-        """One event for the whole step; statistics when a request ended, the engine went idle, or
-        STATS_INTERVAL_S passed (NOTE: a client that sees its last token also sees the counts)."""
+        """One event for the whole step (per worker); statistics when a request ended, the engine
+        went idle, or STATS_INTERVAL_S passed (NOTE: a client that sees its last token also sees
+        the counts)."""
         now = time.monotonic()
         due = (now - self._stats_sent >= STATS_INTERVAL_S or not self.engine.has_work
                or any(out.finished for out in outputs))
         live = self.engine.live_stats() if due else None
         if due:
             self._stats_sent = now
-        if outputs or refusals or live is not None:
+        if self._owners is not None:
+            self._publish_per_worker(outputs, refusals, live)
+        elif outputs or refusals or live is not None:
             self.channel.send((ipc.STEP, ipc.pack_outputs(outputs), refusals, live))
+
+    def _publish_per_worker(self, outputs: list, refusals: list, live: dict | None) -> None:
+        """Each worker gets the outputs and refusals of the requests it added, and the live
+        statistics when due; a finished or refused request is forgotten."""
+        owners, per_pipe = self._owners, {}
+        for out in outputs:
+            pipe = owners.pop(out.rid, None) if out.finished else owners.get(out.rid)
+            if pipe is not None:
+                per_pipe.setdefault(pipe, ([], []))[0].append(out)
+        for refusal in refusals:
+            pipe = owners.pop(refusal[0], None)
+            if pipe is not None:
+                per_pipe.setdefault(pipe, ([], []))[1].append(refusal)
+        for pipe in self.channel.worker_pipes():
+            mine = per_pipe.get(pipe)
+            if mine is not None or live is not None:
+                outs, refused = mine or ((), ())
+                self.channel.send((ipc.STEP, ipc.pack_outputs(outs), list(refused), live), pipe)
 
 
 class _EngineChannel:
-    """The engine's ends of the two pipes (used from the main thread only)."""
+    """The engine's ends of the pipes (used from the main thread only): one socket reads every
+    commands pipe (fair-queued), one socket per events pipe."""
 
     def __init__(self, endpoints: ipc.Endpoints):
         import zmq
 
         self._zmq = zmq
+        self.pipes = endpoints.pipes
         self._context = zmq.Context(1)
         self._commands = self._context.socket(zmq.PULL)
-        self._commands.connect(endpoints.commands)
-        self._events = self._context.socket(zmq.PUSH)
-        self._events.setsockopt(zmq.SNDHWM, 0)  # NOTE: never block a step on a slow server
-        self._events.connect(endpoints.events)
+        self._events = []
+        for pipe in range(self.pipes):
+            # NOTE: a worker binds its pipes once it runs; until then ZeroMQ queues what is sent
+            self._commands.connect(endpoints.commands_of(pipe))
+            events = self._context.socket(zmq.PUSH)
+            events.setsockopt(zmq.SNDHWM, 0)  # NOTE: never block a step on a slow server
+            events.connect(endpoints.events_of(pipe))
+            self._events.append(events)
+        self._dropped: set[int] = set()
 
-    def send(self, message: tuple) -> None:
-        self._events.send(ipc.encode(message), copy=False)
+    def send(self, message: tuple, pipe: int | None = None) -> None:
+        """To one pipe, or (None) to every pipe."""
+        data = ipc.encode(message)
+        for index in (range(self.pipes) if pipe is None else (pipe,)):
+            if index not in self._dropped:
+                self._events[index].send(data, copy=False)
+
+    def worker_pipes(self) -> list[int]:
+        """The pipes of the HTTP worker processes still there (all of them but the owner's)."""
+        return [pipe for pipe in range(1, self.pipes) if pipe not in self._dropped]
+
+    def drop(self, pipe: int) -> None:
+        """Send nothing more to a pipe whose worker is gone (nor wait on it when closing)."""
+        if 0 < pipe < self.pipes and pipe not in self._dropped:
+            self._dropped.add(pipe)
+            self._events[pipe].close(linger=0)
 
     def receive(self, timeout_s: float) -> list[tuple]:
         """Every command queued now; waits up to `timeout_s` for the first one."""
@@ -177,9 +240,14 @@ class _EngineChannel:
                 return commands
 
     def close(self) -> None:
-        """Close both pipes; what was sent still reaches the server (bounded wait)."""
+        """Close the pipes; what was sent still reaches the server (bounded wait).
+
+        NOTE: the worker pipes close at once: the launcher shuts the engine down only once its
+        workers are gone, and nothing would ever read what is still queued for them."""
         self._commands.close(linger=0)
-        self._events.close(linger=5000)
+        for pipe, events in enumerate(self._events):
+            if pipe not in self._dropped:
+                events.close(linger=5000 if pipe == 0 else 0)
         self._context.term()
 
 

@@ -3,7 +3,14 @@
 Two ZeroMQ PUSH/PULL pipes over Unix sockets in a private folder, both bound by the server:
 `commands` (server -> engine: add, abort, shutdown) and `events` (engine -> server: ready or
 failed at start-up, then one message per engine step carrying every TokenOutput of that step,
-the refusals, and the live statistics when they are due). Messages are pickled tuples
+the refusals, and the live statistics when they are due).
+
+With `--tokenizer-worker-num N > 1` there are N + 1 pipe pairs (`Endpoints.pipes`): pair 0 is
+the launcher's (the engine process's owner: ready/failed/stopped, shutdown, drop), pairs 1..N
+belong to the HTTP worker processes, each bound by its worker. The engine reads every commands
+pipe through one socket (an `add` names the pipe it came from) and sends each step's outputs
+and refusals to the pipe of the worker that added each request, the live statistics to every
+worker. Messages are pickled tuples
 (protocol 5); a TokenOutput travels as a plain tuple of its fields, cheaper to pickle than the
 dataclass.
 """
@@ -18,8 +25,9 @@ from dataclasses import dataclass
 
 from sglaunch.engine.interface import TokenOutput
 
-# commands, server -> engine
-ADD, ABORT, SHUTDOWN = "add", "abort", "shutdown"
+# commands, server -> engine: (ADD, request[, pipe]), (ABORT, rid), (SHUTDOWN,), and from the
+# launcher (DROP, pipe): abort every request of a worker that died
+ADD, ABORT, SHUTDOWN, DROP = "add", "abort", "shutdown", "drop"
 # events, engine -> server
 READY, FAILED, STEP, STOPPED = "ready", "failed", "step", "stopped"
 # a refusal in a STEP event: the request ends with ValueError (a 400) or RuntimeError (a 500)
@@ -31,17 +39,33 @@ _output_tuple = operator.attrgetter(*_OUTPUT_FIELDS)
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the two pipes live, and where a dying engine leaves its last words."""
+    """Where the pipes live, and where a dying engine leaves its last words.
+
+    `workers` 0: one pipe pair (the server's); N: the owner's pair 0, then one per HTTP worker."""
 
     folder: str
+    workers: int = 0
+
+    @property
+    def pipes(self) -> int:
+        return 1 + self.workers
+
+    def commands_of(self, pipe: int) -> str:
+        return self._path("commands", pipe)
+
+    def events_of(self, pipe: int) -> str:
+        return self._path("events", pipe)
+
+    def _path(self, name: str, pipe: int) -> str:
+        return f"ipc://{os.path.join(self.folder, name if pipe == 0 else f'{name}-{pipe}')}"
 
     @property
     def commands(self) -> str:
-        return f"ipc://{os.path.join(self.folder, 'commands')}"
+        return self.commands_of(0)
 
     @property
     def events(self) -> str:
-        return f"ipc://{os.path.join(self.folder, 'events')}"
+        return self.events_of(0)
 
     @property
     def last_words(self) -> str:
