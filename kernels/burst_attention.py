@@ -19,11 +19,25 @@ the batch bucket, the slot-table width, the KV heads and the SM count, or DEFAUL
 CUDA graph needs: at one request and short contexts a single program per KV head walked the whole
 context serially (H200, SmolLM2-135M shape, context 256: 378 us of a 1.72 ms iteration in 30
 launches of 3 programs on 132 SMs).
+
+The combine is a launch of its own per layer (H200, 1 request, position 256: 99 us of combine beside
+137 us of attention per iteration, 30 layers: mostly launch latency). `combine="fold"` merges inside
+the split kernel instead: a split that its request's length reached writes its partial, then takes a
+ticket (an atomic add, acq_rel at GPU scope, after a CTA barrier so every thread's partial stores
+are ordered before it) on a per-(request, KV head) int32 counter; the program that draws the last
+ticket (the number of splits that length reaches, read on the device) merges the partials in split
+order (the separate combine's arithmetic, so the result does not depend on which program came last)
+and writes the output, then puts the counter back to 0 for the next launch (the next layer, the next
+CUDA-graph replay): nothing on the host, no allocation per call. When the length reaches one split,
+that split writes the output itself. `combine="separate"` (the default, DEFAULT_COMBINE; the burst
+runner reads SGLAUNCH_DSPARK_BURST_COMBINE once at start-up) stays the reference.
 """
 
 from __future__ import annotations
 
 import torch
+
+import os
 
 from . import HAS_TRITON
 
@@ -54,6 +68,19 @@ DEFAULT_SPLITS: int | None = None
 MAX_SPLITS = 64
 WAVES = 2  # auto: about this many programs per SM (each is short and latency-bound)
 CPU_SMS = 4  # the "SM count" where there is none (Triton's interpreter): a few splits, so tests run them
+COMBINES = ("separate", "fold")
+# how the splits are merged: "separate" (a combine kernel after the split kernel) or "fold" (the split
+# kernel's last program per (request, KV head) merges them); the burst runner's comes from COMBINE_ENV
+DEFAULT_COMBINE = "separate"
+COMBINE_ENV = "SGLAUNCH_DSPARK_BURST_COMBINE"
+
+
+def combine_from_env() -> str:
+    """SGLAUNCH_DSPARK_BURST_COMBINE, read once at start-up: separate (default) or fold."""
+    value = os.environ.get(COMBINE_ENV, DEFAULT_COMBINE).strip().lower() or DEFAULT_COMBINE
+    if value not in COMBINES:
+        raise ValueError(f"{COMBINE_ENV}={value!r}: expected one of {', '.join(COMBINES)}")
+    return value
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -107,6 +134,11 @@ def scratch_numel(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, 
     return batch * num_kv_heads * splits * block_m(num_heads, num_kv_heads, queries) * (head_dim + 2)
 
 
+def counters_numel(batch: int, num_kv_heads: int) -> int:
+    """int32 tickets of combine="fold": one per (request, KV head), zero between launches."""
+    return batch * num_kv_heads
+
+
 if HAS_TRITON:
     import triton
     import triton.language as tl
@@ -123,12 +155,35 @@ if HAS_TRITON:
         return m, valid, h, t, pos
 
     @triton.jit
-    def _burst_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, acc_ptr, ml_ptr, scale,
+    def _merge_splits(acc_ptr, ml_ptr, first, used, m, valid, d, HD: tl.constexpr, BLOCK_M: tl.constexpr,
+                      CACHE: tl.constexpr):
+        """The partials of splits first .. first + used - 1, in that order, into the group's output
+        rows (float32): the one arithmetic of both combines."""
+        m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_all = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HD], tl.float32)
+        for s in range(used):
+            part = first + s
+            m_s = tl.load(ml_ptr + part * 2 * BLOCK_M + m, mask=valid, other=float("-inf"), cache_modifier=CACHE)
+            l_s = tl.load(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, mask=valid, other=0.0, cache_modifier=CACHE)
+            a_s = tl.load(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], mask=valid[:, None],
+                          other=0.0, cache_modifier=CACHE)
+            m_new = tl.maximum(m_all, m_s)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            w_old = tl.exp(m_all - m_safe)
+            w_s = tl.exp(m_s - m_safe)  # 0 for a row that saw nothing of split s
+            l_all = l_all * w_old + l_s * w_s
+            acc = acc * w_old[:, None] + a_s * w_s[:, None]
+            m_all = m_new
+        return acc / tl.where(valid, l_all, 1.0)[:, None]  # every real row sees column 0: l_all > 0
+
+    @triton.jit
+    def _burst_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr, scale,
                                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                 stride_ot, stride_oh, C, CHUNK,
                                 QROWS: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                                PRECISION: tl.constexpr):
+                                PRECISION: tl.constexpr, FOLD: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -165,10 +220,33 @@ if HAS_TRITON:
             # p rounded to the query dtype first, as flash attention's P @ V takes it
             acc = acc * alpha[:, None] + tl.dot(p.to(dtype).to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
             m_i = m_new
+        out_ptrs = out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :]
         if SPLITS == 1:
             out = acc / l_i[:, None]
-            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+        elif FOLD:
+            group = b * tl.num_programs(1) + kvh
+            used = (tl.minimum(last + 1, C) + CHUNK - 1) // CHUNK  # the splits this length reaches
+            if split < used:  # NOTE: a split past the length takes no ticket
+                if used == 1:  # the whole length in split 0: it is the output (as the combine of one split)
+                    out = acc / tl.where(valid, l_i, 1.0)[:, None]
+                    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+                else:
+                    part = group * SPLITS + split
+                    tl.store(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], acc, mask=valid[:, None])
+                    tl.store(ml_ptr + part * 2 * BLOCK_M + m, m_i, mask=valid)
+                    tl.store(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, l_i, mask=valid)
+                    # NOTE: every thread's partial stores before the ticket: a CTA barrier, then the
+                    # atomic's release (GPU scope) publishes them; its acquire, for the last program,
+                    # makes the other programs' partials visible to the loads below (.cg: from L2)
+                    tl.debug_barrier()
+                    ticket = tl.atomic_add(cnt_ptr + group, 1, sem="acq_rel", scope="gpu")
+                    if ticket == used - 1:
+                        tl.debug_barrier()
+                        out = _merge_splits(acc_ptr, ml_ptr, group * SPLITS, used, m, valid, d, HD, BLOCK_M, ".cg")
+                        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+                        # every other program of the group took its ticket already: clean for the next launch
+                        tl.atomic_xchg(cnt_ptr + group, 0, sem="relaxed", scope="gpu")
         else:
             part = (b * tl.num_programs(1) + kvh) * SPLITS + split
             tl.store(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], acc, mask=live[:, None])
@@ -186,24 +264,8 @@ if HAS_TRITON:
         m, valid, h, t, pos = _group_rows(pos_ptr, b, kvh, QROWS, GROUP, BLOCK_M)
         d = tl.arange(0, HD)
         used = (tl.minimum(tl.max(pos, axis=0) + 1, C) + CHUNK - 1) // CHUNK
-        first = (b * tl.num_programs(1) + kvh) * SPLITS
-        m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_all = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HD], tl.float32)
-        for s in range(used):
-            part = first + s
-            m_s = tl.load(ml_ptr + part * 2 * BLOCK_M + m, mask=valid, other=float("-inf"))
-            l_s = tl.load(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + m, mask=valid, other=0.0)
-            a_s = tl.load(acc_ptr + part * BLOCK_M * HD + m[:, None] * HD + d[None, :], mask=valid[:, None],
-                          other=0.0)
-            m_new = tl.maximum(m_all, m_s)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            w_old = tl.exp(m_all - m_safe)
-            w_s = tl.exp(m_s - m_safe)  # 0 for a row that saw nothing of split s
-            l_all = l_all * w_old + l_s * w_s
-            acc = acc * w_old[:, None] + a_s * w_s[:, None]
-            m_all = m_new
-        out = acc / tl.where(valid, l_all, 1.0)[:, None]  # every real row sees column 0: l_all > 0
+        out = _merge_splits(acc_ptr, ml_ptr, (b * tl.num_programs(1) + kvh) * SPLITS, used, m, valid, d, HD,
+                            BLOCK_M, "")
         tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -211,12 +273,19 @@ if HAS_TRITON:
 def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, table: torch.Tensor,
                            positions: torch.Tensor, queries: int, scale: float, block_n: int | None = None,
                            splits: int | None = None, scratch: torch.Tensor | None = None,
-                           sm_count: int | None = None) -> torch.Tensor:
+                           sm_count: int | None = None, combine: str | None = None,
+                           counters: torch.Tensor | None = None) -> torch.Tensor:
     """The reference's result from positions [B * Q] instead of a mask: one kernel with one split,
     else the split kernel and the combine. `splits`: a static number (None: choose_splits from the
     shapes and `sm_count`, default the device's); `scratch`: float32 of at least scratch_numel
-    elements (None: allocated here; a CUDA graph passes a buffer made before capture)."""
+    elements (None: allocated here; a CUDA graph passes a buffer made before capture). `combine`
+    (default DEFAULT_COMBINE): "separate", a combine kernel after the splits, or "fold", merged by
+    the split kernel's last program per (request, KV head), which takes `counters`: int32 of at least
+    counters_numel elements, all 0 (each launch leaves them 0; None: zeros made here, eager only)."""
     block_n = block_n or DEFAULT_BLOCK_N
+    combine = combine or DEFAULT_COMBINE
+    if combine not in COMBINES:
+        raise ValueError(f"burst attention: combine={combine!r}, expected one of {', '.join(COMBINES)}")
     B, C = table.shape
     T, H, hd = q.shape
     KV = k_rows.shape[1]
@@ -232,6 +301,7 @@ def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.
     positions = positions.contiguous()
     bm = block_m(H, KV, queries)
     need = scratch_numel(B, H, KV, hd, queries, splits)
+    fold = combine == "fold" and splits > 1
     if need:
         if scratch is None:
             scratch = torch.empty(need, dtype=torch.float32, device=q.device)
@@ -241,13 +311,21 @@ def burst_attention_triton(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.
         acc, ml = scratch[: parts * bm * hd], scratch[parts * bm * hd: need]
     else:
         acc = ml = out  # unused with one split
+    if fold:
+        if counters is None:
+            counters = torch.zeros(counters_numel(B, KV), dtype=torch.int32, device=q.device)
+        elif counters.numel() < counters_numel(B, KV) or counters.dtype != torch.int32:
+            raise ValueError(f"burst attention: counters of {counters.numel()} {counters.dtype} for "
+                             f"{counters_numel(B, KV)} int32")
+    else:
+        counters = out  # unused without the fold
     _burst_attention_kernel[(B, KV, splits)](
-        q, k_rows, v_rows, table, positions, out, acc, ml, scale,
+        q, k_rows, v_rows, table, positions, out, acc, ml, counters, scale,
         q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
         out.stride(0), out.stride(1), C, chunk,
         QROWS=queries, GROUP=group, HD=hd, BLOCK_M=bm, BLOCK_N=block_n, SPLITS=splits,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-    if splits > 1:
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold)
+    if splits > 1 and not fold:
         _burst_combine_kernel[(B, KV)](positions, out, acc, ml, out.stride(0), out.stride(1), C, chunk,
                                        QROWS=queries, GROUP=group, HD=hd, BLOCK_M=bm, SPLITS=splits)
     return out

@@ -178,3 +178,148 @@ def test_scratch_is_checked_and_reused():
     with pytest.raises(ValueError, match="scratch"):
         burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 16**-0.5, block_n=16, splits=4,
                                scratch=scratch[: need - 1])
+
+
+# ---- combine="fold": the split kernel's last program per (request, KV head) merges the splits ----------------
+
+import kernels.burst_attention as burst_kernel  # noqa: E402
+from kernels.burst_attention import COMBINE_ENV, combine_from_env, counters_numel  # noqa: E402
+
+
+def _no_combine_kernel(monkeypatch):
+    """The fold launches the split kernel only: the combine kernel, if launched, fails the test."""
+
+    class Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError("combine='fold' launched the separate combine kernel")
+
+    monkeypatch.setattr(burst_kernel, "_burst_combine_kernel", Refuse())
+
+
+def _both(q, k_rows, v_rows, table, positions, Q, scale, counters=None, **kw):
+    sep = burst_attention_triton(q, k_rows, v_rows, table, positions, Q, scale, combine="separate", **kw)
+    fold = burst_attention_triton(q, k_rows, v_rows, table, positions, Q, scale, combine="fold", counters=counters,
+                                  **kw)
+    return sep, fold
+
+
+def _assert_same(fold, sep):
+    """The fold's merge is the separate combine's arithmetic in the same split order: the same bits
+    through the interpreter; on a GPU two compiled kernels may round a last bit differently."""
+    if DEVICE.type == "cpu":
+        assert torch.equal(fold, sep)
+    else:
+        torch.testing.assert_close(fold.float(), sep.float(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("starts,C,splits,block_n", [
+    ([0], 256, 4, 64),  # the whole request inside split 0: it writes the output itself, no ticket
+    ([24, 25, 28, 40], 128, 4, 16),  # last column at a split's end (31), one past it (32), the window across it
+    ([0, 5, 40], 1024, 64, 16),  # many splits, nearly all empty: each request reaches 1, 1 and 3 of 64
+    ([56, 57, 100], 256, 2, 64),  # the window across a key block, a split's last block
+    ([0, 120, 200], 256, 3, 32),  # uneven: chunk 96, split 2 partly past the table
+    ([3, 150], 256, 1, 32),  # one split: nothing to merge, counters untouched
+    ([248, 0, 130], 256, 4, 64),  # a request clamped at the table's end (all splits) beside one in split 0
+])
+def test_fold_matches_separate_and_reference(starts, C, splits, block_n, monkeypatch):
+    q, k_rows, v_rows, table, positions, want = _case(starts, C, seed=C + splits + 1)
+    positions = positions.clamp(max=C - 1)  # as the burst clamps its rows to the slot table
+    want = burst_attention_reference(q, k_rows, v_rows, table, bias_for(positions, len(starts), 8, C, 3, q.dtype), 8,
+                                     16**-0.5)
+    sep = burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 16**-0.5, block_n=block_n, splits=splits)
+    counters = torch.zeros(counters_numel(len(starts), 2), dtype=torch.int32, device=DEVICE)
+    _no_combine_kernel(monkeypatch)
+    fold = burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 16**-0.5, block_n=block_n, splits=splits,
+                                  combine="fold", counters=counters)
+    torch.testing.assert_close(fold, want, atol=1e-5, rtol=1e-5)
+    _assert_same(fold, sep)
+    assert not counters.any(), "the fold left a ticket counter nonzero"
+
+
+def test_fold_lengths_of_one():
+    """Every row of a request at position 0 (a dummy row, a request's first token): one column, in
+    split 0; beside a request that reaches every split."""
+    q, k_rows, v_rows, table, positions, _ = _case([0, 0, 100], 128, seed=5)
+    positions = positions.clone().view(3, 8)
+    positions[0] = 0
+    positions[1, :] = torch.tensor([0, 0, 0, 0, 1, 0, 0, 0])  # one row sees two columns, the others one
+    positions = positions.reshape(-1)
+    want = burst_attention_reference(q, k_rows, v_rows, table, bias_for(positions, 3, 8, 128, 3, q.dtype), 8, 0.25)
+    sep, fold = _both(q, k_rows, v_rows, table, positions, 8, 0.25, block_n=16, splits=8)
+    torch.testing.assert_close(fold, want, atol=1e-5, rtol=1e-5)
+    _assert_same(fold, sep)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fold_gqa_model_shape(dtype):
+    """The target's shape (9 heads, 3 KV heads, head_dim 64, Q = 8) with the auto split count."""
+    q, k_rows, v_rows, table, positions, want = _case([0, 70, 200, 255], 256, heads=9, kv_heads=3, hd=64, dtype=dtype,
+                                                      seed=21)
+    positions = positions.clamp(max=255)
+    want = burst_attention_reference(q, k_rows, v_rows, table, bias_for(positions, 4, 8, 256, 3, dtype), 8, 0.125)
+    sep, fold = _both(q, k_rows, v_rows, table, positions, 8, 0.125)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(fold.float(), want.float(), atol=tol, rtol=tol)
+    _assert_same(fold, sep)
+
+
+def test_fold_repeated_launches_reuse_the_counters():
+    """One counter buffer and one scratch across launches (a graph's layers and replays): each launch
+    leaves the counters at 0, whatever splits the lengths reached; stale NaN partials never leak."""
+    B, C, splits = 3, 256, 8
+    counters = torch.zeros(counters_numel(B, 2) + 3, dtype=torch.int32, device=DEVICE)
+    scratch = torch.full((scratch_numel(B, 6, 2, 16, 8, splits),), float("nan"), device=DEVICE)
+    for i, starts in enumerate([[0, 100, 240], [31, 32, 33], [248, 248, 0], [5, 64, 190]]):
+        q, k_rows, v_rows, table, positions, _ = _case(starts, C, seed=40 + i)
+        positions = positions.clamp(max=C - 1)
+        want = burst_attention_reference(q, k_rows, v_rows, table, bias_for(positions, B, 8, C, 3, q.dtype), 8, 0.25)
+        for layer in range(2):
+            fold = burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 0.25, block_n=32, splits=splits,
+                                          scratch=scratch, combine="fold", counters=counters)
+            torch.testing.assert_close(fold, want, atol=1e-5, rtol=1e-5)
+            assert not counters.any(), f"launch {i}.{layer}: counters {counters.tolist()}"
+
+
+@pytest.mark.parametrize("splits,block_n", [(4, 16), (16, 16)])
+def test_fold_loop_stops_at_the_real_length(splits, block_n):
+    """NaN in every slot past each request's length: the fold neither loads nor merges them."""
+    starts = [0, 37, 90]
+    q, k_rows, v_rows, table, positions, want = _case(starts, 256, seed=11)
+    poison = k_rows.shape[0] - 1
+    k_rows[poison] = float("nan")
+    v_rows[poison] = float("nan")
+    bad = table.clone()
+    for b, s in enumerate(starts):
+        bad[b, s + 8:] = poison
+    got = burst_attention_triton(q, k_rows, v_rows, bad, positions, 8, 16**-0.5, block_n=block_n, splits=splits,
+                                 combine="fold")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fold_one_column_too_many_fails():
+    starts = [24, 8, 56]  # last positions 31, 15, 63: column 32 / 16 / 64 starts a split (chunk 16)
+    q, k_rows, v_rows, table, positions, want = _case(starts, 128, seed=7)
+    got = burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 0.25, block_n=16, splits=8, combine="fold")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    wrong = burst_attention_triton(q, k_rows, v_rows, table, positions + 1, 8, 0.25, block_n=16, splits=8,
+                                   combine="fold")
+    assert (wrong - want).abs().max() > 1e-2
+
+
+def test_fold_arguments_are_checked(monkeypatch):
+    q, k_rows, v_rows, table, positions, _ = _case([5, 60], 128, seed=3)
+    with pytest.raises(ValueError, match="counters"):
+        burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 0.25, block_n=16, splits=4, combine="fold",
+                               counters=torch.zeros(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="counters"):
+        burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 0.25, block_n=16, splits=4, combine="fold",
+                               counters=torch.zeros(4, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="combine"):
+        burst_attention_triton(q, k_rows, v_rows, table, positions, 8, 0.25, combine="fused")
+    monkeypatch.delenv(COMBINE_ENV, raising=False)
+    assert combine_from_env() == "separate"
+    monkeypatch.setenv(COMBINE_ENV, " Fold ")
+    assert combine_from_env() == "fold"
+    monkeypatch.setenv(COMBINE_ENV, "both")
+    with pytest.raises(ValueError, match=COMBINE_ENV):
+        combine_from_env()
