@@ -338,6 +338,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
            "8 requests), off elsewhere.",
            sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_BURST_COMBINE", "DSpark bursts: how the verify attention's split-K partials are "
+           "merged: separate (default) runs a combine kernel after the split kernel, fold merges them in the "
+           "split kernel (its last program per request and KV head, counted with atomic tickets), one launch "
+           "fewer a layer.", choices=("separate", "fold"), default="separate", sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_MIXED_GRAPHS", "A step that mixes a prefill chunk of at most 256 tokens into a decode "
            "batch replays a ragged CUDA graph (the graphs DSpark verifies with; captured for engines without "
            "DSpark too) instead of running eagerly: 1 (default) or 0.", choices=("0", "1"), sglaunch_only=True),

@@ -150,6 +150,7 @@ class BurstAttention:
         self.scale = head_dim**-0.5
         self.meta = None
         self.splits = self.scratch = None
+        self.combine, self.counters = "separate", None  # the Triton kernel's split merge (BurstRunner sets them)
         if use_triton is None:
             use_triton = triton_attention(kv_pool.k[0].device, head_dim)
         self.use_triton = use_triton
@@ -187,7 +188,8 @@ class BurstAttention:
         k_rows, v_rows = self.kv_pool.k[layer], self.kv_pool.v[layer]
         if self.use_triton:
             return burst_attention_triton(q, k_rows, v_rows, self.table, self.positions, self.queries, self.scale,
-                                          splits=self.splits, scratch=self.scratch)
+                                          splits=self.splits, scratch=self.scratch, combine=self.combine,
+                                          counters=self.counters)
         return burst_attention_reference(q, k_rows, v_rows, self.table, self.bias, self.queries, self.scale)
 
 
@@ -240,11 +242,15 @@ class BurstRunner:
         self.splits: dict[BurstKey, int] = {}
         self.attn_scratch = None
         if self.attn.use_triton:
-            from kernels.burst_attention import device_sm_count
+            from kernels.burst_attention import combine_from_env, counters_numel, device_sm_count
 
             self.sm_count = device_sm_count(dev)
             need = max((self._scratch_numel(key) for key in self.keys()), default=0)
             self.attn_scratch = torch.empty(need, dtype=torch.float32, device=dev)
+            # SGLAUNCH_DSPARK_BURST_COMBINE (read once): "fold" merges the splits in the split kernel,
+            # with tickets every launch leaves at 0 (one buffer for every layer, key and replay)
+            self.attn.combine = combine_from_env()
+            self.attn.counters = torch.zeros(counters_numel(Bmax, kv_heads), dtype=torch.int32, device=dev)
         self.graphs: dict[BurstKey, object] = {}
         self.replays = 0
         self.bursts = 0
