@@ -40,7 +40,7 @@ def check_engine_support(ctx: LaunchContext) -> list[Diagnostic]:
     severity = Severity.ERROR if ctx.mode == "serve" else Severity.WARNING
     found = [diag("ENG002", message, flags=flags, fix=fix, severity=severity)
              for message, flags, fix in _unsupported(ctx)]
-    return found + _ignored_compat_flags(ctx)
+    return found + _ignored_compat_flags(ctx) + _tokenizer_workers(ctx)
 
 
 def _unsupported(ctx: LaunchContext):
@@ -86,6 +86,34 @@ def _unsupported_checkpoint(ctx: LaunchContext):
     if ckpt.quant_method and ctx.get("quantization") is None:
         yield (f"{ckpt.path} is quantized ({ckpt.quant_method}); sglaunch serves unquantized checkpoints",
                ("--model-path",), "use the unquantized checkpoint")
+
+
+def _tokenizer_workers(ctx: LaunchContext) -> list[Diagnostic]:
+    """--tokenizer-worker-num: at least 1; more workers than CPUs only compete for them."""
+    count = ctx.known("tokenizer_worker_num")
+    if not isinstance(count, int):
+        return []
+    origin = ctx.origin("tokenizer_worker_num")
+    if count < 1:
+        return [diag("FLAG011", f"--tokenizer-worker-num {count} is out of range: the server needs at "
+                     "least one HTTP worker process", flags=("--tokenizer-worker-num",), origin=origin,
+                     fix="use 1 (one HTTP server process) or more")]
+    cpus = _usable_cpus()
+    if count > cpus:
+        return [diag("ENG004", f"--tokenizer-worker-num {count} is more than the {cpus} CPUs this "
+                     "process may use; the HTTP workers and the engine process would compete for them",
+                     flags=("--tokenizer-worker-num",), origin=origin,
+                     fix=f"use at most {max(1, cpus - 1)} (one CPU left for the engine process)")]
+    return []
+
+
+def _usable_cpus() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _ignored_compat_flags(ctx: LaunchContext) -> list[Diagnostic]:

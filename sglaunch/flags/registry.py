@@ -73,6 +73,10 @@ HAND_FLAGS: tuple[Flag, ...] = (
              metavar="SECONDS", support=ENGINE, sglaunch_only=True),
         Flag("--enable-metrics", BOOL, "Expose Prometheus metrics at /metrics.", default=False,
              support=ENGINE),
+        Flag("--tokenizer-worker-num", INT, "HTTP worker processes (tokenize, detokenize, stream) in "
+             "front of the one engine process, all accepting on the one port; raise it when the "
+             "server process, not the engine, limits streamed tokens per second.", default=1,
+             metavar="N", support=ENGINE),
         Flag("--log-level", STR, "Log level.", default="info", support=ENGINE),
         Flag("--random-seed", INT, "Seed for sampling.", support=ENGINE),
         Flag("--stream-output", BOOL, "Stream incremental output.", default=False,

@@ -205,6 +205,7 @@ async def get_server_info(request: Request) -> JSONResponse:
     info["sglang_version"] = sglaunch.SGLANG_RELEASE
     info["status"] = "ready" if state.ready else ("shutting_down" if state.shutting_down else "starting")
     info["internal_states"] = [_without_secrets(state.ctx.engine.server_info())] if state.ctx else []
+    info["tokenizer_worker"] = state.worker  # which HTTP worker process answered
     return JSONResponse(info)
 
 

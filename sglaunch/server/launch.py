@@ -6,7 +6,10 @@ wait for a signal or the engine process dying (every open request gets its error
 On a signal: stop admitting (503 on /health and new requests, the port stays open), let
 running requests finish for up to --graceful-shutdown-timeout, abort the rest (each ends with
 finish_reason "abort"), stop HTTP, then shut the engine process down.
-Nodes with `node_rank > 0` only host engine ranks.
+Nodes with `node_rank > 0` only host engine ranks. With `--tokenizer-worker-num N > 1` the
+launcher (`server/workers.py`) binds the port, spawns the engine process and N HTTP worker
+processes that accept on that one socket, each running `_serve` below with its own event loop,
+tokenizer and pipes to the engine process.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def run_server(config: EngineConfig) -> int:
         from sglaunch.engine.launch import run_worker_node
 
         return run_worker_node(config)
+    if config.tokenizer_worker_num > 1:
+        from sglaunch.server.workers import run_workers
+
+        return run_event_loop(run_workers(config))
     return run_event_loop(_serve(config))
 
 
@@ -80,18 +87,21 @@ def _http_protocol() -> str:
     return "httptools"
 
 
-async def _serve(config: EngineConfig) -> int:
+async def _serve(config: EngineConfig, seat=None) -> int:
+    """The HTTP server in this process: the whole server (seat None), or one HTTP worker
+    (`seat`, a `workers.WorkerSeat`: the launcher's socket and engine process)."""
     tokenizer = load_tokenizer(config.tokenizer_path, config.chat_template)
-    state = _initial_state(config)
+    state = _initial_state(config, seat)
     server = _HttpServer(uvicorn.Config(
         create_app(state), log_level=config.log_level, lifespan="off", http=_http_protocol(),
         timeout_graceful_shutdown=HTTP_CLOSE_SECONDS, access_log=config.log_level == "debug"))
     stop = _StopSignal(server, state)
-    sock = _bind(config.host, config.port)
+    sock = _bind(config.host, config.port) if seat is None else seat.sock
     http_task = asyncio.create_task(server.serve(sockets=[sock]))
-    with stop.installed():
+    # NOTE: a worker's signals come from the launcher (SIGTERM, once per SIGINT/SIGTERM it gets)
+    with stop.installed((signal.SIGINT, signal.SIGTERM) if seat is None else (signal.SIGTERM,)):
         try:
-            engine = await _start_engine(config, stop, http_task)
+            engine = await _start_engine(config, stop, http_task, seat)
         except BaseException:
             await _stop_http(server, http_task)
             raise
@@ -100,7 +110,8 @@ async def _serve(config: EngineConfig) -> int:
             return 0
         state.ctx = ctx = _server_context(engine, tokenizer, config, state.metrics)
         _freeze_startup_heap()
-        logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
+        if seat is None:
+            logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
         exit_code = await _wait_until_stopped(stop, http_task, engine)
         state.shutting_down = True
         if exit_code == 0:
@@ -197,9 +208,8 @@ class _StopSignal:
         self.event.set()
 
     @contextlib.contextmanager
-    def installed(self):
+    def installed(self, signals: tuple = (signal.SIGINT, signal.SIGTERM)):
         loop = asyncio.get_running_loop()
-        signals = (signal.SIGINT, signal.SIGTERM)
         try:
             for sig in signals:
                 loop.add_signal_handler(sig, self.trigger, sig)
@@ -212,18 +222,23 @@ class _StopSignal:
                 loop.remove_signal_handler(sig)
 
 
-def _initial_state(config: EngineConfig) -> ServerState:
-    metrics = PrometheusMetrics(config.served_model_name) if config.enable_metrics else ServerMetrics()
+def _initial_state(config: EngineConfig, seat=None) -> ServerState:
+    metrics = (PrometheusMetrics(config.served_model_name, multiprocess_dir=seat and seat.metrics_dir)
+               if config.enable_metrics else ServerMetrics())
+    worker = {"index": seat.index if seat else 0, "count": config.tokenizer_worker_num, "pid": os.getpid()}
     return ServerState(served_model_name=config.served_model_name, model_path=config.model_path,
                        api_key=config.api_key, metrics=metrics, static_info=config.to_dict(),
-                       max_body_bytes=max(1, int(config.max_request_body_mb * 2**20)))
+                       max_body_bytes=max(1, int(config.max_request_body_mb * 2**20)), worker=worker)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind the listening socket now, so a busy port fails before any weights load."""
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """Bind the listening socket now, so a busy port fails before any weights load (with
+    `reuse_port`, one of several sockets on the port, each handed its share of connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -234,11 +249,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyncio.Task):
+async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyncio.Task, seat=None):
     """The started engine, or None when a signal (or the HTTP server ending) came first."""
-    from sglaunch.engine.launch import start_engine  # torch-free: the engine has its own process
-
-    engine_task = asyncio.create_task(start_engine(config))
+    engine_task = asyncio.create_task(_engine_starting(config, seat))
     stop_task = asyncio.create_task(stop.event.wait())
     await asyncio.wait({engine_task, stop_task, http_task}, return_when=asyncio.FIRST_COMPLETED)
     stop_task.cancel()
@@ -250,11 +263,28 @@ async def _start_engine(config: EngineConfig, stop: _StopSignal, http_task: asyn
         except RuntimeError as exc:  # the engine process failed or died while starting
             raise SglaunchError(f"The engine failed to start: {exc}", exit_code=1,
                                 hint="The engine process logged the cause above.") from exc
-    await _settle_and_shut_down(engine_task)
+    if seat is None:
+        await _settle_and_shut_down(engine_task)
+    else:  # NOTE: the launcher owns the engine process; a worker only stops waiting for it
+        engine_task.cancel()
+        await asyncio.gather(engine_task, return_exceptions=True)
     if http_task.done() and not stop.event.is_set():
         http_task.result()  # re-raise why uvicorn stopped
         raise SglaunchError("The HTTP server stopped while the engine was starting.")
     return None
+
+
+async def _engine_starting(config: EngineConfig, seat):
+    """Start the engine process (seat None), or attach a worker to the launcher's."""
+    if seat is None:
+        from sglaunch.engine.launch import start_engine  # torch-free: the engine has its own process
+
+        return await start_engine(config)
+    from sglaunch.engine.engine_client import EngineClient
+
+    engine = EngineClient.attached(config, seat.endpoints, seat.index, seat.engine_pid)
+    await engine.start()
+    return engine
 
 
 async def _settle_and_shut_down(engine_task: asyncio.Task) -> None:
@@ -321,7 +351,8 @@ async def _shutdown_engine(engine) -> int:
     except Exception:  # noqa: BLE001 - report, and exit non-zero
         logger.exception("Engine shutdown failed")
         return 1
-    logger.info("Engine shut down.")
+    if getattr(engine, "owner", True):  # NOTE: an HTTP worker only let go of the launcher's engine
+        logger.info("Engine shut down.")
     return 0
 
 

@@ -3,6 +3,12 @@
 Each server has its own CollectorRegistry, so several apps can live in one process (tests).
 Counters and histograms are updated per request; the engine gauges (KV usage, queue length,
 running requests) are read from `AsyncEngine.server_info()` at scrape time.
+
+With several HTTP worker processes (`--tokenizer-worker-num`), counters and histograms live in
+prometheus-client's multiprocess files (the launcher's private PROMETHEUS_MULTIPROC_DIR, set
+before any worker imports prometheus_client): whichever worker answers /metrics reports the
+totals of all of them. The engine gauges come from the engine's live statistics, which every
+worker receives, so they are never summed.
 """
 
 from __future__ import annotations
@@ -98,18 +104,22 @@ class PrometheusMetrics(ServerMetrics):
 
     enabled = True
 
-    def __init__(self, model_name: str):
-        from prometheus_client import (
-            CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
-        )
+    def __init__(self, model_name: str, multiprocess_dir: str | None = None):
+        from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
         disable_created_metrics()  # no `*_created` series: they double the output, nobody reads them
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self._labels = labels
+        own = self.registry
+        if multiprocess_dir is not None:  # NOTE: every worker's values, summed at scrape time
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry, path=multiprocess_dir)
+            own = None  # the values go to this process's files, read back by the collector
 
         def make(kind: Callable, name: str, doc: str, extra=(), **kwargs):
-            return kind(PREFIX + name, doc, [*labels, *extra], registry=self.registry, **kwargs)
+            return kind(PREFIX + name, doc, [*labels, *extra], registry=own, **kwargs)
 
         self.requests = make(Counter, "num_requests", "Finished generation requests.",
                              extra=("finish_reason",))
@@ -122,7 +132,8 @@ class PrometheusMetrics(ServerMetrics):
                         buckets=LATENCY_BUCKETS)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Request latency end to end.",
                         buckets=LATENCY_BUCKETS)
-        self.gauges = {name: make(Gauge, name, doc) for name, (doc, _) in ENGINE_GAUGES.items()}
+        self.gauges = EngineGaugeCollector(labels)
+        self.registry.register(self.gauges)
         self.spec = SpecCollector(labels)
         self.registry.register(self.spec)
 
@@ -146,10 +157,27 @@ class PrometheusMetrics(ServerMetrics):
         """The exposition text and its content type, with engine gauges refreshed."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        for name, value in engine_gauge_values(engine_info).items():
-            self.gauges[name].labels(**self._labels).set(value)
+        self.gauges.values = engine_gauge_values(engine_info)
         self.spec.info = engine_info.get("speculative")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class EngineGaugeCollector:
+    """The engine gauges (ENGINE_GAUGES), as the engine reported them at the last scrape."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels, self.values = labels, {}
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        for name, value in self.values.items():
+            gauge = GaugeMetricFamily(PREFIX + name, ENGINE_GAUGES[name][0], labels=list(self.labels))
+            gauge.add_metric(list(self.labels.values()), value)
+            yield gauge
 
 
 class SpecCollector:

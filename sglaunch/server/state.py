@@ -26,6 +26,7 @@ class ServerState:
     shutting_down: bool = False
     max_body_bytes: int = 8 * 2**20  # request bodies over this get 413 (--max-request-body-mb)
     created: int = field(default_factory=lambda: int(time.time()))
+    worker: dict = field(default_factory=dict)  # this HTTP worker: index, count, pid
 
     @property
     def ready(self) -> bool:

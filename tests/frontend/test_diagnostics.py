@@ -160,6 +160,8 @@ CASES = [
          ("--enable-dsa-cache-layer-split", "--enable-prefill-cp", "--cp-strategy", "interleave",
           "--disaggregation-transfer-backend", "mooncake_tcp"), id="transfer-backend"),
     Case("ENG001", ("--revision", "main"), ("--port", "8000")),
+    Case("ENG004", ("--tokenizer-worker-num", "4096"), ("--tokenizer-worker-num", "1"), id="tokenizer-workers"),
+    Case("FLAG011", ("--tokenizer-worker-num", "0"), ("--tokenizer-worker-num", "1"), id="tokenizer-workers-zero"),
     Case("ENG002", ("--pp-size", "2"), ("--tp-size", "2"), id="pp"),
     Case("ENG002", ("--model-path", "{model}"), ("--model-path", "{model}"),
          model={"architectures": ["MixtralForCausalLM"]}, quiet_model={"architectures": ["Qwen3ForCausalLM"]},
@@ -207,6 +209,10 @@ def test_fires_and_stays_quiet(case: Case, make_checkpoint, fake_gpus, fake_flas
     quiet_env = case.env if case.quiet_env is None else case.quiet_env
     quiet_args = _materialise(case.quiet, case.quiet_model, make_checkpoint, tmp_path, "quiet")
     assert case.code not in codes(*quiet_args, env=quiet_env, machine=bool(case.machine))
+
+
+def test_tokenizer_worker_num_is_honoured_not_ignored():
+    assert not {"ENG001", "ENG004", "FLAG011"} & set(codes("--tokenizer-worker-num", "2", machine=False))
 
 
 def test_every_code_is_exercised():
