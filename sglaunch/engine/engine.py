@@ -205,10 +205,11 @@ class LLMEngine:
             return self._step_overlapped()
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
-        burst = self._burst_plan(chunks)
+        candidates = self._candidates(chunks)
+        burst = self._burst_plan(chunks, candidates)
         if burst is not None:
             return self._run_burst(chunks, burst)
-        outputs = self._step_now(chunks, self._decide(chunks))
+        outputs = self._step_now(chunks, self._decide(chunks, candidates))
         if self.spec is not None:  # what the planned step really took (calibrates its step costs)
             self.spec.planner.observe_step_seconds(time.perf_counter() - began)
         return outputs
@@ -248,7 +249,8 @@ class LLMEngine:
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)
         drained: list[TokenOutput] = []
-        burst = self._burst_plan(chunks)
+        candidates = self._candidates(chunks)
+        burst = self._burst_plan(chunks, candidates)
         if burst is not None:
             if self.spec is not None:
                 self.spec.planner.observe_step_seconds(None)
@@ -260,7 +262,7 @@ class LLMEngine:
                 return self._resolve_in_flight()
             return self._run_burst(chunks, burst)
         if self.spec is not None and chunks:
-            decision = self._decide(chunks)
+            decision = self._decide(chunks, candidates)
             drain_seconds = 0.0
             if decision is not None and self._in_flight is not None:
                 # DSpark drafts this step: drain first, so the anchors and the verify input are
@@ -273,7 +275,7 @@ class LLMEngine:
                 if len(live) < len(chunks):  # some finished at the step drained: decide again
                     self.overlap_counts["drain_finished"] += len(chunks) - len(live)
                     chunks = live
-                    decision = self._decide(chunks) if chunks else None
+                    decision = self._decide(chunks, self._candidates(chunks)) if chunks else None
             if decision is not None:
                 outputs = drained + self._step_now(chunks, decision)
                 # NOTE: calibrated on drafting steps without the drain (the tail of the plain step
@@ -354,7 +356,12 @@ class LLMEngine:
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
 
     # ---- DSpark bursts ------------------------------------------------------------------------
-    def _burst_plan(self, chunks: list[Chunk]) -> int | None:
+    def _candidates(self, chunks: list[Chunk]) -> list[Chunk]:
+        """The chunks that could speculate this step (Scheduler.lookahead_candidates), found once
+        a step for both _burst_plan and _decide; none without DSpark."""
+        return self.scheduler.lookahead_candidates(chunks) if self.spec is not None and chunks else []
+
+    def _burst_plan(self, chunks: list[Chunk], candidates: list[Chunk]) -> int | None:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
         chunk must be a greedy running decode that could speculate, the batch must fit a burst
         graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step. Why a
@@ -363,9 +370,11 @@ class LLMEngine:
         policy = self.burst
         if policy is None or not chunks:
             return None
+        if not self.runner.burst.takes(len(chunks)):  # NOTE: first: at load no per-request work at all
+            return policy.skip("no graph")
         if any(not is_greedy(c.req.sampling) for c in chunks):
             return policy.skip("sampled")
-        if len(self.scheduler.lookahead_candidates(chunks)) != len(chunks):
+        if len(candidates) != len(chunks):
             return policy.skip("prefill" if any(c.end - c.start > 1 for c in chunks) else "request ending")
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.prior)
@@ -424,13 +433,12 @@ class LLMEngine:
         self.spec._maybe_log()
         return outputs
 
-    def _decide(self, chunks: list[Chunk]):
+    def _decide(self, chunks: list[Chunk], candidates: list[Chunk]):
         """DSpark's decision before anything is drafted or reserved -> (candidates, extra tokens,
         budget K), or None for a plain step (nothing can speculate, or the planner steps aside:
         counted). NOTE: reads request ids, lengths and lookahead caps only, never a token's value,
         so it may run while the last token of a request is still a placeholder."""
-        candidates = self.scheduler.lookahead_candidates(chunks) if self.spec is not None else []
-        if not candidates:
+        if not candidates:  # _candidates(chunks)
             return None
         # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
         extra = sum(c.end - c.start for c in chunks) - len(candidates)

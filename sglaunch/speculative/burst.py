@@ -269,6 +269,10 @@ class BurstRunner:
         key = BurstKey(bucket, width) if bucket is not None else None
         return key if key in self.graphs else None
 
+    def takes(self, batch: int) -> bool:
+        """Whether some burst holds `batch` requests at all (before any per-request work)."""
+        return batch <= (self.max_batch if not self.graphs_on else max(self.batch_sizes, default=0))
+
     def keys(self) -> list[BurstKey]:
         keys = []
         for b in self.batch_sizes:

@@ -199,3 +199,35 @@ def test_plan_drafts_budget_is_the_one_budget_gives_known_requests_or_not():
         pays = drafting_pays(lagged, len(rids), table, 0)
         assert got == (planner.budget(rids, 0) or None if pays is not None else None)
     assert table.step_seconds(37, 5) == 1.0 / table.sps(37) + table.draft_seconds(5)
+
+
+def test_a_stepping_aside_streak_asks_the_memo_and_gets_what_drafting_pays_says():
+    """With no lagged survivals (every step stepped aside) the decision comes from a memo per
+    (requests, extra tokens): the same answer drafting_pays gives for every request at the
+    prior, across new priors (observed bursts), other tables and both step-cost scales."""
+    import numpy as np
+
+    from sglaunch.speculative.planner import drafting_pays
+
+    cheap = SpsTable.from_points({1: 700.0, 8: 620.0, 64: 560.0, 256: 400.0}).with_draft_costs(
+        {1: 0.0002, 64: 0.0003}).with_decode_costs({1: 0.0015, 64: 0.0021})
+    dear = cheap.with_draft_costs({1: 0.004, 64: 0.009})
+    planner = DSparkPlanner(7, "compact", cheap, None, 2, has_confidence_head=True, step_aside=True,
+                            start_prior=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])
+    planner.calibration = None  # the scales stay 1.0: the comparison below is drafting_pays's own
+    seen = set()
+    for step, (R, extra) in enumerate([(1, 0), (64, 0), (64, 0), (8, 3), (64, 0), (40, 0), (64, 0), (1, 0)] * 3):
+        if step == 9:
+            planner.observe_accepts([[0] * 64] * 8)  # a bad patch: the prior falls, the memo with it
+        if step == 17:
+            planner.sps = dear
+        rids = [f"r{i}" for i in range(R)]
+        assert not planner.relay.has_lagged()
+        got = planner.plan_drafts(rids, extra)
+        want = drafting_pays(np.tile(np.asarray(planner.prior), R), R, planner.sps, extra)
+        assert (got is None) == (want is None), (step, R, extra)
+        seen.add(got is None)
+    assert seen == {True, False}  # both decisions were exercised
+    planner.observe([f"r{i}" for i in range(4)], [[0.9] * 7] * 4)
+    planner.observe([f"r{i}" for i in range(4)], [[0.9] * 7] * 4)
+    assert planner.relay.has_lagged()  # survivals of their own: the memo is not asked
