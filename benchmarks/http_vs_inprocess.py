@@ -4,7 +4,7 @@
         [--concurrency 64] [--requests N] [--prompt-len 64] [--new-tokens 128] [--repeats 1]
         [--client-processes N] [--client raw|httpx] [--sides http,engine-process,in-process]
         [--dtype bfloat16] [--out results.json] [--server-arg FIELD=JSON ...]
-        [--server-tree DIR] [--py-spy DIR [--py-spy-engine]]
+        [--server-tree DIR] [--py-spy DIR [--py-spy-engine]] [--tokenizer-worker-num N]
 
 On the H200: python benchmarks/http_vs_inprocess.py --device cuda --model SMOLLM2_DIR
     --sides http,engine-process,in-process
@@ -33,11 +33,15 @@ ratio http / in-process (issue 15's target: within 10% at concurrency 64). Witho
 small random-weight Llama (tests/server/checkpoints.py) is built in a temporary folder: on a CPU
 its engine steps are cheap, so the HTTP side shows what the server path costs.
 
+--tokenizer-worker-num N serves the HTTP side with N HTTP worker processes in front of the one
+engine process (the other sides have no HTTP server to multiply).
+
 The HTTP side also reports where the CPU went, per output token (from /proc and process_time, so
-comparable between runs on a shared machine where wall rates are not): the server process, the
-engine process (and its children), the client processes, and SSE content chunks per token (below
-1 when the server coalesced tokens for a stream that fell behind). --py-spy DIR records the
-server process during the timed loop (py-spy's raw collapsed stacks; `py-spy` on PATH).
+comparable between runs on a shared machine where wall rates are not): the server (every
+process of it but the engine's: with N workers, the launcher and all of them), the engine
+process (and its children), the client processes, and SSE content chunks per token (below 1
+when the server coalesced tokens for a stream that fell behind). --py-spy DIR records the
+busiest server process during the timed loop (py-spy's raw collapsed stacks; `py-spy` on PATH).
 """
 
 from __future__ import annotations
@@ -93,9 +97,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--http-only", action="store_true", help="--sides http (CPU profiling runs)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="record the server process into DIR (raw stacks)")
     parser.add_argument("--py-spy-engine", action="store_true", help="with --py-spy: the engine process too")
+    parser.add_argument("--tokenizer-worker-num", type=int, default=1, metavar="N",
+                        help="HTTP worker processes of the served side (sglaunch serve --tokenizer-worker-num)")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.requests = args.requests or 4 * args.concurrency
+    if args.tokenizer_worker_num < 1:
+        parser.error("--tokenizer-worker-num: at least 1")
     args.sides = ["http"] if args.http_only else [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = set(args.sides) - {"http", "engine-process", "in-process"}
     if unknown or not args.sides:
@@ -204,6 +212,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def server_processes(server_pid: int, engine_pid: int | None) -> tuple[list[int], list[int]]:
+    """(the server's processes: the one HTTP server, or the launcher and its HTTP workers, with
+    multiprocessing's helpers; the engine process and its children). A --server-tree from before
+    /server_info named the engine process: everything below the server is the engine's."""
+    if engine_pid is None:
+        return [server_pid], descendants(server_pid)
+    engine = [engine_pid, *descendants(engine_pid)]
+    return [server_pid, *(pid for pid in descendants(server_pid) if pid not in engine)], engine
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (the engine process, its ranks, multiprocessing's helpers)."""
     found, todo = [], [pid]
@@ -297,11 +315,11 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     clients = max(1, min(args.client_processes, args.concurrency))
     shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
                time.time() + (1.0 if clients == 1 else 3.0), args.client) for i in range(clients)]
-    engine_pids = descendants(server.process.pid)
+    server_pids, engine_pids = server_processes(server.process.pid, info_before.get("engine_pid"))
     spies = [start_py_spy(pid, args.py_spy, name) for name, pid in
-             (("server", server.process.pid), ("engine", max(engine_pids, key=cpu_seconds, default=None)))
+             (("server", max(server_pids, key=cpu_seconds)), ("engine", max(engine_pids, key=cpu_seconds, default=None)))
              if args.py_spy and pid is not None and (name == "server" or args.py_spy_engine)]
-    server_cpu0, engine_cpu0 = cpu_seconds(server.process.pid), sum(map(cpu_seconds, engine_pids))
+    server_cpu0, engine_cpu0 = sum(map(cpu_seconds, server_pids)), sum(map(cpu_seconds, engine_pids))
     if clients == 1:
         parts = [client_part(*shares[0])]
     else:
@@ -309,7 +327,7 @@ def run_http(server: Server, prompts, warm, args) -> dict:
 
         with multiprocessing.get_context("spawn").Pool(clients) as pool:
             parts = pool.starmap(client_part, shares)
-    server_cpu = cpu_seconds(server.process.pid) - server_cpu0
+    server_cpu = sum(map(cpu_seconds, server_pids)) - server_cpu0
     engine_cpu = sum(map(cpu_seconds, engine_pids)) - engine_cpu0
     for spy in spies:
         spy.send_signal(signal.SIGINT)
@@ -321,6 +339,7 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     info_after = asyncio.run(engine_info_of(server.url))
     steps = int(info_after["total_steps"]) - steps_before
     result = {"tokens": tokens, "seconds": seconds, "client_processes": clients, "steps": steps,
+              "tokenizer_worker_num": args.tokenizer_worker_num, "server_processes": len(server_pids),
               "eager_steps": steps - (graph_replays(info_after) - replays_before),
               "server_cpu_s": server_cpu, "engine_cpu_s": engine_cpu, "client_cpu_s": client_cpu,
               "server_cpu_us_per_token": 1e6 * server_cpu / max(tokens, 1),
@@ -457,7 +476,7 @@ def main(argv=None) -> int:
 
 
 def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
-    server = Server(fields, log_path, args.server_tree)
+    server = Server({**fields, "tokenizer_worker_num": args.tokenizer_worker_num}, log_path, args.server_tree)
     try:
         server.wait_healthy()
         result = run_http(server, prompts, warm, args)
@@ -466,7 +485,8 @@ def http_side(fields: dict, prompts, warm, args, log_path: Path) -> dict:
     if code != 0:
         raise RuntimeError(f"server exited with {code}:\n{log_path.read_text()}")
     log(f"http: {result['tokens']} tokens in {result['seconds']:.2f} s, {result['steps']} engine steps, "
-        f"{result['client_processes']} client process(es); CPU us/token: server "
+        f"{result['client_processes']} client process(es), {args.tokenizer_worker_num} HTTP worker process(es); "
+        f"CPU us/token: server "
         f"{result['server_cpu_us_per_token']:.1f} (busy {result['server_cpu_busy']:.2f}), engine "
         f"{result['engine_cpu_us_per_token']:.1f}, client {result['client_cpu_us_per_token']:.1f} "
         f"(busy {result['client_cpu_busy']:.2f}); chunks/token {result['chunks_per_token']:.3f}")
@@ -560,12 +580,13 @@ def summarize(args, runs: dict) -> dict:
     report = {"device": args.device, "dtype": args.dtype, "model": str(args.model or "random tiny llama"),
               "concurrency": args.concurrency, "requests": args.requests, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "repeats": args.repeats, "cpu_count": os.cpu_count(),
+              "tokenizer_worker_num": args.tokenizer_worker_num,
               "client": args.client, "runs": runs, "tok_s": rates, "ms_per_step": step_ms,
               "http_tok_s": rates.get("http"), "inprocess_tok_s": base,
               "engine_process_tok_s": rates.get("engine-process"), "ratio": ratio,
               "ratio_engine_process": rates["engine-process"] / base if base and "engine-process" in rates else None}
     print(f"concurrency {args.concurrency}, {args.requests} requests x {args.new_tokens} tokens "
-          f"({args.device}, {args.dtype}):")
+          f"({args.device}, {args.dtype}), --tokenizer-worker-num {args.tokenizer_worker_num}:")
     for side, rate in rates.items():
         share = f"  ({rate / base:.3f} of in-process)" if base and side != "in-process" else ""
         eager = statistics.median(r.get("eager_steps", 0) / max(r["steps"], 1) for r in runs[side])

@@ -309,7 +309,7 @@ class EngineClient:
 
     def server_info(self) -> dict:
         config = {k: v for k, v in self.config.to_dict().items() if k != "api_key"}  # never leak it
-        return {**config, "version": sglaunch.__version__, **self._static, **self._live}
+        return {**config, "version": sglaunch.__version__, "engine_pid": self.pid, **self._static, **self._live}
 
     def _send(self, command: tuple) -> None:
         if self._exited.is_set() or self._checker is None or self._commands.closed:
