@@ -307,11 +307,49 @@ pipeline18() {  # session 11, run 2 (the model upload as pipeline13): the GPU te
   touch "$W/all.done"
 }
 
+pipeline19() {  # session 12 (the model upload as pipeline13): GPU tests incl. the folded split-K
+  # combine and the training attentions; where a stepped-aside DSpark step's time goes at c=64
+  # (forced aside, with and without the context write; the engine's heap frozen and the aside
+  # decision memoised now); the combine modes' burst iteration; the issue's bench --compare with
+  # four HTTP workers on both sides, c=1..256 over 256 prompts; DSpark in-process at c=64; HTTP
+  # against in-process with 1 and 4 workers; DSpark's combine modes over HTTP at c=1 and 8;
+  # train-draft's step with each attention
+  part pytest 300 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/engine/test_layer_kernels.py tests/engine/test_burst_attention_kernel.py tests/gpu/test_burst_fold_gpu.py \
+    tests/engine/test_argmax_kernels.py tests/training/test_train_attention.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  part profile64 200 python3 benchmarks/profile_step.py --model "$REPO/.gpu6/smolcfg" --random-like --drafter random \
+    --modes compact --concurrency 64 --steps 100 --overlap 1 --force-aside --no-context-write --json "$W/profile64.json"
+  part profile256 150 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --requests 1,8,32 --context 256 --attention triton --block-n 64 --splits auto --combine separate,fold \
+    --json "$W/burst_profile_256.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 420 python3 -m sglaunch bench --compare "sglaunch serve --tokenizer-worker-num 4" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --tokenizer-worker-num 4 --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
+    --concurrency 1,8,32,64,256 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part sweep64 200 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64 --requests 256 --max-tokens 128 --modes compact \
+    --out "$W/sweep64"
+  part http 200 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,in-process --tokenizer-worker-num 4 --out "$W/http4.json"
+  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http --out "$W/http1.json"
+  part bench2 200 python3 -m sglaunch bench \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --tokenizer-worker-num 4 --speculative-algorithm DSPARK" \
+    --compare "SGLAUNCH_DSPARK_BURST_COMBINE=fold SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --tokenizer-worker-num 4 --speculative-algorithm DSPARK" \
+    --label separate --label fold --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 128 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part trainstep 200 python3 benchmarks/train_step_bench.py --device cuda --impl fused --attention sdpa,dense,flex \
+    --phases 5 --config .gpu6/smolcfg --json "$W/train_step_attention.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http fused vocab trainstep; do
+    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http http1 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -360,7 +398,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
