@@ -22,8 +22,8 @@ visibility is the same in every implementation below; only how it is computed di
   Its backward needs CUDA (torch 2.13 has no flex backward on CPU).
 
 The choice is made once per Trainer (`resolve`, `set_attention`), never per step: `auto` is
-``dense`` on CUDA (no compile cost inside a 9-minute GPU call; `flex` is measured beside it by
-benchmarks/train_step_bench.py --attention) and ``sdpa`` elsewhere. SGLAUNCH_TRAIN_ATTENTION
+``flex`` on CUDA (H200, session 12, `benchmarks/train_step_bench.py --attention sdpa,dense,flex`:
+316 / 282 / 134 ms a step, flex's first step 14 s with its compile) and ``sdpa`` elsewhere. SGLAUNCH_TRAIN_ATTENTION
 overrides `auto`. The mask (or BlockMask) is built once per forward and shared by the layers.
 """
 
@@ -47,7 +47,9 @@ def resolve(name: str | None, device) -> str:
     if name in (None, "", "auto"):
         name = os.environ.get(ENV, "") or "auto"
     if name == "auto":
-        return "dense" if device.type == "cuda" else "sdpa"
+        # NOTE: H200, session 12 (`train_step_bench.py --attention sdpa,dense,flex`, batch 32 x
+        # 768, 128 anchors): 316 / 282 / 134 ms a step; flex's first step 14 s (its compile)
+        return "flex" if device.type == "cuda" else "sdpa"
     if name not in IMPLS:
         raise ValueError(f"training attention {name!r}: expected auto, {', '.join(IMPLS)}")
     if name == "flex" and device.type != "cuda":

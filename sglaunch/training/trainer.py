@@ -85,7 +85,7 @@ class TrainArgs:
     # step, kept for tests and before/after benchmarks); both learn the same thing
     loss_impl: str = "fused"
     compile_loss: bool | None = None  # torch.compile the fused loss's chunk math (None: SGLAUNCH_TRAIN_COMPILE=1)
-    # the drafter's grouped-layout attention (training/attention.py): auto (dense on CUDA, sdpa
+    # the drafter's grouped-layout attention (training/attention.py): auto (flex on CUDA, sdpa
     # elsewhere; SGLAUNCH_TRAIN_ATTENTION overrides), sdpa (the reference), dense, flex (CUDA)
     attention: str = "auto"
 

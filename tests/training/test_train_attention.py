@@ -160,7 +160,7 @@ def test_flex_forward_equals_the_reference(compiled):
 def test_resolve_chooses_once_by_device(monkeypatch):
     monkeypatch.delenv(att.ENV, raising=False)
     assert att.resolve("auto", "cpu") == "sdpa"
-    assert att.resolve("auto", "cuda") == "dense"
+    assert att.resolve("auto", "cuda") == "flex"
     assert att.resolve("flex", "cuda") == "flex"
     monkeypatch.setenv(att.ENV, "dense")
     assert att.resolve("auto", "cpu") == "dense"
