@@ -39,7 +39,7 @@ def engine_main(config: EngineConfig, endpoints: ipc.Endpoints, server_pid: int)
     # NOTE: a handler, not SIG_IGN: an ignored SIGTERM would be inherited by the TP ranks
     signal.signal(signal.SIGTERM, lambda *_: None)
     configure_logging(config.log_level)
-    _watch_parent(server_pid)
+    watch_parent(server_pid)
     channel = _EngineChannel(endpoints)
     from sglaunch.engine.watchdog import before_fatal_exit
 
@@ -251,12 +251,13 @@ class _EngineChannel:
         self._context.term()
 
 
-def _watch_parent(server_pid: int) -> None:
-    """End this process (its TP ranks follow on their own) once the server process is gone."""
+def watch_parent(server_pid: int, stopping: str = "the engine") -> None:
+    """End this process once the server process (its parent) is gone: the engine (its TP ranks
+    follow on their own) or an HTTP worker (so that no orphan keeps the port)."""
     def watch() -> None:
         while os.getppid() == server_pid:
             time.sleep(PARENT_POLL_S)
-        sys.stderr.write(f"Error: the server process (pid {server_pid}) exited; stopping the engine\n")
+        sys.stderr.write(f"Error: the server process (pid {server_pid}) exited; stopping {stopping}\n")
         sys.stderr.flush()
         os._exit(1)
 

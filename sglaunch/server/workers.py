@@ -35,11 +35,11 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 
 from sglaunch.config import EngineConfig
 from sglaunch.engine import ipc
+from sglaunch.engine.engine_process import watch_parent
 from sglaunch.errors import SglaunchError
 from sglaunch.server import launch
 
@@ -279,7 +279,7 @@ def worker_main(config: EngineConfig, seat: WorkerSeat) -> None:
     from sglaunch.logs import configure_logging
 
     configure_logging(config.log_level)
-    _watch_launcher(seat.launcher_pid)
+    watch_parent(seat.launcher_pid, "this HTTP worker")
     try:
         code = launch.run_event_loop(launch._serve(config, seat))
     except SglaunchError as exc:
@@ -289,18 +289,6 @@ def worker_main(config: EngineConfig, seat: WorkerSeat) -> None:
         threading.Event().wait()
         code = 1
     sys.exit(code)
-
-
-def _watch_launcher(launcher_pid: int) -> None:
-    """End this worker once the launcher is gone (no orphan keeps the port)."""
-    def watch() -> None:
-        while os.getppid() == launcher_pid:
-            time.sleep(PARENT_POLL_S)
-        sys.stderr.write(f"Error: the server process (pid {launcher_pid}) exited; stopping this HTTP worker\n")
-        sys.stderr.flush()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def _describe(code: int | None) -> str:
