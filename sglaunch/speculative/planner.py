@@ -343,14 +343,11 @@ class DSparkPlanner:
         dev CPU, beside a 1.4 ms step on the H200)."""
         key = (len(request_ids), extra_tokens)
         memo = self._prior_memo
-        if memo.get("table") is not self.sps:
+        if self._memo_table is not self.sps or len(memo) > 1024:  # NOTE: extra tokens vary: bounded
             memo.clear()
-            memo["table"] = self.sps
+            self._memo_table = self.sps
         hit = memo.get(key)
         if hit is None:
-            if len(memo) > 1024:  # NOTE: extra tokens vary with prefill chunks: keep it bounded
-                memo.clear()
-                memo["table"] = self.sps
             R = len(request_ids)
             k, rate = best_budget(self.relay.lagged_values(request_ids, self.prior), R, self.sps, extra_tokens)
             hit = memo[key] = (k, rate, plain_rate(R, self.sps, extra_tokens))
@@ -439,7 +436,8 @@ class DSparkPlanner:
             self.prior, self._prior_weight = list(self.start_prior), PRIOR_START_WEIGHT
         else:
             self.prior, self._prior_weight = [1.0] * self.block_size, 0
-        self._prior_memo: dict = {}  # _at_prior's answers for the current prior and table
+        self._prior_memo: dict = {}  # _at_prior's answers for the current prior and _memo_table
+        self._memo_table = self.sps
 
 
 def measured_survivals(drafter_dir: str, block_size: int) -> list[float] | None:
