@@ -27,6 +27,7 @@ import uvicorn
 
 from sglaunch.logs import configure_logging
 from sglaunch.config import EngineConfig
+from sglaunch.engine.heap import freeze_startup_heap
 from sglaunch.errors import SglaunchError
 from sglaunch.server.app import create_app
 from sglaunch.server.generation import ServerContext
@@ -109,7 +110,7 @@ async def _serve(config: EngineConfig, seat=None) -> int:
             await _stop_http(server, http_task)
             return 0
         state.ctx = ctx = _server_context(engine, tokenizer, config, state.metrics)
-        _freeze_startup_heap()
+        freeze_startup_heap()  # NOTE: streaming allocates per token: see engine/heap.py
         if seat is None:
             logger.info("The server is ready: %s (model '%s')", _url(config), config.served_model_name)
         exit_code = await _wait_until_stopped(stop, http_task, engine)
@@ -120,22 +121,6 @@ async def _serve(config: EngineConfig, seat=None) -> int:
             await _let_requests_end(state, server)
         await _stop_http(server, http_task)
         return max(exit_code, await _shutdown_engine(engine))
-
-
-def _freeze_startup_heap() -> None:
-    """Move everything alive once the server is ready (modules, the app, routes, models, the
-    tokenizer) out of the garbage collector's reach: gc.freeze().
-
-    NOTE: issue 15: streaming allocates container objects per token per stream, so the cyclic
-    collector runs often; its full passes walk the whole start-up heap (one caught by perf in a
-    3 s window at 64 streams took about a third of the server's CPU there; on average the
-    collector costs 1-2 us per token). Frozen objects are never collected (they live as long as
-    the process anyway); what requests allocate later is collected as before.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
 
 
 async def _drain(ctx: ServerContext, timeout: float, stop: "_StopSignal") -> None:
