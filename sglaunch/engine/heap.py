@@ -2,8 +2,8 @@
 
 Booting a rank leaves a few hundred thousand container objects alive for the life of the
 process (torch, transformers and their modules, the model's parameters and buffers, captured
-graphs' keys, the KV pool's bookkeeping): 385,000 tracked objects in a CPU SmolLM2 engine, whose
-full collection took 188 ms on the dev CPU. A step allocates lists, tuples and dicts per request,
+graphs' keys, the KV pool's bookkeeping): 384,559 tracked objects in a CPU SmolLM2 engine, whose
+full collection took 176 ms on the dev CPU (`python benchmarks/host_probes.py --model SMOL`). A step allocates lists, tuples and dicts per request,
 so the cyclic collector runs every step or two, and each of its full passes walks that whole
 start-up heap: a stall of tens to hundreds of milliseconds in the middle of decoding.
 freeze_startup_heap() moves everything alive at that moment out of the collector's reach
@@ -54,7 +54,7 @@ def freeze_startup_heap() -> int:
     gc.freeze()
     if PAUSES not in gc.callbacks:
         gc.callbacks.append(PAUSES)
-    # NOTE: once, here: gc.get_freeze_count() walks the whole frozen list (18.6 ms for 498,000
+    # NOTE: once, here: gc.get_freeze_count() walks the whole frozen list (33 ms for 384,559
     # objects on the dev CPU); live stats are built at most steps of a loaded engine (H200,
     # session 12: calling it there halved the engine process's throughput)
     PAUSES.frozen = gc.get_freeze_count()

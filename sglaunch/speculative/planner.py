@@ -338,9 +338,9 @@ class DSparkPlanner:
         """(K, Theta(K), plain rate) of a step whose requests all have no lagged survivals (priced
         at the prior), memoised per (requests, extra tokens) until the prior or the table changes.
         NOTE: a stepping-aside streak at load asks this every step (the relay holds no survivals
-        then): the sort over R * G values, the cumulative sums and the table's step times were
-        most of a DSpark engine's host overhead over a plain one's (40 us at 64 requests on the
-        dev CPU, beside a 1.4 ms step on the H200)."""
+        then): the sort over R * G values, the cumulative sums and the table's step times need
+        not be redone (a stepped-aside step's _burst_plan + _decide at 64 requests: 28.5 us on
+        the dev CPU with the memo, `benchmarks/host_probes.py`, beside a 1.4 ms step on the H200)."""
         key = (len(request_ids), extra_tokens)
         memo = self._prior_memo
         if self._memo_table is not self.sps or len(memo) > 1024:  # NOTE: extra tokens vary: bounded

@@ -1,0 +1,88 @@
+"""Host-side probes of a CPU engine (random SmolLM2-shaped weights, no GPU), for the figures in
+sglaunch/engine/heap.py and sglaunch/speculative/planner.py (`_at_prior`):
+
+    python benchmarks/host_probes.py --model SMOL [--concurrency 64]
+
+- heap: tracked objects of a booted plain engine (before its freeze), a full collection's time,
+  and gc.get_freeze_count()'s time once frozen (it walks every frozen object);
+- aside: at `--concurrency` requests that really step aside (the random drafter's prior set to
+  a survival of 0.05 a slot, so drafting never pays) with bursts on (SGLAUNCH_DSPARK_BURST=8),
+  the host time of LLMEngine._burst_plan + _decide per step (best of 5 x 300 calls), and of
+  _decide alone.
+One run on a shared 2-core machine is noisy: take the order of magnitude.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def best_us(fn, calls: int = 300, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="a SmolLM2 folder (config + tokenizer)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "8")
+    import profile_step as ps
+
+    work = Path(tempfile.mkdtemp())
+    model = ps.random_like(args.model, work)
+    drafter = ps.random_drafter(model, None, work)
+    spec = argparse.Namespace(model=model, device="cpu", dtype="bfloat16", concurrency=args.concurrency,
+                              attention_backend=None, disable_cuda_graph=False)
+
+    engine, cluster = ps.build_engine(spec, None, None)
+    gc.unfreeze()  # as before create_engine froze it
+    gc.collect()
+    tracked = len(gc.get_objects())
+    t = time.perf_counter()
+    gc.collect()
+    full_ms = (time.perf_counter() - t) * 1e3
+    gc.freeze()
+    count_ms = best_us(gc.get_freeze_count, calls=5, repeats=3) / 1e3
+    print(f"heap: {tracked} tracked objects, a full collection {full_ms:.1f} ms; frozen, "
+          f"gc.get_freeze_count() {count_ms:.2f} ms for {gc.get_freeze_count()} objects")
+    cluster.stop(engine)
+
+    engine, cluster = ps.build_engine(spec, "compact", drafter)
+    planner = engine.spec.planner
+    planner.start_prior = [0.05] * planner.block_size
+    planner.reset_prior()
+    load = ps.Load(engine, args.concurrency, 32, 400, 49000)
+    for _ in range(3):
+        load.step()
+    chunks = engine.scheduler.schedule(lookahead=False)
+
+    def aside():
+        candidates = engine._candidates(chunks)
+        engine._burst_plan(chunks, candidates)
+        engine._decide(chunks, candidates)
+
+    candidates = engine._candidates(chunks)
+    assert engine._decide(chunks, candidates) is None, "the probe's engine drafted: not a stepped-aside step"
+    print(f"aside: {len(chunks)} requests, _burst_plan + _decide {best_us(aside):.1f} us a step, "
+          f"_decide {best_us(lambda: engine._decide(chunks, candidates)):.1f} us")
+    cluster.stop(engine)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
