@@ -345,11 +345,33 @@ pipeline19() {  # session 12 (the model upload as pipeline13): GPU tests incl. t
   touch "$W/all.done"
 }
 
+pipeline20() {  # session 13 (the model upload as pipeline13): the graph tests and sync censuses; plain
+  # over HTTP against the engine process and in-process at c=64 on random weights, with the share of
+  # steps that carry a prefill chunk and step()'s wall time by kind; the issue's bench --compare
+  # (one HTTP worker, 256 prompts, c=1..256); DSpark in-process at c=64; HTTP on the real model
+  part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
+  part random 60 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import profile_step as ps; print(ps.random_like(Path('.gpu6/smolcfg'), Path('/tmp/rw')))"
+  part http 150 python3 benchmarks/http_vs_inprocess.py --device cuda --model /tmp/rw/target --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http_random.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 360 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
+    --concurrency 1,8,32,64,256 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part sweep64 100 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64 --requests 256 --max-tokens 128 --modes compact \
+    --out "$W/sweep64"
+  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http1.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http http1 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http http1 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -398,7 +420,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

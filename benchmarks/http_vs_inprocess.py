@@ -312,6 +312,7 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     asyncio.run(http_closed_loop(server.url, warm, 8, args.concurrency, client=args.client))
     info_before = asyncio.run(engine_info_of(server.url))
     steps_before, replays_before = int(info_before["total_steps"]), graph_replays(info_before)
+    prefill_before = int(info_before.get("total_prefill_steps", 0))
     clients = max(1, min(args.client_processes, args.concurrency))
     shares = [(server.url, prompts[i::clients], args.new_tokens, len(range(i, args.concurrency, clients)),
                time.time() + (1.0 if clients == 1 else 3.0), args.client) for i in range(clients)]
@@ -341,6 +342,8 @@ def run_http(server: Server, prompts, warm, args) -> dict:
     result = {"tokens": tokens, "seconds": seconds, "client_processes": clients, "steps": steps,
               "tokenizer_worker_num": args.tokenizer_worker_num, "server_processes": len(server_pids),
               "eager_steps": steps - (graph_replays(info_after) - replays_before),
+              "prefill_steps": int(info_after.get("total_prefill_steps", 0)) - prefill_before,
+              "step_kinds": step_kinds(info_before, info_after),
               "server_cpu_s": server_cpu, "engine_cpu_s": engine_cpu, "client_cpu_s": client_cpu,
               "server_cpu_us_per_token": 1e6 * server_cpu / max(tokens, 1),
               "engine_cpu_us_per_token": 1e6 * engine_cpu / max(tokens, 1),
@@ -397,6 +400,17 @@ def graph_replays(info: dict) -> int:
     return sum(int(n) for n in (info.get("total_graph_replays") or {}).values())
 
 
+def step_kinds(before: dict, after: dict) -> dict:
+    """Engine step() wall time by kind between two statistics dicts (`step_seconds`: steps with a
+    prefill chunk, and decode-only steps): {kind: {"steps": n, "ms": mean ms a step}}."""
+    out = {}
+    for kind, (n1, s1) in (after.get("step_seconds") or {}).items():
+        n0, s0 = (before.get("step_seconds") or {}).get(kind, (0, 0.0))
+        if n1 > n0:
+            out[kind] = {"steps": n1 - n0, "ms": 1e3 * (s1 - s0) / (n1 - n0)}
+    return out
+
+
 # ----------------------------------------------------------------------------- in-process
 
 
@@ -419,6 +433,8 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
 
     start, cpu0 = time.perf_counter(), time.process_time()
     steps_before, replays_before = engine.counters["steps"], graph_replays(engine.live_stats())
+    prefill_before = engine.scheduler.num_prefill_steps
+    kinds_before = {"step_seconds": {k: list(v) for k, v in engine.step_seconds.items()}}
     top_up()
     while engine.has_work:
         for out in engine.step():
@@ -429,7 +445,9 @@ def inprocess_closed_loop(engine, prompts: list[list[int]], new_tokens: int, con
     cpu = time.process_time() - cpu0
     steps = engine.counters["steps"] - steps_before
     return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": steps,
-            "eager_steps": steps - (graph_replays(engine.live_stats()) - replays_before), "engine_cpu_s": cpu, "engine_cpu_us_per_token": 1e6 * cpu / max(tokens, 1)}
+            "eager_steps": steps - (graph_replays(engine.live_stats()) - replays_before),
+            "prefill_steps": engine.scheduler.num_prefill_steps - prefill_before,
+            "step_kinds": step_kinds(kinds_before, {"step_seconds": engine.step_seconds}), "engine_cpu_s": cpu, "engine_cpu_us_per_token": 1e6 * cpu / max(tokens, 1)}
 
 
 def release_device_memory(device: str) -> None:
@@ -526,6 +544,7 @@ async def engine_process_run(fields: dict, prompts, warm, args, repeat: int) -> 
         await asyncio.sleep(0.2)  # NOTE: the live statistics of the warm-up's end have arrived
         info_before = engine.server_info()
         steps_before, replays_before = int(info_before.get("total_steps", 0)), graph_replays(info_before)
+        prefill_before = int(info_before.get("total_prefill_steps", 0))
         engine_pids = descendants(os.getpid())
         spy = (start_py_spy(max(engine_pids, key=cpu_seconds), args.py_spy, "engine-process")
                if args.py_spy and args.py_spy_engine and engine_pids else None)
@@ -540,12 +559,16 @@ async def engine_process_run(fields: dict, prompts, warm, args, repeat: int) -> 
         info_after = engine.server_info()
         steps = int(info_after.get("total_steps", 0)) - steps_before
         eager = steps - (graph_replays(info_after) - replays_before)
+        prefill = int(info_after.get("total_prefill_steps", 0)) - prefill_before
+        kinds = step_kinds(info_before, info_after)
     finally:
         await engine.shutdown()
     expected = len(prompts) * args.new_tokens
     if tokens != expected:
         raise RuntimeError(f"engine-process side produced {tokens} tokens, expected {expected}")
-    return {"tokens": tokens, "seconds": seconds, "steps": steps, "eager_steps": eager, "engine_cpu_s": engine_cpu,
+    return {"tokens": tokens, "seconds": seconds, "steps": steps, "eager_steps": eager, "prefill_steps": prefill,
+            "step_kinds": kinds,
+            "engine_cpu_s": engine_cpu,
             "engine_cpu_us_per_token": 1e6 * engine_cpu / tokens, "client_cpu_us_per_token": 1e6 * client_cpu / tokens}
 
 
@@ -590,8 +613,13 @@ def summarize(args, runs: dict) -> dict:
     for side, rate in rates.items():
         share = f"  ({rate / base:.3f} of in-process)" if base and side != "in-process" else ""
         eager = statistics.median(r.get("eager_steps", 0) / max(r["steps"], 1) for r in runs[side])
+        prefill = statistics.median(r.get("prefill_steps", 0) / max(r["steps"], 1) for r in runs[side])
         print(f"  {side:15s} {rate:10.1f} output tok/s, {step_ms[side]:.2f} ms per engine step, "
-              f"{100 * eager:.0f}% of steps eager (no CUDA graph){share}")
+              f"{100 * eager:.0f}% of steps eager (no CUDA graph), {100 * prefill:.0f}% with a prefill chunk{share}")
+        kinds = runs[side][-1].get("step_kinds") or {}
+        if kinds:
+            print("  " + " " * 15 + "  step() wall time: " + ", ".join(
+                f"{kind} {v['ms']:.2f} ms x {v['steps']}" for kind, v in kinds.items()))
     if ratio is not None:
         print(f"  ratio http / in-process: {ratio:.3f}")
     if "http" in runs:

@@ -86,6 +86,10 @@ class LLMEngine:
         self._in_flight: InFlight | None = None
         # steps left in flight; drafting steps that drained one; requests found finished by a drain
         self.overlap_counts = {"in_flight": 0, "drains": 0, "drain_finished": 0}
+        # wall time of step() by what it scheduled: [steps, seconds] for steps with a prefill chunk
+        # (alone or beside decodes) and for the others; over HTTP, staggered arrivals put a prefill
+        # chunk in many more steps than a closed loop whose requests finish together does
+        self.step_seconds = {"decode": [0, 0.0], "prefill": [0, 0.0]}
 
     def profile_sps_if_missing(self) -> None:
         """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
@@ -201,8 +205,14 @@ class LLMEngine:
     def step(self) -> list[TokenOutput]:
         """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
         new tokens."""
-        if self.overlap:
-            return self._step_overlapped()
+        began, prefills = time.perf_counter(), self.scheduler.num_prefill_steps
+        outputs = self._step_overlapped() if self.overlap else self._step_sync()
+        spent = self.step_seconds["prefill" if self.scheduler.num_prefill_steps != prefills else "decode"]
+        spent[0] += 1
+        spent[1] += time.perf_counter() - began
+        return outputs
+
+    def _step_sync(self) -> list[TokenOutput]:
         began = time.perf_counter()
         chunks = self.scheduler.schedule(lookahead=False)  # NOTE: _propose reserves draft pages
         candidates = self._candidates(chunks)
@@ -612,6 +622,8 @@ class LLMEngine:
             "kv_evictable_tokens": evictable,
             "kv_usage": active / total_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
+            "total_prefill_steps": self.scheduler.num_prefill_steps,
+            "step_seconds": {kind: list(v) for kind, v in self.step_seconds.items()},
             **{f"total_{k}": v for k, v in self.counters.items()},
             **self._graph_stats(),
             **self._spec_stats(),

@@ -59,6 +59,8 @@ class Scheduler:
         self.running: list[Req] = []  # by arrival
         self._arrivals = 0
         self.num_preemptions = 0
+        # steps that computed prompt tokens (a prefill chunk, alone or beside decodes)
+        self.num_prefill_steps = 0
         self.finished_by_pool: list[Req] = []  # dropped because the pool cannot hold them alone
 
     # ---- requests in and out ------------------------------------------------------------
@@ -107,9 +109,11 @@ class Scheduler:
         """The chunks to compute this step (running requests first, then admissions).
         lookahead=False: reserve no draft pages here (the engine first asks its planner whether
         drafting pays, then calls reserve_lookahead)."""
-        budget = [self.limits.chunked_prefill_size or math.inf]
+        budget = [self.limits.chunked_prefill_size or math.inf, 0]  # prompt tokens left, and taken
         chunks = self._schedule_running(budget)
         chunks += self._admit_waiting(budget)
+        if budget[1]:
+            self.num_prefill_steps += 1
         if self.limits.spec_lookahead and lookahead:
             self.reserve_lookahead(chunks)
         if not chunks and not self.running and self.waiting:
@@ -140,6 +144,7 @@ class Scheduler:
             chunks.append(Chunk(req, req.num_computed, req.num_computed + length))
             if req.num_pending > 1:
                 budget[0] -= length
+                budget[1] += length
             i += 1
         return chunks
 
@@ -180,6 +185,7 @@ class Scheduler:
             self.running.append(req)
             chunks.append(Chunk(req, req.num_computed, req.num_computed + length))
             budget[0] -= length
+            budget[1] += length
         return chunks
 
     def _has_headroom(self, req: Req, end: int) -> bool:

@@ -181,3 +181,19 @@ def test_the_engine_freezes_its_start_up_heap_until_it_stops(checkpoints):
     finally:
         cluster.stop(engine)
     assert gc.get_freeze_count() == 0
+
+
+def test_step_wall_time_is_counted_by_kind(checkpoints):
+    """live_stats' step_seconds: every step() lands in one kind, the steps that admitted prompts
+    under `prefill` (total_prefill_steps of them), the rest under `decode`."""
+    engine, cluster = create_engine(engine_config(checkpoints["llama"]))
+    try:
+        run_requests(engine, requests_for(PROMPTS[:2]))
+        live = engine.live_stats()
+        kinds = live["step_seconds"]
+        assert kinds["prefill"][0] == live["total_prefill_steps"] >= 1
+        assert kinds["decode"][0] >= 1
+        assert kinds["prefill"][0] + kinds["decode"][0] >= live["total_steps"]
+        assert all(seconds > 0 for _, seconds in kinds.values())
+    finally:
+        cluster.stop(engine)

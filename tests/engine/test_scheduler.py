@@ -98,6 +98,18 @@ def test_chunked_prefill_respects_budget():
     assert reqs[0].output_ids == reference(list(range(1, 15)), 3)
 
 
+def test_steps_with_prompt_tokens_are_counted():
+    """num_prefill_steps (/server_info's total_prefill_steps): every step that computed prompt
+    tokens, and none of the decode-only steps, whether or not a budget caps the chunks."""
+    for chunk in (None, 4):
+        sched = make_scheduler(256, radix=False, chunk=chunk)
+        reqs = make_reqs([list(range(1, 15)), [3, 3, 3, 3, 3, 3]], max_new=3)
+        steps = run(sched, reqs)
+        with_prompt = sum(any(end - start > 1 for _, start, end in step) for step in steps)
+        assert with_prompt >= 1 and with_prompt < len(steps)
+        assert sched.num_prefill_steps == with_prompt, (chunk, steps)
+
+
 def test_radix_reuses_prefix_of_finished_request():
     sched = make_scheduler(256)
     first = make_reqs([[5, 6, 7, 8, 9, 10]], max_new=2)
