@@ -15,6 +15,7 @@ from sglaunch.bench.stats import distribution_ms
 
 COLUMNS = ("config", "level", "progress", "errors", "req/s", "out tok/s", "TTFT p50", "ITL p50",
            "TPOT p50", "E2E p50", "accept", "verify/step")
+KINDS_COLUMN = "aside/burst/drafted %"  # the final table's, when a server reported DSpark step kinds
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -23,14 +24,22 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
-def record_cells(record: dict) -> list[str]:
-    """The metric cells of a finished level record."""
+def record_cells(record: dict, kinds: bool = False) -> list[str]:
+    """The metric cells of a finished level record (and its step kinds' cell when `kinds`)."""
     if record.get("status") == "skipped":
-        return ["-"] * 9
+        return ["-"] * (10 if kinds else 9)
     return [str(record["errors"]), fmt(record["request_throughput"], 2),
             fmt(record["output_token_throughput"]), fmt(record["ttft_ms"]["p50"]),
             fmt(record["itl_ms"]["p50"]), fmt(record["tpot_ms"]["p50"]), fmt(record["e2e_ms"]["p50"]),
-            fmt(record["accept_length"], 2), fmt(record["verify_tokens_per_step"], 2)]
+            fmt(record["accept_length"], 2), fmt(record["verify_tokens_per_step"], 2)] + (
+            [kinds_cell(record.get("step_kinds"))] if kinds else [])
+
+
+def kinds_cell(kinds: dict | None) -> str:
+    """A DSpark level's step kinds as whole percentages, "aside/burst/drafted"; n/a without them."""
+    if not kinds:
+        return "n/a"
+    return "/".join(f"{100 * kinds[k]:.0f}" for k in ("aside", "burst", "drafted"))
 
 
 class LiveView:
@@ -88,13 +97,14 @@ def final_tables(doc: dict):
 
     status = doc["status"] + (" (partial results)" if doc["partial"] else "")
     table = Table(title=f"sglaunch bench: {status}", title_justify="left")
-    for column in COLUMNS:
+    kinds = any(record.get("step_kinds") for config in doc["configs"] for record in config["levels"])
+    for column in COLUMNS + ((KINDS_COLUMN,) if kinds else ()):
         if column != "progress":
             table.add_column(column, justify="left" if column in ("config", "level") else "right")
     for config in doc["configs"]:
         for record in config["levels"]:
             level = record["label"] + ("" if record.get("status") in ("ok", None) else f" [{record['status']}]")
-            table.add_row(config["label"], level, *record_cells(record))
+            table.add_row(config["label"], level, *record_cells(record, kinds))
     tables = [table]
     if doc.get("comparison"):
         ratios = Table(title=f"ratios {doc['comparison'][0]['ratio']}", title_justify="left",

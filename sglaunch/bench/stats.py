@@ -151,8 +151,28 @@ def histogram_mean_delta(before: dict[str, float], after: dict[str, float], pref
     return sum(k * c for k, c in counts.items()) / total if total > 0 else None
 
 
+def step_kinds(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """This level's decode steps by kind, as shares of all of them, from an sglaunch DSpark
+    server's /server_info counters: {"aside": stepped aside (plain steps, no drafter), "burst":
+    burst iterations, "drafted": other drafting steps}; None where the server has no such counters
+    (plain servers, SGLang). The ratios alone cannot tell a level that drafted from one that only
+    stepped aside; these can."""
+    keys = {"drafting": "speculative.steps", "aside": "speculative.step_aside_steps",
+            "burst": "speculative.bursts.iterations"}
+    if not all(keys[k] in after and keys[k] in before for k in ("drafting", "aside")):
+        return None
+    delta = {k: after.get(key, 0.0) - before.get(key, 0.0) for k, key in keys.items()}
+    total = delta["drafting"] + delta["aside"]  # burst iterations count as drafting steps
+    if total <= 0:
+        return None
+    burst = min(delta["burst"], delta["drafting"])
+    return {"aside": delta["aside"] / total, "burst": burst / total,
+            "drafted": (delta["drafting"] - burst) / total, "steps": total}
+
+
 def spec_stats(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """{"accept_length", "verify_tokens_per_step", "spec_source"}; None where the server has none."""
+    """{"accept_length", "verify_tokens_per_step", "spec_source", "step_kinds"}; None where the
+    server has none."""
     from_metrics = metrics_spec_stats(before.get("metrics", {}), after.get("metrics", {}))
     from_info, delta = info_spec_stats(before.get("info", {}), after.get("info", {}))
     out: dict[str, Any] = {}
@@ -167,6 +187,7 @@ def spec_stats(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = None
     out["spec_source"] = ", ".join(sorted(sources)) or None
+    out["step_kinds"] = step_kinds(before.get("info", {}), after.get("info", {}))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglaunch.bench.client import RequestResult
+from sglaunch.bench.report import kinds_cell
 from sglaunch.bench.stats import distribution_ms, parse_prometheus, spec_stats, summarize_level
 
 
@@ -63,4 +64,21 @@ def test_spec_stats_cumulative_and_absent():
     assert out["spec_source"] == "/server_info (cumulative)"
     plain = {"total_steps": 5.0, "kv_usage": 0.1}  # a server without speculative decoding
     assert spec_stats({"info": plain}, {"info": plain, "metrics": {"up": 1.0}}) == {
-        "accept_length": None, "verify_tokens_per_step": None, "spec_source": None}
+        "accept_length": None, "verify_tokens_per_step": None, "spec_source": None, "step_kinds": None}
+
+
+def test_step_kinds_are_this_levels_shares_of_each_kind():
+    # an sglaunch DSpark server's /server_info counters, flattened: 100 drafting steps before the
+    # level (40 of them burst iterations), 50 aside; during it 30 more drafting (20 in bursts), 70 aside
+    before = {"speculative.steps": 100.0, "speculative.step_aside_steps": 50.0, "speculative.bursts.iterations": 40.0}
+    after = {"speculative.steps": 130.0, "speculative.step_aside_steps": 120.0, "speculative.bursts.iterations": 60.0}
+    kinds = spec_stats({"info": before}, {"info": after})["step_kinds"]
+    assert kinds == pytest.approx({"aside": 0.7, "burst": 0.2, "drafted": 0.1, "steps": 100.0})
+    assert kinds_cell(kinds) == "70/20/10"
+    # no burst counters (bursts off): every drafting step is "drafted"
+    no_burst = {k: v for k, v in after.items() if "bursts" not in k}
+    kinds = spec_stats({"info": {k: v for k, v in before.items() if "bursts" not in k}}, {"info": no_burst})["step_kinds"]
+    assert kinds == pytest.approx({"aside": 0.7, "burst": 0.0, "drafted": 0.3, "steps": 100.0})
+    # an idle level (no steps) and a server without the counters: none
+    assert spec_stats({"info": after}, {"info": after})["step_kinds"] is None
+    assert kinds_cell(None) == "n/a"
