@@ -367,6 +367,29 @@ pipeline20() {  # session 13 (the model upload as pipeline13): the graph tests a
   touch "$W/all.done"
 }
 
+pipeline21() {  # session 13, run 2 (the model upload as pipeline13): HTTP against in-process on random
+  # weights (the engine loop's receive without zmq.Again; the first FlashInfer part of a fresh
+  # machine: its kernels compile first); the issue's bench --compare in two runs: c=1,8 on 256
+  # prompts, and c=32,64,256 on 2,048 prompts (run 1's levels there lasted about one second each),
+  # both with each level's DSpark step kinds (bench's step_kinds); DSpark in-process at c=64 and 256
+  part random 60 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import profile_step as ps; print(ps.random_like(Path('.gpu6/smolcfg'), Path('/tmp/rw')))"
+  part http 240 python3 benchmarks/http_vs_inprocess.py --device cuda --model /tmp/rw/target --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,in-process --out "$W/http_random.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench2 240 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
+    --concurrency 32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part sweep 150 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64,256 --requests 1024,1024 --max-tokens 128 --modes compact \
+    --out "$W/sweep"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -420,7 +443,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
