@@ -4,6 +4,10 @@ Rank r lives on node r // ranks_per_node. Rank 0 (node 0) hosts the TCPStore eve
 rendezvous at (`dist_init_addr`), drives the others, and is the only rank that samples.
 Two groups: `device_group` (NCCL on CUDA, gloo on CPU) for the forward pass, and `cpu_group`
 (always gloo) for the step broadcast and small agreements.
+
+Rank 0 sends every command (a step, a keepalive, shutdown) with `send_command` and the workers
+take it with `receive_command`: a fixed int64 header (command code, payload bytes), then the
+payload, packed by engine/packed_step.py (steps are not pickled).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from sglaunch.config import EngineConfig
+from sglaunch.engine.packed_step import pack_command, unpack_command
 
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # other nodes may start a while after node 0
 # NOTE: workers wait in a broadcast for the next step; rank 0 sends a keepalive while idle
@@ -76,12 +81,23 @@ def connect_store(host: str, port: int, rank: int, world_size: int) -> dist.TCPS
     )
 
 
+# NOTE: the first broadcast of every command has this fixed size (code, payload bytes), so a
+# worker knows the payload's size before it receives it; no payload follows when it is 0
+HEADER_WORDS = 2
+INBOX_BYTES = 1 << 16  # a worker's first receive buffer; grown (doubled at least) on demand
+
+
 class TPGroup:
     """This rank's view of the tensor-parallel group; every collective is a no-op at size 1."""
 
     def __init__(self, rank: int, size: int, device_group: Any = None, cpu_group: Any = None):
         self.rank, self.size = rank, size
         self.device_group, self.cpu_group = device_group, cpu_group
+        # send_command / receive_command: the header (one tensor, reused), and on workers the
+        # payload buffer, reused and grown on demand
+        self._header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+        self._header_np = self._header.numpy()  # NOTE: shares the tensor's memory
+        self._inbox = torch.empty(0, dtype=torch.uint8)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
@@ -96,8 +112,36 @@ class TPGroup:
         dist.all_gather(parts, x.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=-1)
 
+    def send_command(self, kind: str, payload: Any = None) -> None:
+        """Rank 0: broadcast the command `kind` ("step", "draft", "noop", "shutdown", ...) with its
+        payload to every worker (receive_command), over the gloo group. Steps go packed
+        (packed_step.pack_command): the header, then the packed bytes as a uint8 tensor over the
+        same memory (torch.frombuffer, no copy)."""
+        if self.size == 1:
+            return
+        code, body = pack_command(kind, payload)
+        self._header_np[0], self._header_np[1] = code, (len(body) if body else 0)
+        dist.broadcast(self._header, src=0, group=self.cpu_group)
+        if body:
+            dist.broadcast(torch.frombuffer(body, dtype=torch.uint8), src=0, group=self.cpu_group)
+
+    def receive_command(self) -> tuple[str, Any]:
+        """A worker: wait for rank 0's next send_command; returns (kind, payload), payload None
+        for commands without one. The payload lands in a buffer reused from command to command;
+        the decoded payload owns its memory."""
+        dist.broadcast(self._header, src=0, group=self.cpu_group)
+        code, nbytes = self._header.tolist()
+        if not nbytes:
+            return unpack_command(code, None)
+        if nbytes > self._inbox.numel():
+            self._inbox = torch.empty(max(nbytes, 2 * self._inbox.numel(), INBOX_BYTES), dtype=torch.uint8)
+        body = self._inbox[:nbytes]  # NOTE: a prefix of the buffer: contiguous, gloo fills it in place
+        dist.broadcast(body, src=0, group=self.cpu_group)
+        return unpack_command(code, body.numpy())
+
     def broadcast_object(self, obj: Any = None) -> Any:
-        """Rank 0 sends `obj`, every rank returns it (pickled over the gloo group)."""
+        """Rank 0 sends `obj`, every rank returns it (pickled over the gloo group). For rare,
+        arbitrary objects; the per-step commands go packed, through send_command."""
         if self.size == 1:
             return obj
         if self.rank == 0:

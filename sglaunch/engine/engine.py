@@ -582,7 +582,7 @@ class LLMEngine:
     def _on_all_ranks(self, kind: str, payload, run_here: Callable):
         """Broadcast (kind, payload) to the workers, run it on rank 0; a failure ends the cluster."""
         try:
-            self.tp.broadcast_object((kind, payload))
+            self.tp.send_command(kind, payload)
             return run_here(payload)
         except Exception as exc:
             if self.tp.size > 1 and self.on_tp_failure is not None:
@@ -595,14 +595,14 @@ class LLMEngine:
         if self.spec is not None:
             self.spec._maybe_log(force=True)
         try:
-            self.tp.broadcast_object(("noop",))
+            self.tp.send_command("noop")
         except Exception as exc:
             if self.on_tp_failure is not None:
                 self.on_tp_failure(exc)
             raise
 
     def stop_workers(self) -> None:
-        self.tp.broadcast_object(("shutdown",))
+        self.tp.send_command("shutdown")
         self.tp.barrier()
 
     # ---- facts for /server_info and /metrics --------------------------------------------

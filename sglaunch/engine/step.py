@@ -1,5 +1,6 @@
 """What one forward pass computes, as plain lists: rank 0 builds it and broadcasts it to every
-tensor-parallel rank, which turn it into tensors. Torch-free and picklable.
+tensor-parallel rank (packed into one flat buffer, engine/packed_step.py), which turn it into
+tensors. Torch-free.
 
 The layout is ragged: each request contributes its own number of query tokens (a prefill
 chunk, one decode token, or several tokens to verify), laid out back to back.

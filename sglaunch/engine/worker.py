@@ -1,7 +1,8 @@
 """Tensor-parallel worker ranks (every rank but 0) and the worker-only nodes that host them.
 
-A worker loads its shard of the model, then executes whatever rank 0 broadcasts:
-("step", StepInput), ("draft", DraftStepInput) (DSpark), ("noop",) while idle, ("shutdown",).
+A worker loads its shard of the model, then executes whatever rank 0 sends (TPGroup.send_command):
+"step" (a StepInput), "draft" (a DraftStepInput, DSpark), "burst" (DSpark), "noop" while idle,
+"shutdown".
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def _serve(config: EngineConfig, rank: int, host: str, port: int) -> None:
 
     freeze_startup_heap()  # see engine/heap.py: the collector's full passes stall every step
     while True:
-        command = tp.broadcast_object()
-        if command[0] == "step":
-            runner.forward(command[1])
-        elif command[0] == "draft":
-            runner.draft_block(command[1])
-        elif command[0] == "burst":
-            runner.run_burst(command[1])
-        elif command[0] == "shutdown":
+        kind, payload = tp.receive_command()  # steps arrive packed (engine/packed_step.py)
+        if kind == "step":
+            runner.forward(payload)
+        elif kind == "draft":
+            runner.draft_block(payload)
+        elif kind == "burst":
+            runner.run_burst(payload)
+        elif kind == "shutdown":
             heartbeat.stopping.set()
             tp.barrier()
             destroy_tp_group(tp)
