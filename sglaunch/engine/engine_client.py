@@ -324,12 +324,15 @@ class EngineClient:
         """Every event queued now, handled at once (the socket's descriptor is edge-triggered:
         it signals again only once the queue has been read empty)."""
         events, recv, flags = self._events, self._events.recv, zmq.NOBLOCK
+        # NOTE: asks EVENTS before each recv rather than recv until zmq.Again: building the
+        # exception cost more than the check (py-spy of the server process); reading EVENTS until
+        # it shows no message is also what re-arms the edge-triggered descriptor
         while self._receiving:
             try:
-                frame = recv(flags, copy=False)
-            except zmq.Again:
                 if not events.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     return
+                frame = recv(flags, copy=False)
+            except zmq.Again:
                 continue
             except zmq.ZMQError:  # closed under us
                 return
