@@ -63,6 +63,7 @@ class EngineConfig:
     max_request_body_mb: float = 8.0  # larger request bodies get 413
     graceful_shutdown_timeout: float = 20.0  # after SIGTERM/SIGINT, seconds running requests may finish
     tokenizer_worker_num: int = 1  # HTTP worker processes (tokenize, detokenize, stream) before one engine
+    stream_interval: int = 1  # a request's outputs go to the server every N new tokens (and its first and last)
     # parallelism (one process per tensor-parallel rank)
     tp_size: int = 1
     nnodes: int = 1

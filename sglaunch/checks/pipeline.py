@@ -153,6 +153,7 @@ def build_engine_config(report: Report) -> EngineConfig:
         log_level=get("log_level"), random_seed=get("random_seed"),
         max_request_body_mb=get("max_request_body_mb"), graceful_shutdown_timeout=get("graceful_shutdown_timeout"),
         tokenizer_worker_num=get("tokenizer_worker_num"),
+        stream_interval=get("stream_interval"),
         tp_size=get("tp_size"), nnodes=get("nnodes"), node_rank=get("node_rank"),
         dist_init_addr=get("dist_init_addr"), device=get("device"), base_gpu_id=get("base_gpu_id"),
         mem_fraction_static=get("mem_fraction_static"), max_total_tokens=get("max_total_tokens"),

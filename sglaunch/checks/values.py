@@ -23,6 +23,7 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "base_gpu_id": (0, None, "a GPU index of 0 or more"),
     "max_request_body_mb": (0.001, None, "a positive size in MiB, e.g. 8"),
     "graceful_shutdown_timeout": (0, None, "0 or more seconds (0: abort running requests at once)"),
+    "stream_interval": (1, None, "1 (stream every token) or more tokens per stream event"),
 }
 
 

@@ -80,11 +80,45 @@ def _boot(config: EngineConfig, channel: "_EngineChannel"):
     return engine, cluster
 
 
+class StreamInterval:
+    """--stream-interval N: a request's outputs reach the server once N new tokens have gathered
+    since its last one sent, and always its first (the time to first token) and its last (the
+    finish, an abort, an error); the outputs between are merged into one (token ids and
+    log-probabilities joined, the counts and finish of the latest). Fewer, larger events: less
+    IPC, detokenizing and SSE work per token, coarser streaming. N = 1 passes every output as is.
+    As SGLang's flag of the same name (the scheduler's stream interval)."""
+
+    def __init__(self, interval: int):
+        self.interval = max(1, int(interval))
+        self.held: dict[str, object] = {}  # rid -> the merged outputs not sent yet
+
+    def __call__(self, outputs: list) -> list:
+        if self.interval == 1 or not outputs:
+            return outputs
+        from sglaunch.engine.interface import TokenOutput
+
+        ready, held = [], self.held
+        for out in outputs:
+            last = held.pop(out.rid, None)
+            if last is not None:
+                out = TokenOutput(out.rid, last.new_token_ids + out.new_token_ids, out.finished, out.finish_reason,
+                                  out.prompt_tokens, out.completion_tokens, out.cached_tokens, out.accept_length,
+                                  last.logprobs + out.logprobs, out.error)
+            # NOTE: the first output holds every token generated so far; later ones never do
+            first = out.completion_tokens <= len(out.new_token_ids)
+            if out.finished or first or len(out.new_token_ids) >= self.interval:
+                ready.append(out)
+            else:
+                held[out.rid] = out
+        return ready
+
+
 class _EngineLoop:
     """Commands in, one step, one event out; until SHUTDOWN."""
 
     def __init__(self, engine, cluster, channel: "_EngineChannel"):
         self.engine, self.cluster, self.channel = engine, cluster, channel
+        self._interval = StreamInterval(engine.config.stream_interval)
         self._failed_steps = 0
         self._stats_sent = 0.0
         # several worker pipes: rid -> the pipe of the worker that added it (None: one pipe)
@@ -109,7 +143,7 @@ class _EngineLoop:
                 self._handle(command, outputs, refusals)
             if engine.has_work:
                 outputs += self._step()
-            self._publish(outputs, refusals)
+            self._publish(self._interval(outputs), refusals)
 
     def _handle(self, command: tuple, outputs: list, refusals: list) -> None:
         kind = command[0]

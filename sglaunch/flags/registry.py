@@ -77,6 +77,9 @@ HAND_FLAGS: tuple[Flag, ...] = (
              "front of the one engine process, all accepting on the one port; raise it when the "
              "server process, not the engine, limits streamed tokens per second.", default=1,
              metavar="N", support=ENGINE),
+        Flag("--stream-interval", INT, "Send a request's output to the HTTP server every N new tokens "
+             "(always its first token and its end): fewer, larger stream events, less server work per "
+             "token; 1 streams every token as it is decoded.", default=1, metavar="N", support=ENGINE),
         Flag("--log-level", STR, "Log level.", default="info", support=ENGINE),
         Flag("--random-seed", INT, "Seed for sampling.", support=ENGINE),
         Flag("--stream-output", BOOL, "Stream incremental output.", default=False,

@@ -202,3 +202,50 @@ def test_a_consumer_behind_the_engine_gets_its_plain_outputs_merged_in_order():
     error = RuntimeError("the engine stopped")
     assert coalesce([outs[0], speculative, outs[1], error]) == [outs[0], speculative, outs[1], error]
     assert coalesce([outs[0], outs[1], error]) == [coalesce(outs[:2])[0], error]
+
+
+def test_stream_interval_holds_outputs_until_n_tokens_but_never_the_first_or_the_last():
+    from sglaunch.engine.engine_process import StreamInterval
+    from sglaunch.engine.interface import TokenOutput
+
+    def out(rid, tokens, count, finished=False):
+        return TokenOutput(rid, tuple(tokens), finished, "length" if finished else None, 5, count, 0,
+                           logprobs=tuple(-float(t) for t in tokens))
+
+    hold = StreamInterval(3)
+    # the first token of each request goes at once (the time to first token)
+    assert hold([out("a", [10], 1), out("b", [20], 1)]) == [out("a", [10], 1), out("b", [20], 1)]
+    assert hold([out("a", [11], 2), out("b", [21, 22], 3)]) == []  # 1 and 2 new tokens: held
+    # b's speculative step of two makes 4 new tokens: one merged output; a has 2: still held
+    assert hold([out("a", [12], 3), out("b", [23, 24], 5)]) == [
+        TokenOutput("b", (21, 22, 23, 24), False, None, 5, 5, 0, logprobs=(-21.0, -22.0, -23.0, -24.0))]
+    assert hold([out("a", [13], 4)]) == [TokenOutput("a", (11, 12, 13), False, None, 5, 4, 0,
+                                                     logprobs=(-11.0, -12.0, -13.0))]
+    # the end goes at once, with whatever was held
+    assert hold([out("a", [14], 5)]) == []
+    assert hold([out("a", [15], 6, finished=True)]) == [
+        TokenOutput("a", (14, 15), True, "length", 5, 6, 0, logprobs=(-14.0, -15.0))]
+    assert hold.held == {}
+    # interval 1: every output as it is
+    every = [out("c", [1], 1), out("c", [2], 2)]
+    assert StreamInterval(1)(every) is every
+
+
+def test_stream_interval_streams_fewer_events_with_the_same_tokens(long_llama, tmp_path):
+    server = start(long_llama, tmp_path, stream_interval=4)
+    try:
+        events = []
+        body = {"input_ids": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 15}, "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=120) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[6:])["output_ids"])
+    finally:
+        exit_code = stop_server(server)
+    assert exit_code == 0, server.log()
+    expected = in_process_outputs({**server.config, "port": 0, "stream_interval": 1}, PROMPTS[:1])[0][:15]
+    assert events[-1] == expected
+    # the first token alone, then groups of at least 4 new tokens, the rest with the end
+    sizes = [len(events[0])] + [len(b) - len(a) for a, b in zip(events, events[1:])]
+    assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == 15
+    assert len(events) <= 5, sizes
