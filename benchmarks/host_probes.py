@@ -9,6 +9,11 @@ sglaunch/engine/heap.py and sglaunch/speculative/planner.py (`_at_prior`):
   a survival of 0.05 a slot, so drafting never pays) with bursts on (SGLAUNCH_DSPARK_BURST=8),
   the host time of LLMEngine._burst_plan + _decide per step (best of 5 x 300 calls), and of
   _decide alone.
+- burst (`--burst-requests`, default 32): bursts of the random drafter in static mode (no
+  profile: every decode step bursts; float32, whose CPU forwards are faster), the host tail of each burst after the burst itself returned
+  (`LLMEngine._run_burst`: reading each request's tokens, the stats, `Scheduler.commit` with the
+  stop rules, `_outputs`), in us a burst and a committed token: on a GPU nothing overlaps it (the
+  next burst launches after it), so it adds to every burst's wall time.
 One run on a shared 2-core machine is noisy: take the order of magnitude.
 """
 
@@ -39,6 +44,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="a SmolLM2 folder (config + tokenizer)")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--burst-requests", type=int, default=32)
     args = parser.parse_args()
     os.environ.setdefault("SGLAUNCH_DSPARK_BURST", "8")
     import profile_step as ps
@@ -81,7 +87,46 @@ def main() -> int:
     print(f"aside: {len(chunks)} requests, _burst_plan + _decide {best_us(aside):.1f} us a step, "
           f"_decide {best_us(lambda: engine._decide(chunks, candidates)):.1f} us")
     cluster.stop(engine)
+    burst_tail(spec, drafter, args.burst_requests)
     return 0
+
+
+def burst_tail(spec, drafter, requests: int) -> None:
+    """The host work of a burst after its forward passes (see the module docstring)."""
+    import profile_step as ps
+
+    spec.concurrency, spec.dtype = requests, "float32"
+    engine, cluster = ps.build_engine(spec, "static", drafter)  # NOTE: static: no profile, every step bursts
+    runner, timed = engine.runner, {"run": 0.0, "tail": 0.0, "bursts": 0, "tokens": 0}
+    real_run, real_observe = runner.run_burst, engine.burst.observe
+
+    def run_burst(burst):
+        t = time.perf_counter()
+        out = real_run(burst)
+        timed["run"] += time.perf_counter() - t
+        timed["mark"] = time.perf_counter()
+        return out
+
+    def observe(accepted, seconds, n):
+        timed["tail"] += time.perf_counter() - timed.pop("mark")
+        timed["bursts"] += 1
+        timed["tokens"] += sum(a + 1 for row in accepted for a in row)
+        return real_observe(accepted, seconds, n)
+
+    runner.run_burst, engine.burst.observe = run_burst, observe
+    load = ps.Load(engine, requests, 32, 10_000, 49000)
+    for _ in range(3):  # warm-up, then only what follows counts
+        load.step()
+    timed.update(run=0.0, tail=0.0, bursts=0, tokens=0)
+    deadline = time.perf_counter() + 240
+    while timed["bursts"] < 6 and time.perf_counter() < deadline:
+        load.step()
+    n = max(1, timed["bursts"])
+    print(f"burst: {requests} requests, {timed['bursts']} bursts ({engine.burst.burst_iterations} iterations in all), "
+          f"forwards {1e3 * timed['run'] / n:.1f} ms a burst (CPU), host tail after them "
+          f"{1e6 * timed['tail'] / n:.0f} us a burst, {1e6 * timed['tail'] / max(1, timed['tokens']):.2f} us a "
+          f"committed token ({timed['tokens'] / n:.1f} tokens a burst)")
+    cluster.stop(engine)
 
 
 if __name__ == "__main__":

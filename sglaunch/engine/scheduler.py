@@ -311,12 +311,13 @@ class Scheduler:
     def _append_tokens(self, chunk: Chunk, tokens: list[int]) -> FinishReason | None:
         """Append tokens until a stop rule fires (the stopping token is kept, later ones dropped)."""
         req, reason = chunk.req, None
-        for token in tokens:
-            req.token_ids.append(token)
-            chunk.committed += 1
-            reason = self._finish_reason(req, token)
-            if reason is not None:
-                break
+        if len(tokens) > 1:
+            reason = self._append_many(chunk, tokens)
+        else:
+            for token in tokens:
+                req.token_ids.append(token)
+                chunk.committed += 1
+                reason = self._finish_reason(req, token)
         # NOTE: the verify computed KV for the anchor and the drafts after it; of the c committed
         # tokens the first c - 1 are such drafts, the last one is the new pending token
         req.num_computed = chunk.end + chunk.committed - 1
@@ -328,6 +329,30 @@ class Scheduler:
         if len(req.pages) > keep:
             self.allocator.free(req.pages[keep:])
             del req.pages[keep:]
+
+    def _append_many(self, chunk: Chunk, tokens: list[int]) -> FinishReason | None:
+        """_finish_reason's rules over several tokens at once (a speculative step's or a burst's):
+        where a stop token or a length limit first fires, found without a check per token, then
+        one extend. NOTE: a burst commits hundreds of tokens for 32 requests, and the host does it
+        while the device waits for the next burst."""
+        req, params, n = chunk.req, chunk.req.sampling, len(tokens)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops.update(self.limits.eos_token_ids)
+        at_stop = n + 1  # tokens appended when a stop token fires (it is kept)
+        if stops and not stops.isdisjoint(tokens):
+            at_stop = next(i for i, t in enumerate(tokens) if t in stops) + 1
+        # the length rules fire once the output reaches max_new_tokens or the sequence the context
+        at_length = max(1, min(params.max_new_tokens - req.num_output_tokens,
+                               self.limits.context_length - len(req.token_ids)))
+        count, reason = n, None
+        if at_stop <= n and at_stop <= at_length:  # NOTE: a token that is both stops as "stop"
+            count, reason = at_stop, "stop"
+        elif at_length <= n:
+            count, reason = at_length, "length"
+        req.token_ids.extend(tokens[:count])
+        chunk.committed += count
+        return reason
 
     def _finish_reason(self, req: Req, token: int) -> FinishReason | None:
         params = req.sampling

@@ -343,3 +343,41 @@ def test_a_request_whose_last_token_is_in_flight_is_not_scheduled_again():
     assert sched.resolve(a, 3, 77) == "length" and a.output_ids == [77] and sched.allocator.num_used == 0
     with pytest.raises(RuntimeError, match="placeholder"):
         sched.resolve(a, 3, 78)
+
+
+def test_a_multi_token_commit_stops_where_the_token_by_token_rules_stop():
+    """_append_many (a speculative step's or a burst's tokens at once) against _finish_reason
+    applied token by token: the same tokens kept and the same reason, over random stop tokens,
+    EOS with and without ignore_eos, max_new_tokens and context limits."""
+    import random
+
+    from sglaunch.engine.scheduler import Chunk
+
+    rng = random.Random(7)
+    for case in range(3000):
+        eos = tuple(rng.sample(range(20), rng.randint(0, 2)))
+        context = rng.randint(6, 30)
+        sched = make_scheduler(64, eos=eos, context=context)
+        params = SamplingParams(max_new_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.3,
+                                stop_token_ids=tuple(rng.sample(range(20), rng.randint(0, 2))))
+        prompt = [rng.randrange(20, 40) for _ in range(rng.randint(1, 5))]
+        generated = [rng.randrange(20, 40) for _ in range(rng.randint(0, min(params.max_new_tokens - 1,
+                                                                              context - len(prompt) - 1)))]
+        tokens = [rng.randrange(20) if rng.random() < 0.2 else rng.randrange(20, 40) for _ in range(rng.randint(2, 9))]
+
+        def fresh():
+            req = Req("r", prompt, params, 0)
+            req.token_ids.extend(generated)
+            return req, Chunk(req, len(req.token_ids) - 1, len(req.token_ids))
+
+        ref_req, ref_chunk = fresh()
+        expected = None
+        for token in tokens:
+            ref_req.token_ids.append(token)
+            ref_chunk.committed += 1
+            expected = sched._finish_reason(ref_req, token)
+            if expected is not None:
+                break
+        req, chunk = fresh()
+        assert sched._append_tokens(chunk, tokens) == expected, case
+        assert (req.token_ids, chunk.committed) == (ref_req.token_ids, ref_chunk.committed), case
