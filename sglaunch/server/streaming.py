@@ -30,23 +30,37 @@ STREAMED_OK = {200: {"description": "The result; with \"stream\": true, server-s
                      "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
+# NOTE: JSON escapes the control characters but not U+0085, U+2028 and U+2029, which
+# str.splitlines (and httpx's iter_lines, which many SSE readers use) take for line breaks: a
+# token that decodes to one of them cut its event in two for such a reader. Escaped, every
+# event is one line for any reader, and still the same JSON.
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def _line_safe(data: bytes) -> bytes:
+    if b"\xe2\x80" in data or b"\xc2\x85" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON. NOTE: orjson writes NaN and infinities as null; json writes them as
-    NaN / -Infinity, so values holding any keep going through json (a logprob of -inf stays
-    -Infinity, as before)."""
+    """Compact UTF-8 JSON, every Unicode line break escaped. NOTE: orjson writes NaN and
+    infinities as null; json writes them as NaN / -Infinity, so values holding any keep going
+    through json (a logprob of -inf stays -Infinity, as before)."""
     if orjson is not None:
         try:
-            return orjson.dumps(value)
+            return _line_safe(orjson.dumps(value))
         except TypeError:  # e.g. an int past 64 bits, a non-str key: json handles those
             pass
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _line_safe(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def json_bytes_exact(value: Any, floats: tuple = ()) -> bytes:
     """json_bytes, unless `floats` (values inside `value`) hold a NaN or an infinity."""
     if orjson is not None and all(f is None or math.isfinite(f) for f in floats):
         return json_bytes(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return _line_safe(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def sse(payload: dict, floats: tuple = ()) -> bytes:

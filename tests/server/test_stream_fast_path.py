@@ -181,3 +181,22 @@ def test_a_stream_closed_after_its_first_delta_aborts_and_untracks(tokenizer):
 
     asyncio.run(run())
     assert engine.aborted == ["r"] and not ctx.inflight
+
+
+@pytest.mark.parametrize("text", ["a\u2028b", "x\x85y\u2029z \u2026 \u201cq\u201d", "\u2028", "plain"])
+def test_an_event_stays_one_line_for_readers_that_split_on_unicode_line_breaks(text):
+    """A token can decode to U+0085, U+2028 or U+2029, which JSON does not escape but
+    str.splitlines and httpx's iter_lines treat as line ends: escaped, the event is one line and
+    the same text (a CI run's random-weight stream once cut an event there)."""
+    import json
+
+    from httpx._decoders import LineDecoder
+
+    from sglaunch.server.openai_api import _TEXT_MARK, TextChunk
+
+    chunk = TextChunk({"object": "text_completion", "choices": [{"index": 0, "text": _TEXT_MARK}]})
+    for event in (sse({"text": text}), chunk(text)):
+        lines = [line for line in LineDecoder().decode(event.decode()) if line]
+        assert len(lines) == 1, lines
+        payload = json.loads(lines[0][len("data: "):])
+        assert (payload.get("text") or payload["choices"][0]["text"]) == text
