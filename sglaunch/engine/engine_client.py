@@ -32,7 +32,7 @@ import zmq
 import sglaunch
 from sglaunch.config import EngineConfig
 from sglaunch.engine import ipc
-from sglaunch.engine.interface import GenerateRequest, TokenOutput
+from sglaunch.engine.interface import GenerateRequest, TokenOutput, joined
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,7 @@ def coalesce(items: list) -> list:
         last = merged[-1] if merged else None
         if (isinstance(item, TokenOutput) and isinstance(last, TokenOutput) and not last.finished
                 and item.accept_length is None and last.accept_length is None):
-            merged[-1] = TokenOutput(
-                item.rid, last.new_token_ids + item.new_token_ids, item.finished, item.finish_reason,
-                item.prompt_tokens, item.completion_tokens, item.cached_tokens, None,
-                last.logprobs + item.logprobs, item.error)
+            merged[-1] = joined(last, item)
         else:
             merged.append(item)
     return merged

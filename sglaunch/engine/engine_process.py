@@ -95,15 +95,13 @@ class StreamInterval:
     def __call__(self, outputs: list) -> list:
         if self.interval == 1 or not outputs:
             return outputs
-        from sglaunch.engine.interface import TokenOutput
+        from sglaunch.engine.interface import joined
 
         ready, held = [], self.held
         for out in outputs:
             last = held.pop(out.rid, None)
             if last is not None:
-                out = TokenOutput(out.rid, last.new_token_ids + out.new_token_ids, out.finished, out.finish_reason,
-                                  out.prompt_tokens, out.completion_tokens, out.cached_tokens, out.accept_length,
-                                  last.logprobs + out.logprobs, out.error)
+                out = joined(last, out)
             # NOTE: the first output holds every token generated so far; later ones never do
             first = out.completion_tokens <= len(out.new_token_ids)
             if out.finished or first or len(out.new_token_ids) >= self.interval:

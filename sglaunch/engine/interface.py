@@ -51,6 +51,14 @@ class TokenOutput:
     error: str | None = None
 
 
+def joined(first: TokenOutput, then: TokenOutput) -> TokenOutput:
+    """Two consecutive increments of one request as one: token ids and log-probabilities joined,
+    the counts, finish and accept length of the later one."""
+    return TokenOutput(then.rid, first.new_token_ids + then.new_token_ids, then.finished, then.finish_reason,
+                       then.prompt_tokens, then.completion_tokens, then.cached_tokens, then.accept_length,
+                       first.logprobs + then.logprobs, then.error)
+
+
 class AsyncEngine(Protocol):
     """What the HTTP server needs from the engine."""
 
