@@ -390,11 +390,33 @@ pipeline21() {  # session 13, run 2 (the model upload as pipeline13): HTTP again
   touch "$W/all.done"
 }
 
+pipeline22() {  # session 14, run 1: chained bursts (SGLAUNCH_DSPARK_BURST_CHAIN): the burst tests on the
+  # GPU while the model uploads; the bench --compare as pipeline21 (c=1,8 on 256 prompts;
+  # c=32,64,256 on 2,048); then the A/B of the same build on the same machine: DSpark with chaining
+  # on against off at c=8 and 32 (1,024 prompts)
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_burst_fold_gpu.py tests/gpu/test_cuda_graph_gpu.py -k "burst or wait_only"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench2 240 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
+    --concurrency 32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench3 200 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_BURST_CHAIN=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label nochain --label chain --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8,32 --temperature 0 --output "$W/bench3/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 http http1 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 http http1 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -443,7 +465,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

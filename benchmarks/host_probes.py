@@ -10,10 +10,12 @@ sglaunch/engine/heap.py and sglaunch/speculative/planner.py (`_at_prior`):
   the host time of LLMEngine._burst_plan + _decide per step (best of 5 x 300 calls), and of
   _decide alone.
 - burst (`--burst-requests`, default 32): bursts of the random drafter in static mode (no
-  profile: every decode step bursts; float32, whose CPU forwards are faster), the host tail of each burst after the burst itself returned
-  (`LLMEngine._run_burst`: reading each request's tokens, the stats, `Scheduler.commit` with the
-  stop rules, `_outputs`), in us a burst and a committed token: on a GPU nothing overlaps it (the
-  next burst launches after it), so it adds to every burst's wall time.
+  profile: every decode step bursts; float32, whose CPU forwards are faster), the host work after
+  each burst's rows are read (`LLMEngine._collect_burst`: the tokens parsed, `Scheduler.commit`
+  with the stop rules, the stats, `_outputs`), in us a burst and a committed token, and the part
+  of it before the next burst's launch (the commit and its plan: with chained bursts the rest runs
+  while the device works on the next burst; with SGLAUNCH_DSPARK_BURST_CHAIN=0 all of it adds to
+  every burst's wall time on a GPU).
 One run on a shared 2-core machine is noisy: take the order of magnitude.
 """
 
@@ -97,35 +99,42 @@ def burst_tail(spec, drafter, requests: int) -> None:
 
     spec.concurrency, spec.dtype = requests, "float32"
     engine, cluster = ps.build_engine(spec, "static", drafter)  # NOTE: static: no profile, every step bursts
-    runner, timed = engine.runner, {"run": 0.0, "tail": 0.0, "bursts": 0, "tokens": 0}
-    real_run, real_observe = runner.run_burst, engine.burst.observe
+    runner, timed = engine.runner, {"idle": 0.0, "tail": 0.0, "bursts": 0, "tokens": 0}
+    real_read, real_launch, real_observe = runner.burst.read, runner.launch_burst, engine.burst.observe
 
-    def run_burst(burst):
-        t = time.perf_counter()
-        out = real_run(burst)
-        timed["run"] += time.perf_counter() - t
+    def read(pending):
+        out = real_read(pending)
         timed["mark"] = time.perf_counter()
         return out
 
+    def launch_burst(burst):
+        if "mark" in timed:  # a chained launch: the host work before it left the device idle
+            timed["idle"] += time.perf_counter() - timed["mark"]
+            timed["launched"] = True
+        return real_launch(burst)
+
     def observe(accepted, seconds, n):
-        timed["tail"] += time.perf_counter() - timed.pop("mark")
+        spent = time.perf_counter() - timed.pop("mark")
+        timed["tail"] += spent
+        if not timed.pop("launched", False):
+            timed["idle"] += spent
         timed["bursts"] += 1
         timed["tokens"] += sum(a + 1 for row in accepted for a in row)
         return real_observe(accepted, seconds, n)
 
-    runner.run_burst, engine.burst.observe = run_burst, observe
+    runner.burst.read, runner.launch_burst, engine.burst.observe = read, launch_burst, observe
     load = ps.Load(engine, requests, 32, 10_000, 49000)
     for _ in range(3):  # warm-up, then only what follows counts
         load.step()
-    timed.update(run=0.0, tail=0.0, bursts=0, tokens=0)
+    timed.update(idle=0.0, tail=0.0, bursts=0, tokens=0)
     deadline = time.perf_counter() + 240
     while timed["bursts"] < 6 and time.perf_counter() < deadline:
         load.step()
     n = max(1, timed["bursts"])
-    print(f"burst: {requests} requests, {timed['bursts']} bursts ({engine.burst.burst_iterations} iterations in all), "
-          f"forwards {1e3 * timed['run'] / n:.1f} ms a burst (CPU), host tail after them "
-          f"{1e6 * timed['tail'] / n:.0f} us a burst, {1e6 * timed['tail'] / max(1, timed['tokens']):.2f} us a "
-          f"committed token ({timed['tokens'] / n:.1f} tokens a burst)")
+    print(f"burst: {requests} requests, {timed['bursts']} bursts ({engine.burst.burst_iterations} iterations in all, "
+          f"{engine.burst.chained} chained), host work after a burst's rows {1e6 * timed['tail'] / n:.0f} us a burst "
+          f"({1e6 * timed['tail'] / max(1, timed['tokens']):.2f} us a committed token, {timed['tokens'] / n:.1f} tokens a "
+          f"burst), of it before the next launch {1e6 * timed['idle'] / n:.0f} us")
     cluster.stop(engine)
 
 

@@ -52,6 +52,17 @@ class InFlight:
     readback: object  # model_runner.GreedyReadback
 
 
+@dataclasses.dataclass
+class BurstFlight:
+    """A launched DSpark burst that the host has not read yet."""
+
+    chunks: list[Chunk]
+    iterations: int
+    pending: object  # speculative.burst.PendingBurst
+    started: float  # perf_counter when its launch began
+    chained: bool  # launched while the burst before it was being finished
+
+
 class LLMEngine:
     def __init__(
         self, config: EngineConfig, runner: ModelRunner, tp: TPGroup,
@@ -75,10 +86,14 @@ class LLMEngine:
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
         self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
+        self.burst_chain = False  # launch a batch's next burst while finishing the one before
+        self._burst_in_flight: BurstFlight | None = None
+        self._burst_read_at = 0.0  # when the last burst's rows were read
         if self.spec is not None and getattr(runner, "burst", None) is not None:
-            from sglaunch.speculative.burst import BurstPolicy, wide_cap_from_env
+            from sglaunch.speculative.burst import BurstPolicy, chain_from_env, wide_cap_from_env
 
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
+            self.burst_chain = chain_from_env()
             self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
@@ -199,14 +214,17 @@ class LLMEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or self._in_flight is not None
+        return self.scheduler.has_work or self._in_flight is not None or self._burst_in_flight is not None
 
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
         """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
         new tokens."""
         began, prefills = time.perf_counter(), self.scheduler.num_prefill_steps
-        outputs = self._step_overlapped() if self.overlap else self._step_sync()
+        if self._burst_in_flight is not None:  # a chained burst: finish it (and maybe launch the next)
+            outputs = self._collect_burst(self._burst_in_flight)
+        else:
+            outputs = self._step_overlapped() if self.overlap else self._step_sync()
         spent = self.step_seconds["prefill" if self.scheduler.num_prefill_steps != prefills else "decode"]
         spent[0] += 1
         spent[1] += time.perf_counter() - began
@@ -371,39 +389,58 @@ class LLMEngine:
         a step for both _burst_plan and _decide; none without DSpark."""
         return self.scheduler.lookahead_candidates(chunks) if self.spec is not None and chunks else []
 
-    def _burst_plan(self, chunks: list[Chunk], candidates: list[Chunk]) -> int | None:
+    def _burst_plan(self, chunks: list[Chunk], candidates: list[Chunk], count: bool = True) -> int | None:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
         chunk must be a greedy running decode that could speculate, the batch must fit a burst
         graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step. Why a
-        step did not burst is counted in BurstPolicy.skipped.
+        step did not burst is counted in BurstPolicy.skipped (count=False: a chain's look ahead,
+        which the next step repeats if it declines). Pages are reserved when it says yes.
         NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
         policy = self.burst
         if policy is None or not chunks:
             return None
         if not self.runner.burst.takes(len(chunks)):  # NOTE: first: at load no per-request work at all
-            return policy.skip("no graph")
+            return policy.skip("no graph", count)
         if any(not is_greedy(c.req.sampling) for c in chunks):
-            return policy.skip("sampled")
+            return policy.skip("sampled", count)
         if len(candidates) != len(chunks):
-            return policy.skip("prefill" if any(c.end - c.start > 1 for c in chunks) else "request ending")
+            return policy.skip("prefill" if any(c.end - c.start > 1 for c in chunks) else "request ending", count)
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.prior)
         context = self.limits.context_length
         n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
                               [context - c.start for c in chunks], prior)
         if n < 1:
-            return policy.skip("context")
+            return policy.skip("context", count)
         if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
-            return policy.skip("no graph")
+            return policy.skip("no graph", count)
         plain = None
         if planner.sps is not None:
             scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
             plain = planner.sps.plain_step_seconds(R) * scale
-        if not policy.worth(R, plain, prior, n):
-            return policy.skip("not worth")
+        if not policy.worth(R, plain, prior, n, count=count):
+            return policy.skip("not worth", count)
         if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
-            return policy.skip("kv")
+            return policy.skip("kv", count)
         return n
+
+    def _chain_plan(self) -> tuple[list[Chunk], int] | None:
+        """The next burst of a batch whose burst has just been committed, planned before that
+        burst's outputs are built: when nothing waits and every running request is a plain decode,
+        the step after would schedule exactly one decode chunk per running request (their anchor
+        pages are within what reserve_burst takes), so the same burst plan is made here and its
+        launch overlaps the host's tail of this burst and the loop around it. None: the next step
+        schedules as usual."""
+        scheduler = self.scheduler
+        if not self.burst_chain or scheduler.waiting or not scheduler.running:
+            return None
+        chunks = []
+        for req in scheduler.running:
+            if req.num_pending != 1 or req.final_pending or req.status is not ReqStatus.RUNNING:
+                return None
+            chunks.append(Chunk(req, req.num_computed, req.num_computed + 1))
+        n = self._burst_plan(chunks, self._candidates(chunks), count=False)
+        return None if n is None else (chunks, n)
 
     def _burst_log(self) -> str:
         policy = self.burst
@@ -411,35 +448,59 @@ class LLMEngine:
             return ""
         accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
         skipped = ", ".join(f"{why} {n}" for why, n in policy.skipped.most_common()) or "none"
-        return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations; steps without one: {skipped}; "
+        return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations, {policy.chained} chained; "
+                f"steps without one: {skipped}; "
                 f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f})")
 
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
         the stop rules, request by request."""
+        return self._collect_burst(self._launch_burst(chunks, iterations))
+
+    def _launch_burst(self, chunks: list[Chunk], iterations: int, chained: bool = False) -> BurstFlight:
         from sglaunch.speculative.burst import BurstInput
 
         start = time.perf_counter()
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
                            [c.req.pages for c in chunks], iterations)
-        result = self._on_all_ranks("burst", burst, self.runner.run_burst)
-        seconds = time.perf_counter() - start
-        sampled, logprobs = [], []
-        for r in range(len(chunks)):
-            tokens, lps = result.request_tokens(r)
-            sampled.append(tokens)
-            logprobs.append(lps)
-        self.counters["steps"] += iterations
-        gamma = self.spec.gamma
+        pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
+        return BurstFlight(chunks, iterations, pending, start, chained)
+
+    def _collect_burst(self, flight: BurstFlight) -> list[TokenOutput]:
+        """Read a launched burst back and commit its tokens; then, before its outputs, stats and
+        everything the engine's loop does until the next step, launch the batch's next burst when
+        the next step would make it anyway (_chain_plan): that burst stays in flight, and the next
+        step() finishes it. A request aborted while its burst ran gets nothing more."""
+        self._burst_in_flight = None
+        result = self.runner.burst.read(flight.pending)
+        read_at = time.perf_counter()
+        # NOTE: a chained burst's cost is the time between the rows of the burst before and its
+        # own: the commit and launch between them left the device idle, the tail after the launch did not
+        seconds = read_at - (self._burst_read_at if flight.chained else flight.started)
+        self._burst_read_at = read_at
+        chunks, sampled, logprobs = [], [], []
+        for r, chunk in enumerate(flight.chunks):
+            if chunk.req.status is ReqStatus.RUNNING:
+                tokens, lps = result.request_tokens(r)
+                chunks.append(chunk)
+                sampled.append(tokens)
+                logprobs.append(lps)
+        self.counters["steps"] += flight.iterations
+        finished = self.scheduler.commit(chunks, sampled)
+        chain = self._chain_plan()
+        if chain is not None:
+            self._burst_in_flight = self._launch_burst(*chain, chained=True)
+            self.burst.chained += 1
+        gamma, R = self.spec.gamma, len(flight.chunks)
         for accepted in result.accepted:
-            self.spec.stats.record_step([n + 1 for n in accepted], len(chunks) * (gamma + 1), 0.0,
-                                        seconds / iterations)
+            self.spec.stats.record_step([n + 1 for n in accepted], R * (gamma + 1), 0.0, seconds / flight.iterations)
         self.spec.planner.skip_step()
         self.spec.planner.observe_accepts(result.accepted)
-        finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
-        # NOTE: priced with its commit and outputs: what a burst step costs the engine
-        self.burst.observe(result.accepted, time.perf_counter() - start, len(chunks))
+        # NOTE: priced with its commit and outputs when nothing was launched behind it: what a
+        # burst step costs the engine then
+        end = time.perf_counter() if chain is None else read_at
+        self.burst.observe(result.accepted, seconds + (end - read_at), R)
         self.spec._maybe_log()
         return outputs
 
@@ -511,6 +572,7 @@ class LLMEngine:
     def fail_running(self, error: BaseException) -> list[TokenOutput]:
         """A step failed where no single request is to blame: fail the requests it may have run."""
         self._in_flight = None  # NOTE: its placeholders are in running or preempted requests
+        self._burst_in_flight = None
         rids = [req.rid for req in self.scheduler.running]
         rids += [req.rid for req in self.scheduler.waiting if req.token_ids[-1] < 0]
         return [out for rid in rids if (out := self.fail_request(rid, error)) is not None]
@@ -646,6 +708,7 @@ class LLMEngine:
         stats["mode"] = self.spec.mode
         if self.burst is not None:  # DSpark bursts: how many, how many steps declined one, the estimates
             stats["bursts"] = {"bursts": self.burst.bursts, "iterations": self.burst.burst_iterations,
+                               "chained": self.burst.chained,
                                "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:

@@ -345,6 +345,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
            "8 requests), off elsewhere.",
            sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_BURST_CHAIN", "DSpark bursts: launch a batch's next burst as soon as this one is "
+           "committed, before its outputs are built and sent (when nothing waits and every running request "
+           "decodes), so the device does not idle through the host's tail: on unless 0.",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_COMBINE", "DSpark bursts: how the verify attention's split-K partials are "
            "merged: separate (default) runs a combine kernel after the split kernel, fold merges them in the "
            "split kernel (its last program per request and KV head, counted with atomic tickets), one launch "

@@ -148,7 +148,7 @@ def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
     finally:
         cluster.stop(engine)
     tokens, _ = result.request_tokens(0)
-    assert [len(t[0]) for t in result.tokens] == [n[0] + 1 for n in result.accepted]
+    assert len(tokens) == sum(n[0] + 1 for n in result.accepted) == len(result.logprobs[0])
     assert tokens == plain[1: 1 + len(tokens)]
 
 
@@ -156,6 +156,75 @@ def _chunk(req):
     from sglaunch.engine.scheduler import Chunk
 
     return Chunk(req, len(req.token_ids) - 1, len(req.token_ids))
+
+
+def test_burst_rows_parse_like_the_iteration_loop():
+    """BurstResult.from_rows (array work) against a loop over iterations and requests."""
+    import numpy as np
+
+    from sglaunch.speculative.burst import BurstResult
+
+    rng = np.random.default_rng(0)
+    N, R, Q = 5, 7, GAMMA + 1
+    rows = np.zeros((N, R, 2 * Q + 1))
+    rows[:, :, :Q] = rng.integers(0, 50_000, size=(N, R, Q))
+    rows[:, :, Q: 2 * Q] = -rng.random((N, R, Q))
+    rows[:, :, 2 * Q] = rng.integers(0, Q, size=(N, R))
+    result = BurstResult.from_rows(rows, GAMMA)
+    for r in range(R):
+        tokens, lps = [], []
+        for k in range(N):
+            n = int(rows[k, r, 2 * Q])
+            tokens += [int(t) for t in rows[k, r, : n + 1]]
+            lps += list(rows[k, r, Q: Q + n + 1])
+        assert result.request_tokens(r) == (tokens, lps)
+    assert result.accepted == rows[:, :, 2 * Q].astype(int).tolist()
+
+
+@pytest.mark.parametrize("chain", ["1", "0"])
+def test_chained_bursts_are_lossless(dspark_files, baselines, bursts, monkeypatch, chain):
+    """SGLAUNCH_DSPARK_BURST_CHAIN=1 (the default): the batch's next burst is launched before the
+    host finishes this one (LLMEngine._collect_burst), and step() finishes it; 0: never. Same
+    tokens either way, no page left reserved, and a request aborted while its burst is in flight
+    gets nothing after its abort."""
+    from sglaunch.speculative.burst import CHAIN_ENV
+
+    monkeypatch.setenv(CHAIN_ENV, chain)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4)
+    engine, cluster = create_engine(config)
+    try:
+        results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+        chained = engine.burst.chained
+        assert engine.live_stats()["speculative"]["bursts"]["chained"] == chained
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+        # an abort while a burst is in flight
+        batch = BATCHES[-1]
+        requests = make_requests(batch, "a")
+        for r in requests:
+            engine.add_request(r)
+        got = {r.rid: [] for r in requests}
+        aborted = None
+        while engine.has_work:
+            for o in engine.step():
+                got[o.rid] += o.new_token_ids
+            if aborted is None and engine._burst_in_flight is not None:
+                aborted = max((c.req for c in engine._burst_in_flight.chunks),
+                              key=lambda req: req.sampling.max_new_tokens).rid
+                last = engine.abort(aborted)
+                assert last.finished and last.finish_reason == "abort"
+                size = len(got[aborted])
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+    assert tokens_of(results) == tokens_of(baselines[4])
+    if chain == "1":
+        assert chained > 0 and aborted is not None
+        assert len(got[aborted]) == size  # nothing after the abort
+        for r in requests:
+            if r.rid != aborted:
+                assert got[r.rid] == results[-1][r.rid.replace("a-", "b%d-" % (len(BATCHES) - 1))][0]
+    else:
+        assert chained == 0 and aborted is None
 
 
 def test_iterations_from_env(monkeypatch):
