@@ -121,6 +121,7 @@ class _EngineLoop:
         self._stats_sent = 0.0
         # several worker pipes: rid -> the pipe of the worker that added it (None: one pipe)
         self._owners: dict[str, int] | None = {} if channel.pipes > 1 else None
+        engine.input_waiting = channel.has_input  # NOTE: a DSpark engine chains no burst past an arrival
 
     def run(self) -> None:
         from sglaunch.engine.distributed import KEEPALIVE_S
@@ -259,6 +260,10 @@ class _EngineChannel:
         if 0 < pipe < self.pipes and pipe not in self._dropped:
             self._dropped.add(pipe)
             self._events[pipe].close(linger=0)
+
+    def has_input(self) -> bool:
+        """Whether a command waits unread (no wait, no read)."""
+        return bool(self._commands.getsockopt(self._zmq.EVENTS) & self._zmq.POLLIN)
 
     def receive(self, timeout_s: float) -> list[tuple]:
         """Every command queued now; waits up to `timeout_s` for the first one."""

@@ -227,6 +227,21 @@ def test_chained_bursts_are_lossless(dspark_files, baselines, bursts, monkeypatc
         assert chained == 0 and aborted is None
 
 
+def test_no_burst_is_chained_past_an_unread_arrival(dspark_files, baselines, bursts):
+    """input_waiting (the engine process's channel has a command unread): the next burst is not
+    launched ahead, so an arrival is admitted at the next step, not after one more burst."""
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4)
+    engine, cluster = create_engine(config)
+    polls = []
+    try:
+        engine.input_waiting = lambda: polls.append(1) or True
+        results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+        assert engine.burst.bursts > 0 and engine.burst.chained == 0 and polls
+    finally:
+        cluster.stop(engine)
+    assert tokens_of(results) == tokens_of(baselines[4])
+
+
 def test_iterations_from_env(monkeypatch):
     monkeypatch.delenv(BURST_ENV, raising=False)
     assert iterations_from_env("cpu", False) == 0

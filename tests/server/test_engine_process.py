@@ -249,3 +249,33 @@ def test_stream_interval_streams_fewer_events_with_the_same_tokens(long_llama, t
     sizes = [len(events[0])] + [len(b) - len(a) for a, b in zip(events, events[1:])]
     assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == 15
     assert len(events) <= 5, sizes
+
+
+def test_the_engine_channel_says_when_a_command_waits_unread(tmp_path):
+    """has_input (what a DSpark engine asks before it chains a burst): False on an empty pipe,
+    True once a command is queued, and it reads nothing: receive() still gets the command."""
+    import time
+
+    import zmq
+
+    from sglaunch.engine import ipc
+    from sglaunch.engine.engine_process import _EngineChannel
+
+    endpoints = ipc.Endpoints(str(tmp_path))
+    context = zmq.Context(1)
+    server = context.socket(zmq.PUSH)
+    server.bind(endpoints.commands)
+    channel = _EngineChannel(endpoints)
+    try:
+        assert not channel.has_input()
+        server.send(ipc.encode((ipc.ABORT, "r1")))
+        deadline = time.monotonic() + 5
+        while not channel.has_input() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert channel.has_input() and channel.has_input()  # asking twice reads nothing
+        assert channel.receive(0.0) == [(ipc.ABORT, "r1")]
+        assert not channel.has_input()
+    finally:
+        server.close(linger=0)
+        channel.close()
+        context.term()
