@@ -412,6 +412,31 @@ pipeline22() {  # session 14, run 1: chained bursts (SGLAUNCH_DSPARK_BURST_CHAIN
   touch "$W/all.done"
 }
 
+pipeline23() {  # session 14, run 2: chained bursts that wait for unread arrivals, and plain decode
+  # steps without the draft context at load (SGLAUNCH_DSPARK_SKIP_CONTEXT): their GPU tests while the
+  # model uploads; bench --compare c=8,32 (1,024 prompts) and c=64,256 (2,048); DSpark in-process
+  # at 64 and 256; the A/B of the context skip at c=64 over HTTP
+  part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or context or wait_only or dspark_with_graphs"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8,32 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench2 200 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
+    --concurrency 64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part sweep 150 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64,256 --requests 1024,1024 --max-tokens 128 --modes compact \
+    --out "$W/sweep"
+  part bench3 200 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_SKIP_CONTEXT=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label keep --label skip --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
+    --concurrency 64 --temperature 0 --output "$W/bench3/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -465,7 +490,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -56,6 +56,7 @@ FIRST_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
 TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, e.g. "12,20,48"
 MIXED_ENV = "SGLAUNCH_MIXED_GRAPHS"  # 0: a step with a prefill chunk runs eagerly (ragged graphs: verify only)
+CONTEXT_SKIP_ENV = "SGLAUNCH_DSPARK_SKIP_CONTEXT"  # 0: every DSpark step writes the draft context
 MIXED_WIDTH = 8  # ragged tiers of an engine without DSpark: each decode bucket times this
 MIXED_MAX_QUERY = 256  # longest query (prefill chunk) a ragged graph takes; longer ones are compute-bound
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
@@ -99,9 +100,12 @@ class GraphKey:
     decode: bool
     batch_size: int  # requests in the graph, dummies included
     num_tokens: int  # query rows in the graph, padding included
+    context: bool = True  # False: a DSpark decode graph that writes no draft context (StepInput.draft_context)
 
     def __str__(self) -> str:
-        return f"decode bs={self.batch_size}" if self.decode else f"ragged tokens={self.num_tokens} (bs {self.batch_size})"
+        if self.decode:
+            return f"decode bs={self.batch_size}" + ("" if self.context else " (no draft context)")
+        return f"ragged tokens={self.num_tokens} (bs {self.batch_size})"
 
 
 def _pages(tokens: int, page_size: int) -> int:
@@ -119,12 +123,15 @@ class GraphPlan:
     page_size: int
     max_pages: int  # capacity of the shared page-index buffer
     max_query: int = 0  # most query rows of one request in a ragged graph (window; MIXED_MAX_QUERY with mixed steps)
+    contextless: bool = False  # DSpark: decode graphs without the draft context write too
 
     @classmethod
     def build(cls, max_bs: int, window: int, context_length: int, page_size: int,
-              extra_tiers: tuple[int, ...] = (), mixed: bool = False) -> GraphPlan:
+              extra_tiers: tuple[int, ...] = (), mixed: bool = False, contextless: bool = False) -> GraphPlan:
         """mixed: ragged graphs also take a prefill chunk of up to MIXED_MAX_QUERY tokens beside
-        decodes (verify windows beside it with DSpark); without DSpark they exist for that alone."""
+        decodes (verify windows beside it with DSpark); without DSpark they exist for that alone.
+        contextless: each decode size also without the draft context write, for the steps that
+        skip it (DSpark with the write in its graphs)."""
         sizes = capture_batch_sizes(max_bs)
         width = window or (MIXED_WIDTH if mixed else 0)
         tiers = verify_token_tiers(sizes, width, extra_tiers) if width else []
@@ -132,13 +139,15 @@ class GraphPlan:
         per_request = _pages(context_length + window, page_size)
         max_pages = min(MAX_GRAPH_PAGES, (max_bs + 1) * per_request + _pages(max_tokens, page_size))
         max_query = max(window, MIXED_MAX_QUERY) if mixed and tiers else window
-        return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages, max_query)
+        return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages, max_query, contextless)
 
     def keys(self) -> list[GraphKey]:
         """Every graph, largest first (capture order: later ones reuse the pool's memory)."""
         keys = [GraphKey(True, b, b) for b in self.decode_sizes]
+        if self.contextless:
+            keys += [GraphKey(True, b, b, False) for b in self.decode_sizes]
         keys += [GraphKey(False, verify_batch_size(t, self.max_bs), t) for t in self.verify_tiers]
-        return sorted(keys, key=lambda k: (k.num_tokens, k.batch_size, k.decode), reverse=True)
+        return sorted(keys, key=lambda k: (k.num_tokens, k.batch_size, k.decode, k.context), reverse=True)
 
     @property
     def max_tokens(self) -> int:
@@ -157,7 +166,7 @@ class GraphPlan:
         if all(n == 1 for n in step.query_lens):
             size = next((s for s in self.decode_sizes if s >= b), None)
             if size is not None and pages + (size - b) <= self.max_pages:
-                return GraphKey(True, size, size)
+                return GraphKey(True, size, size, step.draft_context or not self.contextless)
         if not self.verify_tiers or max(step.query_lens) > self.max_query:
             return None
         tier = next((s for s in self.verify_tiers if s >= t), None)
@@ -446,7 +455,10 @@ class CudaGraphRunner:
     def _body(self, key: GraphKey) -> None:
         torch, runner, n = self.torch, self.runner, key.num_tokens
         ids, positions, slots = self._rows(n)
-        hidden, features = runner.model_forward(ids, positions)
+        if key.context:
+            hidden, features = runner.model_forward(ids, positions)
+        else:  # NOTE: no target features either: nothing reads them
+            hidden, features = runner.model(ids, positions, runner.attn), None
         self.hidden[:n].copy_(hidden)
         # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
         # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
@@ -460,6 +472,8 @@ class CudaGraphRunner:
         tokens, lp = greedy_logprob(logits, self.fused_greedy)
         self.greedy[0, :n].copy_(tokens)
         self.greedy[1, :n].copy_(lp)
+        if features is None:
+            return
         if self.draft_in_graph:
             # DSpark's draft context K/V of every row, in the graph: eagerly it costs tens of
             # operators per draft layer each step. Padding rows write to the padding page's slots.
@@ -484,8 +498,10 @@ class CudaGraphRunner:
             fill(rows[0])
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
+        if not key.context:
+            self.replays["decode without draft context"] = self.replays.get("decode without draft context", 0) + 1
         t = step.num_tokens
-        features = self.features[:t] if self.features is not None else None
+        features = self.features[:t] if self.features is not None and step.draft_context else None
         return self.hidden[:t], features, rows[1, :t], rows[2, :t]
 
 
@@ -495,6 +511,15 @@ def _span(values: list[int]) -> str:
 
 def extra_tiers_from_env() -> tuple[int, ...]:
     return parse_extra_tiers(os.environ.get(TIERS_ENV))
+
+
+def context_skip_from_env() -> bool:
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT, read once at start-up: 1 (default) a DSpark engine's plain decode
+    steps at loads where it has stepped aside for a while write no draft context (LLMEngine._skips_context), 0 never."""
+    value = os.environ.get(CONTEXT_SKIP_ENV, "1").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{CONTEXT_SKIP_ENV}={value!r}: expected 1 (the default) or 0")
+    return value == "1"
 
 
 def mixed_from_env() -> bool:

@@ -18,6 +18,7 @@ import torch
 from sglaunch.config import EngineConfig
 from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.distributed import TPGroup
+from sglaunch.engine.cuda_graph import context_skip_from_env
 from sglaunch.engine.heap import PAUSES
 from sglaunch.engine.interface import GenerateRequest, TokenOutput
 from sglaunch.engine.model_runner import ModelRunner
@@ -28,6 +29,9 @@ from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits
 from sglaunch.engine.step import build_step_input, placeholder, sample_rows
 
 logger = logging.getLogger(__name__)
+
+MAX_BURST_BATCH = 32  # speculative.burst.MAX_BATCH: the widest batch a burst takes
+CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may skip the draft context
 
 
 def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimits:
@@ -91,6 +95,12 @@ class LLMEngine:
         self._burst_read_at = 0.0  # when the last burst's rows were read
         # whether commands wait unread (the engine process's channel): no burst is chained then
         self.input_waiting: Callable[[], bool] | None = None
+        # DSpark at load: plain decode steps without the draft context write (_draft_context)
+        self.context_skip = self.spec is not None and context_skip_from_env()
+        self.context_skip_min_batch = 1 + MAX_BURST_BATCH  # NOTE: tests lower them
+        self.context_skip_streak = CONTEXT_SKIP_STREAK
+        self.context_skipped_steps = 0
+        self._aside_streak = 0  # steps in a row the planner stepped aside (_decide)
         if self.spec is not None and getattr(runner, "burst", None) is not None:
             from sglaunch.speculative.burst import BurstPolicy, chain_from_env, wide_cap_from_env
 
@@ -253,6 +263,8 @@ class LLMEngine:
         if chunks:
             proposal = self._propose(chunks, decision)
             step = build_step_input(chunks, self.config.page_size)
+            if self.context_skip:
+                step.draft_context = self._draft_context(chunks, proposal is not None)
             if step.future_rows:
                 raise RuntimeError("a synchronous step with placeholder tokens (the pipeline was not drained)")
             # NOTE: an all-greedy step needs no logits, only each row's greedy choice
@@ -336,6 +348,8 @@ class LLMEngine:
         logits, readback, rows = None, None, sample_rows(chunks)
         if chunks:
             step = build_step_input(chunks, self.config.page_size)
+            if self.context_skip:
+                step.draft_context = self._draft_context(chunks, False)
             step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples)
             logits = self._run_on_all_ranks(step)
             self.counters["steps"] += 1
@@ -406,7 +420,9 @@ class LLMEngine:
         if any(not is_greedy(c.req.sampling) for c in chunks):
             return policy.skip("sampled", count)
         if len(candidates) != len(chunks):
-            return policy.skip("prefill" if any(c.end - c.start > 1 for c in chunks) else "request ending", count)
+            why = ("prefill" if any(c.end - c.start > 1 for c in chunks)
+                   else "no context" if any(c.req.context_gap for c in chunks) else "request ending")
+            return policy.skip(why, count)
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.prior)
         context = self.limits.context_length
@@ -493,6 +509,7 @@ class LLMEngine:
                 sampled.append(tokens)
                 logprobs.append(lps)
         self.counters["steps"] += flight.iterations
+        self._aside_streak = 0
         finished = self.scheduler.commit(chunks, sampled)
         chain = self._chain_plan()
         if chain is not None:
@@ -521,7 +538,29 @@ class LLMEngine:
         # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
         extra = sum(c.end - c.start for c in chunks) - len(candidates)
         budget = self.spec.plan([c.req.rid for c in candidates], extra)
-        return None if budget is None else (candidates, extra, budget)
+        if budget is None:
+            self._aside_streak += 1
+            return None
+        self._aside_streak = 0
+        return candidates, extra, budget
+
+    def _draft_context(self, chunks: list[Chunk], drafting: bool) -> bool:
+        """Whether a step writes the draft context (StepInput.draft_context). Not for a plain step
+        of decodes only, more of them than a burst holds, after the planner has stepped aside
+        `context_skip_streak` times in a row (SGLAUNCH_DSPARK_SKIP_CONTEXT): at such loads a stepped
+        aside step wrote the drafter's context K/V of every row for drafts that never came (H200,
+        session 13: 5-13% over a plain engine's step in-process at 64 and 256 requests). Its
+        requests get a context gap and never draft again; requests admitted later draft as before.
+        NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
+        request on that prefix drafts over holes (lossless, rarely accepted)."""
+        if (drafting or not self.context_skip or len(chunks) < self.context_skip_min_batch
+                or self._aside_streak < self.context_skip_streak
+                or any(c.end - c.start != 1 for c in chunks)):
+            return True
+        for chunk in chunks:
+            chunk.req.context_gap = True
+        self.context_skipped_steps += 1
+        return False
 
     def _propose(self, chunks: list[Chunk], decision):
         """DSpark: draft for the chunks that speculate (their draft_tokens get filled) after
@@ -718,6 +757,7 @@ class LLMEngine:
                                "chained": self.burst.chained,
                                "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
+        stats["context_skipped_steps"] = self.context_skipped_steps
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
             stats["step_cost_scale"] = dict(self.spec.planner.calibration.scale)  # measured / modelled
         return {"speculative": stats, "avg_spec_accept_length": stats["mean_accept_length"]}

@@ -17,6 +17,7 @@ from sglaunch.engine.attention import attention_backend_class
 from sglaunch.engine.cuda_graph import (
     CudaGraphRunner,
     GraphPlan,
+    context_skip_from_env,
     extra_tiers_from_env,
     graphs_disabled_reason,
     mixed_from_env,
@@ -152,8 +153,12 @@ class ModelRunner:
         # NOTE: without a drafter, `sglaunch profile-sps` names the verify window it will time,
         # so its verify-shaped steps replay the same total-token tier graphs as DSpark serving
         window = self.draft.block_size + 1 if self.draft is not None else int(os.environ.get(VERIFY_WINDOW_ENV, "0"))
+        from sglaunch.speculative.draft_graphs import enabled_from_env
+
+        # NOTE: with the context write outside the graphs, a step that skips it just does not call it
+        contextless = self.draft is not None and enabled_from_env() and context_skip_from_env()
         plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env(),
-                               mixed=mixed_from_env())
+                               mixed=mixed_from_env(), contextless=contextless)
         return CudaGraphRunner(self, plan, show_progress)
 
     @property
@@ -212,7 +217,10 @@ class ModelRunner:
             fill(input_ids)
             meta = self.attn.prepare(step)
             positions, out_slots = meta.positions, meta.out_slots
-            hidden, features = self.model_forward(input_ids, positions)
+            if step.draft_context:
+                hidden, features = self.model_forward(input_ids, positions)
+            else:  # a DSpark step that writes no draft context (its requests never draft again)
+                hidden, features = self.model(input_ids, positions, self.attn), None
             if features is not None:
                 self.draft.write_context(features, positions, out_slots)
             if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)

@@ -33,7 +33,8 @@ from sglaunch.engine.step import DraftStepInput, StepInput
 NOOP, STEP, DRAFT, SHUTDOWN, PICKLED = 0, 1, 2, 3, 4
 COMMAND_CODES = {"noop": NOOP, "step": STEP, "draft": DRAFT, "shutdown": SHUTDOWN}
 
-# StepInput's list fields in their packed order (page_tables go last, apart); `logits` is a flag
+# StepInput's list fields in their packed order (page_tables go last, apart); `logits` and
+# `draft_context` are flags
 STEP_LISTS = ("input_ids", "positions", "query_lens", "kv_lens", "sample_indices",
               "future_rows", "future_sources", "draft_rows", "draft_sources")
 DRAFT_LISTS = ("anchor_tokens", "anchor_positions")
@@ -69,14 +70,15 @@ def unpack_command(code: int, body) -> tuple[str, Any]:
 
 
 def pack_step(step: StepInput) -> bytearray:
-    return _pack((int(step.logits),), [getattr(step, name) for name in STEP_LISTS], step.page_tables)
+    return _pack((int(step.logits), int(step.draft_context)), [getattr(step, name) for name in STEP_LISTS],
+                 step.page_tables)
 
 
 def unpack_step(body) -> StepInput:
-    (logits,), lists, tables = _unpack(body, 1, len(STEP_LISTS))
+    (logits, context), lists, tables = _unpack(body, 2, len(STEP_LISTS))
     ids, positions, query_lens, kv_lens, samples, future_rows, future_sources, draft_rows, draft_sources = lists
     return StepInput(ids, positions, query_lens, kv_lens, tables, samples, bool(logits),
-                     future_rows, future_sources, draft_rows, draft_sources)
+                     future_rows, future_sources, draft_rows, draft_sources, bool(context))
 
 
 def pack_draft(step: DraftStepInput) -> bytearray:

@@ -43,6 +43,9 @@ class Req:
         # overlap (engine.py): the last token is a placeholder the device fills in, learnt a step
         # late; True when the length rules end the request there whatever that token is
         self.final_pending = False
+        # DSpark: a step wrote no draft context for it (LLMEngine._draft_context): it never drafts
+        # again (a drafter over a context with holes would rarely be accepted)
+        self.context_gap = False
 
     @property
     def output_ids(self) -> list[int]:

@@ -205,7 +205,8 @@ class Scheduler:
             req = chunk.req
             n = len(req.token_ids)
             if (chunk.end - chunk.start == 1 and n - req.num_computed == 1 and req.status is running
-                    and req.sampling.max_new_tokens - (n - req.num_prompt_tokens) > 1 and context - n > 1):
+                    and req.sampling.max_new_tokens - (n - req.num_prompt_tokens) > 1 and context - n > 1
+                    and not req.context_gap):
                 out.append(chunk)
         return out
 
@@ -234,7 +235,8 @@ class Scheduler:
 
     def _chunk_lookahead(self, chunk: Chunk) -> int:
         req = chunk.req
-        if chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING:
+        if (chunk.end - chunk.start != 1 or req.num_pending != 1 or req.status is not ReqStatus.RUNNING
+                or req.context_gap):
             return 0
         return self._lookahead_cap(req)
 

@@ -34,6 +34,9 @@ class StepInput:
     # fills it in on the device; every rank fills them from its own (identical) drafter output
     draft_rows: list[int] = field(default_factory=list)
     draft_sources: list[int] = field(default_factory=list)
+    # DSpark: False when this (plain decode) step writes no draft context K/V: its requests never
+    # draft again (LLMEngine._skips_context); always True without a drafter
+    draft_context: bool = True
 
     @property
     def num_tokens(self) -> int:

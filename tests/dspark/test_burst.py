@@ -242,6 +242,46 @@ def test_no_burst_is_chained_past_an_unread_arrival(dspark_files, baselines, bur
     assert tokens_of(results) == tokens_of(baselines[4])
 
 
+def test_steps_that_skip_the_draft_context(dspark_files, baselines, monkeypatch):
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT: after the planner has stepped aside context_skip_streak times
+    in a row, a plain decode step of at least context_skip_min_batch requests writes no draft
+    context; its requests never draft again (no chunk of theirs gets a lookahead), requests that
+    come later draft as before, and every output stays plain greedy. With 0, no step skips."""
+    import itertools
+
+    for value in ("0", "1"):
+        monkeypatch.setenv("SGLAUNCH_DSPARK_SKIP_CONTEXT", value)
+        config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+                               page_size=4)
+        engine, cluster = create_engine(config)
+        try:
+            assert engine.context_skip is (value == "1")
+            engine.context_skip_min_batch, engine.context_skip_streak = 2, 2
+            planner = engine.spec.planner
+            # the first 4 decisions step aside (the second batch gets its gaps), then every step
+            # drafts (the planner's own budget)
+            turns = itertools.chain([False] * 4, itertools.repeat(True))
+            planner.plan_drafts = lambda rids, extra=0: planner.budget(rids, extra) if next(turns) else None
+            real_decide = engine._decide
+
+            def decide(chunks, candidates):
+                assert not any(c.req.context_gap for c in candidates)
+                return real_decide(chunks, candidates)
+
+            engine._decide = decide
+            results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+            skipped, drafted = engine.context_skipped_steps, engine.spec.stats.to_dict()["steps"]
+            info = engine.live_stats()["speculative"]
+        finally:
+            cluster.stop(engine)
+        assert tokens_of(results) == tokens_of(baselines[4])
+        assert info["context_skipped_steps"] == skipped
+        if value == "1":
+            assert skipped > 0 and drafted > 0  # gaps in the first batches, drafting in the last
+        else:
+            assert skipped == 0 and drafted > 0, drafted
+
+
 def test_iterations_from_env(monkeypatch):
     monkeypatch.delenv(BURST_ENV, raising=False)
     assert iterations_from_env("cpu", False) == 0

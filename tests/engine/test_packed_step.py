@@ -72,6 +72,7 @@ def random_step(rng: random.Random) -> StepInput:
         future_sources=random_list(rng, rng.choice([0, rng.randrange(30)])),
         draft_rows=random_list(rng, rng.choice([0, rng.randrange(30)])),
         draft_sources=random_list(rng, rng.choice([0, rng.randrange(30)])),
+        draft_context=rng.random() < 0.5,
     )
 
 
@@ -97,7 +98,7 @@ def assert_same(decoded, step) -> None:
         elif isinstance(value, list):
             assert all(type(v) is int for v in value), name  # Python ints, as rank 0's
     if isinstance(step, StepInput):
-        assert type(decoded.logits) is bool
+        assert type(decoded.logits) is bool and type(decoded.draft_context) is bool
 
 
 @pytest.mark.parametrize("seed", range(400))
@@ -255,5 +256,5 @@ def test_every_field_is_packed():
 
     from sglaunch.engine.packed_step import DRAFT_LISTS, STEP_LISTS
 
-    assert {f.name for f in fields(StepInput)} == {*STEP_LISTS, "page_tables", "logits"}
+    assert {f.name for f in fields(StepInput)} == {*STEP_LISTS, "page_tables", "logits", "draft_context"}
     assert {f.name for f in fields(DraftStepInput)} == {*DRAFT_LISTS, "page_tables"}

@@ -193,9 +193,10 @@ def test_mixed_step_replays_the_eager_forward(files, drafter):
 
 
 # ---- (c) end to end ---------------------------------------------------------------------------
-def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[int]):
+def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[int], prepare=None):
     """{rid: (tokens, logprobs)} and how often graphs were replayed. max_new_tokens: one for all,
-    or one per prompt (requests that end at different steps let the next ones in one by one)."""
+    or one per prompt (requests that end at different steps let the next ones in one by one).
+    prepare(engine): called once the engine is up."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
     lengths = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
@@ -205,6 +206,8 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[
         if draft is not None and draft.graphs is not None:  # every key at start-up, none later
             assert draft.graphs.captures == len(draft.graphs.plan.keys()) == len(draft.graphs.graphs)
         captured = draft.graphs.captures if draft is not None and draft.graphs is not None else 0
+        if prepare is not None:
+            prepare(engine)
         for i, p in enumerate(prompts):
             params = SamplingParams(max_new_tokens=lengths[i], temperature=0.0, ignore_eos=True)
             engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
@@ -218,6 +221,7 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[
         if draft is not None and draft.graphs is not None:
             replays["draft"] = draft.graphs.replays
             replays["draft captures while serving"] = draft.graphs.captures - captured
+        replays["context skipped"] = engine.context_skipped_steps
         burst = getattr(engine.runner, "burst", None)
         if burst is not None:
             replays["burst"], replays["bursts"] = burst.replays, burst.bursts
@@ -333,6 +337,24 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     spec, replays = greedy_outputs(cuda_config(files, drafter=drafter), batch, 20)
     assert replays.get("verify", 0) > 0, f"no verify graph was replayed: {replays}"
     assert_same_greedy(spec, plain, f"DSpark ({drafter} drafter, graphs on) vs plain greedy")
+
+
+def test_dspark_decode_graphs_without_draft_context_equal_plain_greedy(files, monkeypatch):
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT (on by default): each decode size is also captured without the
+    draft context write; once the planner has stepped aside a few steps in a row, plain decode
+    steps replay those, and the outputs stay plain greedy."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
+    batch = prompts(10, seed=3)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 24)
+
+    def every_step_aside(engine):
+        assert engine.runner.graphs.plan.contextless
+        engine.spec.planner.plan_drafts = lambda rids, extra=0: None
+        engine.context_skip_min_batch, engine.context_skip_streak = 1, 2
+
+    spec, replays = greedy_outputs(cuda_config(files, drafter="oracle"), batch, 24, every_step_aside)
+    assert replays["context skipped"] > 0 and replays.get("decode without draft context", 0) > 0, replays
+    assert_same_greedy(spec, plain, "DSpark decode steps without the draft context vs plain greedy")
 
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
