@@ -246,10 +246,11 @@ def test_steps_that_skip_the_draft_context(dspark_files, baselines, monkeypatch)
     """SGLAUNCH_DSPARK_SKIP_CONTEXT: after the planner has stepped aside context_skip_streak times
     in a row, a plain decode step of at least context_skip_min_batch requests writes no draft
     context; its requests never draft again (no chunk of theirs gets a lookahead), requests that
-    come later draft as before, and every output stays plain greedy. With 0, no step skips."""
+    come later draft as before, and every output stays plain greedy. With 0 (the default), no step
+    skips."""
     import itertools
 
-    for value in ("0", "1"):
+    for value in ("", "1"):
         monkeypatch.setenv("SGLAUNCH_DSPARK_SKIP_CONTEXT", value)
         config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
                                page_size=4)

@@ -340,10 +340,11 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
 
 
 def test_dspark_decode_graphs_without_draft_context_equal_plain_greedy(files, monkeypatch):
-    """SGLAUNCH_DSPARK_SKIP_CONTEXT (on by default): each decode size is also captured without the
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT=1 (off by default): each decode size is also captured without the
     draft context write; once the planner has stepped aside a few steps in a row, plain decode
     steps replay those, and the outputs stay plain greedy."""
     monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SKIP_CONTEXT", "1")
     batch = prompts(10, seed=3)
     plain, _ = greedy_outputs(cuda_config(files), batch, 24)
 
