@@ -518,7 +518,8 @@ def context_skip_from_env() -> bool:
     loads where it has stepped aside for a while write no draft context (LLMEngine._draft_context);
     0 (the default) never. NOTE: off by default: on the H200 (session 14, run 2) it served 0.785x
     of the same server without it at c=64 over HTTP (the few requests admitted after the skip kept
-    the planner drafting for them, at a verify of the whole batch)."""
+    the planner drafting for them, at a verify of the whole batch; the planner's committed_extra
+    prices that since, not yet measured)."""
     value = os.environ.get(CONTEXT_SKIP_ENV, "0").strip() or "0"
     if value not in ("0", "1"):
         raise ValueError(f"{CONTEXT_SKIP_ENV}={value!r}: expected 0 (the default) or 1")

@@ -537,7 +537,9 @@ class LLMEngine:
             return None
         # NOTE: every candidate is a one-token decode chunk (Scheduler._chunk_lookahead)
         extra = sum(c.end - c.start for c in chunks) - len(candidates)
-        budget = self.spec.plan([c.req.rid for c in candidates], extra)
+        # the tokens the other rows commit whatever is drafted (each candidate samples one too)
+        committed = sum(1 for c in chunks if c.samples) - len(candidates)
+        budget = self.spec.plan([c.req.rid for c in candidates], extra, committed)
         if budget is None:
             self._aside_streak += 1
             return None

@@ -119,10 +119,11 @@ class DSparkDecoder:
                     else "none (learnt from the first steps)")
 
     # ---- before the target forward ------------------------------------------------------
-    def plan(self, rids: Sequence[str], extra_tokens: int) -> int | None:
+    def plan(self, rids: Sequence[str], extra_tokens: int, committed_extra: int = 0) -> int | None:
         """Before anything is drafted or reserved: the step's draft budget K, or None when
-        drafting does not pay at this load (the step decodes plainly; counted)."""
-        budget = self.planner.plan_drafts(rids, extra_tokens)
+        drafting does not pay at this load (the step decodes plainly; counted). committed_extra:
+        tokens the step's other rows commit either way."""
+        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra)
         if budget is None:
             self.stats.record_step_aside(len(rids))
             self.planner.skip_step()

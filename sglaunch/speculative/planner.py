@@ -81,19 +81,20 @@ def greedy_admission(survivals: Sequence[Sequence[float]], sps: SpsTable | None,
 
 
 def choose_budget(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable | None,
-                  extra_tokens: int = 0) -> int:
+                  extra_tokens: int = 0, committed_extra: int = 0) -> int:
     """Total draft tokens K to verify: argmax_k tau(k) / step_seconds(extra + R + k, R) over the k
-    best lagged survivals (smallest k among equal maxima). Without a table: all of them."""
+    best lagged survivals (smallest k among equal maxima). Without a table: all of them.
+    committed_extra: tokens the step commits besides the R requests' (_argmax_theta)."""
     values = _descending(lagged_survivals)
     if sps is None:
         return len(values)
-    return _argmax_theta(values, num_requests, sps, extra_tokens)[0]
+    return _argmax_theta(values, num_requests, sps, extra_tokens, committed_extra)[0]
 
 
 def best_budget(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable,
-                extra_tokens: int = 0) -> tuple[int, float]:
+                extra_tokens: int = 0, committed_extra: int = 0) -> tuple[int, float]:
     """(K, Theta(K)): choose_budget's K and the committed tokens per second it is expected to give."""
-    return _argmax_theta(_descending(lagged_survivals), num_requests, sps, extra_tokens)
+    return _argmax_theta(_descending(lagged_survivals), num_requests, sps, extra_tokens, committed_extra)
 
 
 SMALL = 48  # candidates up to which plain Python beats numpy's per-call overhead (dev CPU)
@@ -114,15 +115,20 @@ def _descending(values):
     return -np.sort(-values.astype(np.float64, copy=False).ravel())
 
 
-def _argmax_theta(values, num_requests: int, sps: SpsTable, extra_tokens: int) -> tuple[int, float]:
-    """Over k = 0 .. len(values): tau(k) = R + the k largest survivals (added in that order),
+def _argmax_theta(values, num_requests: int, sps: SpsTable, extra_tokens: int,
+                  committed_extra: int = 0) -> tuple[int, float]:
+    """Over k = 0 .. len(values): tau(k) = C + R + the k largest survivals (added in that order),
     Theta(k) = tau(k) / step_seconds(extra + R + k, R); -> (the first k of the largest Theta, it).
+    C (committed_extra): the tokens the step's other rows commit whatever is drafted (decodes that
+    do not speculate, a prefill chunk that ends its prompt). NOTE: without it, a few candidates in
+    a wide batch were priced as if alone: their drafts looked worth a verify of the whole batch
+    (H200, session 14: with most of a batch of 64 unable to draft, 17% of steps drafted, 0.785x).
     NOTE: above SMALL candidates vectorised (one numpy pass): at 64 requests of 7 drafts the
     Python loop took 0.2 ms on the dev CPU every step, stepping aside included. Both ways do the
     same float operations in the same order, so they agree exactly."""
     if isinstance(values, list):
         base = extra_tokens + num_requests
-        tau = float(num_requests)
+        tau = float(committed_extra + num_requests)
         best_k, best = 0, tau / sps.step_seconds(base, num_requests)
         for k, a in enumerate(values, start=1):
             tau += a
@@ -132,25 +138,29 @@ def _argmax_theta(values, num_requests: int, sps: SpsTable, extra_tokens: int) -
         return best_k, best
     import numpy as np
 
-    tau = np.cumsum(np.concatenate(([float(num_requests)], values)))  # sequential: the loop's sums
+    tau = np.cumsum(np.concatenate(([float(committed_extra + num_requests)], values)))  # sequential: the loop's sums
     rates = tau / sps.step_seconds_from(extra_tokens + num_requests, len(tau), num_requests)
     k = int(np.argmax(rates))  # NOTE: the first maximum: the smallest k among equal ones
     return k, float(rates[k])
 
 
-def plain_rate(num_requests: int, sps: SpsTable, extra_tokens: int = 0) -> float:
-    """Committed tokens per second of a plain step: one token per request, no drafter."""
-    return num_requests / sps.plain_step_seconds(num_requests, extra_tokens)
+def plain_rate(num_requests: int, sps: SpsTable, extra_tokens: int = 0, committed_extra: int = 0) -> float:
+    """Committed tokens per second of a plain step: one token per request (and committed_extra
+    from the other rows), no drafter."""
+    return (committed_extra + num_requests) / sps.plain_step_seconds(num_requests, extra_tokens)
 
 
 def drafting_pays(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable, extra_tokens: int = 0,
-                  min_gain: float = MIN_DRAFT_GAIN, draft_scale: float = 1.0, plain_scale: float = 1.0) -> int | None:
+                  min_gain: float = MIN_DRAFT_GAIN, draft_scale: float = 1.0, plain_scale: float = 1.0,
+                  committed_extra: int = 0) -> int | None:
     """The budget K when drafting is expected to beat a plain step by `min_gain`, else None
     (step aside: verify nothing, run no drafter). A budget of 0 always steps aside; the rate
     comparison needs a table that prices the draft stage (without it drafting looks free).
-    draft_scale / plain_scale: measured over modelled step time of each kind of step."""
-    k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens)
-    return _paying(k, rate, plain_rate(num_requests, sps, extra_tokens), sps, min_gain, draft_scale, plain_scale)
+    draft_scale / plain_scale: measured over modelled step time of each kind of step.
+    committed_extra: tokens the other rows commit either way (_argmax_theta)."""
+    k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens, committed_extra)
+    plain = plain_rate(num_requests, sps, extra_tokens, committed_extra)
+    return _paying(k, rate, plain, sps, min_gain, draft_scale, plain_scale)
 
 
 def _paying(k: int, rate: float, plain: float, sps: SpsTable, min_gain: float, draft_scale: float,
@@ -303,45 +313,50 @@ class DSparkPlanner:
         """Whether plan_drafts may decide to draft nothing (compact / cap-accept with a table)."""
         return self.step_aside and self.mode != "static" and self.sps is not None
 
-    def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int:
+    def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0) -> int:
         """Host: K for this step from survivals lagged N steps (no device sync); a request unknown
         then counts as surviving everywhere (verify all: new requests are drafted in full)."""
         if self.mode == "static" or self.sps is None:
             return len(request_ids) * self.block_size
-        return choose_budget(self.relay.lagged_values(request_ids), len(request_ids), self.sps, extra_tokens)
+        return choose_budget(self.relay.lagged_values(request_ids), len(request_ids), self.sps, extra_tokens,
+                             committed_extra)
 
-    def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0) -> int | None:
+    def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0) -> int | None:
         """Host, before anything is drafted: the budget K, or None to step aside (draft nothing:
         the step is a plain decode step and the drafter does not run). The decision prices
-        unknown requests at the running mean survival, not at 1.0."""
+        unknown requests at the running mean survival, not at 1.0. committed_extra: tokens the
+        step's other rows commit either way (non-speculating decodes, a prefill chunk that ends
+        its prompt): both rates count them."""
         if not self.can_step_aside:
-            return self.budget(request_ids, extra_tokens)
+            return self.budget(request_ids, extra_tokens, committed_extra)
         R, scale = len(request_ids), self.calibration.scale if self.calibration else {"draft": 1.0, "plain": 1.0}
         budget = None
         if self.relay.has_lagged():
             lagged = self.relay.lagged_values(request_ids, self.prior)
-            k = drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"], plain_scale=scale["plain"])
+            k = drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"], plain_scale=scale["plain"],
+                              committed_extra=committed_extra)
         else:  # every request at the prior: the same question as the step before, asked of the memo
-            k, rate, plain = self._at_prior(request_ids, extra_tokens)
+            k, rate, plain = self._at_prior(request_ids, extra_tokens, committed_extra)
             k = _paying(k, rate, plain, self.sps, MIN_DRAFT_GAIN, scale["draft"], scale["plain"])
         if k is not None:
             # NOTE: budget() prices unknown requests at 1.0, not at the prior: when every request is
             # known its K is the one just computed (the same survivals), so it is not computed again
             known = self.mode != "static" and self.relay.knows_all(request_ids)
-            budget = (k if known else self.budget(request_ids, extra_tokens)) or None
+            budget = (k if known else self.budget(request_ids, extra_tokens, committed_extra)) or None
         if self.calibration is not None:
             self.calibration.expect(*(("plain", self.sps.plain_step_seconds(R, extra_tokens)) if budget is None else
                                       ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))))
         return budget
 
-    def _at_prior(self, request_ids: Sequence[Any], extra_tokens: int) -> tuple[int, float, float]:
+    def _at_prior(self, request_ids: Sequence[Any], extra_tokens: int,
+                  committed_extra: int = 0) -> tuple[int, float, float]:
         """(K, Theta(K), plain rate) of a step whose requests all have no lagged survivals (priced
         at the prior), memoised per (requests, extra tokens) until the prior or the table changes.
         NOTE: a stepping-aside streak at load asks this every step (the relay holds no survivals
         then): the sort over R * G values, the cumulative sums and the table's step times need
         not be redone (a stepped-aside step's _burst_plan + _decide at 64 requests: 28.5 us on
         the dev CPU with the memo, `benchmarks/host_probes.py`, beside a 1.4 ms step on the H200)."""
-        key = (len(request_ids), extra_tokens)
+        key = (len(request_ids), extra_tokens, committed_extra)
         memo = self._prior_memo
         if self._memo_table is not self.sps or len(memo) > 1024:  # NOTE: extra tokens vary: bounded
             memo.clear()
@@ -349,8 +364,9 @@ class DSparkPlanner:
         hit = memo.get(key)
         if hit is None:
             R = len(request_ids)
-            k, rate = best_budget(self.relay.lagged_values(request_ids, self.prior), R, self.sps, extra_tokens)
-            hit = memo[key] = (k, rate, plain_rate(R, self.sps, extra_tokens))
+            k, rate = best_budget(self.relay.lagged_values(request_ids, self.prior), R, self.sps, extra_tokens,
+                                  committed_extra)
+            hit = memo[key] = (k, rate, plain_rate(R, self.sps, extra_tokens, committed_extra))
         return hit
 
     def observe_step_seconds(self, seconds: float | None) -> None:

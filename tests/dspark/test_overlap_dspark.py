@@ -49,11 +49,11 @@ def alternate(engine, eos: tuple[int, ...] = (), rule: str = "lengths") -> None:
     planner.calibration = None
     real, turn = planner.plan_drafts, [0]
 
-    def plan(rids, extra=0):
+    def plan(rids, extra=0, committed=0):
         turn[0] += 1
         if rule == "turns":
-            return real(rids, extra) if turn[0] % 2 == 0 else None
-        return real(rids, extra) if sum(len(engine.requests[r].token_ids) for r in rids) % 3 == 0 else None
+            return real(rids, extra, committed) if turn[0] % 2 == 0 else None
+        return real(rids, extra, committed) if sum(len(engine.requests[r].token_ids) for r in rids) % 3 == 0 else None
 
     planner.plan_drafts = plan
     survivals, observe = [], planner.observe

@@ -40,6 +40,23 @@ def test_drafting_pays_only_where_the_table_says_so():
     assert drafting_pays([0.6, 0.0, 0.0, 0.0], 1, marginal, min_gain=1.0) == 1
 
 
+def test_the_other_rows_tokens_count_on_both_sides():
+    """A candidate beside rows that commit a token either way (decodes that do not speculate): its
+    drafts must pay for the whole batch's step. One candidate at survival 0.6 beside 60 such rows,
+    with a drafter at a tenth of the step: alone it pays (1.6 tokens for 1.1 steps), with the 60
+    rows' tokens counted on both sides it does not (61.6 against 61 tokens for 1.1 steps)."""
+    cheap = table({1: 0.001})
+    drafts = [0.6, 0.0, 0.0, 0.0]
+    assert drafting_pays(drafts, 1, cheap, extra_tokens=60) == 1
+    assert drafting_pays(drafts, 1, cheap, extra_tokens=60, committed_extra=60) is None
+    # many candidates beside a few such rows: drafting still pays
+    assert drafting_pays([0.9] * 32, 32, cheap, extra_tokens=4, committed_extra=4) is not None
+    # the planner passes it through, with and without lagged survivals (the memo is keyed by it)
+    planner = DSparkPlanner(4, "compact", cheap, lag_steps=1)
+    assert planner.plan_drafts(["a"], 60) is not None
+    assert planner.plan_drafts(["a"], 60, 60) is None
+
+
 def test_plain_steps_are_priced_by_decode_points_else_by_sps():
     t = table({1: 0.001}, {1: 0.004, 8: 0.008})
     assert t.plain_step_seconds(1) == pytest.approx(0.004)
