@@ -27,10 +27,10 @@ from sglaunch.engine.request import Req, ReqStatus
 from sglaunch.engine.sampler import is_greedy, make_generator, sample
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits
 from sglaunch.engine.step import build_step_input, placeholder, sample_rows
+from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
 
 logger = logging.getLogger(__name__)
 
-MAX_BURST_BATCH = 32  # speculative.burst.MAX_BATCH: the widest batch a burst takes
 CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may skip the draft context
 
 
@@ -97,7 +97,7 @@ class LLMEngine:
         self.input_waiting: Callable[[], bool] | None = None
         # DSpark at load: plain decode steps without the draft context write (_draft_context)
         self.context_skip = self.spec is not None and context_skip_from_env()
-        self.context_skip_min_batch = 1 + MAX_BURST_BATCH  # NOTE: tests lower them
+        self.context_skip_min_batch = 1 + BURST_MAX_BATCH  # NOTE: tests lower them
         self.context_skip_streak = CONTEXT_SKIP_STREAK
         self.context_skipped_steps = 0
         self._aside_streak = 0  # steps in a row the planner stepped aside (_decide)
