@@ -163,19 +163,40 @@ class PendingBurst:
 
 def slot_rows(page_tables, lengths: Sequence[int], page_size: int, width: int, fill: int):
     """[R, width] int64 numpy: the KV slot of positions 0 .. width - 1 of each request; positions
-    at or past lengths[r] take `fill` (a padding slot: never written by a real row, masked)."""
+    at or past lengths[r] take `fill` (a padding slot: never written by a real row, masked).
+    NOTE: one pass over all requests' pages (their array('i') buffers read without a copy), not a
+    numpy sequence per request: built before every burst launch with the device idle (32
+    requests at 330 positions, dev CPU, best of 5: 167 us the per-request way, 58 us this way at
+    page size 1, 121 at 16)."""
     import numpy as np
 
     R = len(page_tables)
     out = np.full((R, width), fill, dtype=np.int64)
-    col = np.arange(width, dtype=np.int64)
-    for r, (table, n) in enumerate(zip(page_tables, lengths)):
-        n = min(int(n), width)
-        if n <= 0:
-            continue
-        pages = np.asarray(table, dtype=np.int32)
-        out[r, :n] = pages[col[:n] // page_size].astype(np.int64) * page_size + col[:n] % page_size
+    counts = np.minimum(np.maximum(np.asarray(lengths, dtype=np.int64), 0), width)  # [R] positions kept
+    if R == 0 or not counts.any():
+        return out
+    needed = -(-counts // page_size)  # [R] pages each request's kept positions lie on
+    pages = np.concatenate([_int32_view(table)[:k] for table, k in zip(page_tables, needed.tolist())])
+    pages = pages.astype(np.int64)
+    if page_size == 1:
+        slots = pages
+    else:
+        # every page repeated page_size times, then each request's block cut to its count
+        block = needed * page_size  # [R] positions each request's pages cover
+        within = np.arange(int(block.sum())) - np.repeat(np.cumsum(block) - block, block)
+        keep = within < np.repeat(counts, block)
+        slots = (np.repeat(pages, page_size) * page_size + within % page_size)[keep]
+    out[np.arange(width)[None, :] < counts[:, None]] = slots  # row-major: request after request
     return out
+
+
+def _int32_view(table):
+    """A page table as int32 numpy: array('i') without a copy, anything else converted."""
+    import numpy as np
+
+    if getattr(table, "typecode", None) == "i":
+        return np.frombuffer(table, dtype=np.int32)
+    return np.asarray(table, dtype=np.int32)
 
 
 class BurstAttention:

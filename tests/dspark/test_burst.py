@@ -344,6 +344,25 @@ def test_slot_rows_layout():
     assert rows.tolist() == [[20, 21, 22, 23, 8, 9, 99, 99], [28, 29, 99, 99, 99, 99, 99, 99]]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_slot_rows_match_a_position_by_position_reference(seed):
+    """Random page tables (array('i') and lists, empty and past the width), page sizes 1-16."""
+    import random
+    from array import array
+
+    rng = random.Random(seed)
+    page_size, width, fill = rng.choice([1, 2, 4, 16]), rng.choice([8, 64, 256]), 12345
+    tables, lengths = [], []
+    for _ in range(rng.randrange(0, 9)):
+        n = rng.choice([0, 1, rng.randrange(width + 40)])
+        pages = [rng.randrange(10_000) for _ in range(-(-n // page_size) + rng.randrange(3))]
+        tables.append(array("i", pages) if rng.random() < 0.5 else pages)
+        lengths.append(n)
+    expected = [[table[j // page_size] * page_size + j % page_size if j < n else fill for j in range(width)]
+                for table, n in zip(tables, lengths)]
+    assert slot_rows(tables, lengths, page_size, width, fill).tolist() == (expected or [])
+
+
 def test_tp2_bursts_match_plain(dspark_files, bursts):
     """Every rank replays the same burst (the drafter's and the target's collectives inside)."""
     batch = prompts(6, seed=10)
