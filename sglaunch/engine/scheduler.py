@@ -248,10 +248,12 @@ class Scheduler:
         return max(0, min(self.limits.spec_lookahead, left_new - 1, left_context - 1))
 
     # ---- after the forward pass ---------------------------------------------------------
-    def commit(self, chunks: list[Chunk], sampled: list[int | list[int] | None]) -> list[Req]:
+    def commit(self, chunks: list[Chunk], sampled: list[int | list[int] | None], trim: bool = True) -> list[Req]:
         """Record computed KV and new tokens (`sampled[i]` for chunks[i]: one token, or the
         accepted drafts plus the correction/bonus token of a speculative chunk); returns requests
-        that finished this step, including any the pool could not hold."""
+        that finished this step, including any the pool could not hold. trim=False: running
+        requests keep the pages reserved past what they computed (trim() gives them back; a
+        chained burst reserves on top of them instead of freeing and taking them again)."""
         finished, self.finished_by_pool = self.finished_by_pool, []
         for chunk, tokens in zip(chunks, sampled):
             req = chunk.req
@@ -259,7 +261,7 @@ class Scheduler:
             if tokens is None:
                 continue
             reason = self._append_tokens(chunk, [tokens] if isinstance(tokens, int) else tokens)
-            if chunk.lookahead:
+            if chunk.lookahead and trim:
                 self._trim_pages(req)
             if reason is not None:
                 self.running.remove(req)
@@ -324,6 +326,12 @@ class Scheduler:
         # tokens the first c - 1 are such drafts, the last one is the new pending token
         req.num_computed = chunk.end + chunk.committed - 1
         return reason
+
+    def trim(self, chunks: list[Chunk]) -> None:
+        """What commit(trim=False) left: the running requests' pages past what they computed."""
+        for chunk in chunks:
+            if chunk.lookahead and chunk.req.status is ReqStatus.RUNNING:
+                self._trim_pages(chunk.req)
 
     def _trim_pages(self, req: Req) -> None:
         """Roll back: free whole pages that only held rejected drafts' KV."""
