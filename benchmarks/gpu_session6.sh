@@ -185,10 +185,7 @@ pipeline11() {  # session 9, run 2 (the model upload, as pipeline9b; carry .out/
   part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
     tests/gpu/test_kernels_gpu.py::test_compact_hot_path_host_syncs tests/gpu/test_kernels_gpu.py::test_graph_path_host_syncs
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 330 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
-    --concurrency 1,8,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 330 bash -c 'dspark_vs_plain "$@"' _ 1,8,64 "$W/bench/bench.json" 64
   part http 140 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
     --concurrency 64 --new-tokens 128 --repeats 1 --out "$W/http.json"
   part tp8b 140 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off \
@@ -207,11 +204,11 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
-dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT: issue 15's measure, plain against DSpark compact over HTTP
-  # (the held-out prompt set of issue 19, 64 prompts, 128 tokens, T=0)
+dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure, plain against DSpark compact over
+  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0)
   python3 -m sglaunch bench --compare "sglaunch serve" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 64 --output-len 128 \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
     --concurrency "$1" --temperature 0 --output "$2" --no-plot
 }
 
@@ -295,10 +292,7 @@ pipeline18() {  # session 11, run 2 (the model upload as pipeline13): the GPU te
   part profile256 200 python3 benchmarks/burst_profile.py --model "$REPO/.gpu6/smolcfg" --random-like \
     --requests 1,8,32 --context 256 --attention triton --block-n 64,128 --splits auto --json "$W/burst_profile_256.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 300 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 128 --output-len 128 \
-    --concurrency 1,8,32,64 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 300 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64 "$W/bench/bench.json" 128
   part http 240 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" \
     --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http.json"
   part trainstep 150 python3 benchmarks/train_step_bench.py --device cuda --impl fused,reference --json "$W/train_step.json"
@@ -355,10 +349,7 @@ pipeline20() {  # session 13 (the model upload as pipeline13): the graph tests a
   part http 150 python3 benchmarks/http_vs_inprocess.py --device cuda --model /tmp/rw/target --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 1 --sides http,engine-process,in-process --out "$W/http_random.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 360 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
-    --concurrency 1,8,32,64,256 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 360 bash -c 'dspark_vs_plain "$@"' _ 1,8,32,64,256 "$W/bench/bench.json" 256
   part sweep64 100 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
     --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64 --requests 256 --max-tokens 128 --modes compact \
     --out "$W/sweep64"
@@ -376,14 +367,8 @@ pipeline21() {  # session 13, run 2 (the model upload as pipeline13): HTTP again
   part http 240 python3 benchmarks/http_vs_inprocess.py --device cuda --model /tmp/rw/target --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 1 --sides http,in-process --out "$W/http_random.json"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
-    --concurrency 1,8 --temperature 0 --output "$W/bench/bench.json" --no-plot
-  part bench2 240 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
-    --concurrency 32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench 200 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench/bench.json" 256
+  part bench2 240 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench2/bench.json" 2048
   part sweep 150 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
     --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64,256 --requests 1024,1024 --max-tokens 128 --modes compact \
     --out "$W/sweep"
@@ -396,14 +381,8 @@ pipeline22() {  # session 14, run 1: chained bursts (SGLAUNCH_DSPARK_BURST_CHAIN
   # on against off at c=8 and 32 (1,024 prompts)
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_burst_fold_gpu.py tests/gpu/test_cuda_graph_gpu.py -k "burst or wait_only"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 256 --output-len 128 \
-    --concurrency 1,8 --temperature 0 --output "$W/bench/bench.json" --no-plot
-  part bench2 240 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
-    --concurrency 32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench 200 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench/bench.json" 256
+  part bench2 240 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench2/bench.json" 2048
   part bench3 200 python3 -m sglaunch bench \
     --compare "SGLAUNCH_DSPARK_BURST_CHAIN=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
@@ -418,14 +397,8 @@ pipeline23() {  # session 14, run 2: chained bursts that wait for unread arrival
   # at 64 and 256; the A/B of the context skip at c=64 over HTTP
   part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or context or wait_only or dspark_with_graphs"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
-    --concurrency 8,32 --temperature 0 --output "$W/bench/bench.json" --no-plot
-  part bench2 200 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
-    --concurrency 64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench 200 bash -c 'dspark_vs_plain "$@"' _ 8,32 "$W/bench/bench.json" 1024
+  part bench2 200 bash -c 'dspark_vs_plain "$@"' _ 64,256 "$W/bench2/bench.json" 2048
   part sweep 150 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
     --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64,256 --requests 1024,1024 --max-tokens 128 --modes compact \
     --out "$W/sweep"

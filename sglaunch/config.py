@@ -7,6 +7,7 @@ Torch-free on purpose.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -100,3 +101,14 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """A 0/1 environment switch of the engine, read once at start-up: unset or empty gives
+    `default`; anything but 0 or 1 is refused, naming the variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1 (unset: {int(default)})")
+    return value == "1"

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sglaunch.config import env_switch
 from sglaunch.engine.progress import step_bar
 from sglaunch.engine.step import StepInput
 
@@ -498,7 +499,7 @@ class CudaGraphRunner:
             fill(rows[0])
         graph.replay()
         self.replays["decode" if key.decode else "verify"] += 1
-        if not key.context:
+        if not key.context:  # NOTE: the key appears in /server_info only once such a graph ran
             self.replays["decode without draft context"] = self.replays.get("decode without draft context", 0) + 1
         t = step.num_tokens
         features = self.features[:t] if self.features is not None and step.draft_context else None
@@ -520,15 +521,9 @@ def context_skip_from_env() -> bool:
     of the same server without it at c=64 over HTTP (the few requests admitted after the skip kept
     the planner drafting for them, at a verify of the whole batch; the planner's committed_extra
     prices that since, not yet measured)."""
-    value = os.environ.get(CONTEXT_SKIP_ENV, "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"{CONTEXT_SKIP_ENV}={value!r}: expected 0 (the default) or 1")
-    return value == "1"
+    return env_switch(CONTEXT_SKIP_ENV, False)
 
 
 def mixed_from_env() -> bool:
     """SGLAUNCH_MIXED_GRAPHS: 1 (default) ragged graphs take steps with a prefill chunk, 0 not."""
-    value = os.environ.get(MIXED_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{MIXED_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_switch(MIXED_ENV, True)

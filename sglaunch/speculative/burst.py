@@ -73,10 +73,9 @@ DECAY = 0.8  # weight of the old accept estimate per burst
 def chain_from_env() -> bool:
     """SGLAUNCH_DSPARK_BURST_CHAIN, read once at start-up: whether the engine launches the next burst
     of a batch while it finishes the one before (1, the default) or only after (0)."""
-    value = os.environ.get(CHAIN_ENV, "1").strip() or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"{CHAIN_ENV}={value!r}: expected 1 (the default: chain bursts) or 0")
-    return value == "1"
+    from sglaunch.config import env_switch
+
+    return env_switch(CHAIN_ENV, True)
 
 
 def wide_cap_from_env() -> int | None:
