@@ -165,8 +165,8 @@ def slot_rows(page_tables, lengths: Sequence[int], page_size: int, width: int, f
     at or past lengths[r] take `fill` (a padding slot: never written by a real row, masked).
     NOTE: one pass over all requests' pages (their array('i') buffers read without a copy), not a
     numpy sequence per request: built before every burst launch with the device idle (32
-    requests at 330 positions, dev CPU, best of 5: 167 us the per-request way, 58 us this way at
-    page size 1, 121 at 16)."""
+    requests at 330 positions, dev CPU, `python benchmarks/burst_host_parts.py slot-rows`: 178 us
+    the per-request way, 64 us this way at page size 1; 175 and 133 at 16)."""
     import numpy as np
 
     R = len(page_tables)
