@@ -410,11 +410,24 @@ pipeline23() {  # session 14, run 2: chained bursts that wait for unread arrival
   touch "$W/all.done"
 }
 
+pipeline24() {  # session 15, run 1: pipeline23 unchanged (the planner's committed_extra and the
+  # context skip's A/B, unmeasured since session 14), then shorter bursts at c=8 (at most 4 and 2
+  # iterations: what an arrival's wait for the burst in flight costs against a burst's fixed cost)
+  pipeline23
+  rm -f "$W/all.done"
+  part bench4 150 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_BURST=4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLAUNCH_DSPARK_BURST=2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label burst4 --label burst2 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8 --temperature 0 --output "$W/bench4/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 http http1 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http http1 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -463,7 +476,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
