@@ -27,6 +27,9 @@
 #     --responses benchmarks/drafter_rounds/s10-round4/responses.jsonl.gz --responses benchmarks/drafter_rounds/s11-round5/responses.jsonl.gz
 #   (CPU check: bash benchmarks/gpu_drafter_round.sh run --smoke --gen-seconds 0 --responses FILE --out DIR)
 # summary.txt's training line gives the steps/s between the first and last logged steps.
+# A DEEPER drafter (issue 19 item 3): --train-args "--lr 1e-3 --batch-size 32 --anchors-per-seq 128 --grow-layers 1"
+# (--train-args replaces those defaults, so repeat them) trains INIT with one more layer, an identity at
+# step 0 (train-draft --grow-layers, docs/train-draft.md); its drafter.tar (~21 MB) comes back split.
 #
 # prepare (on the development machine): writes the git-ignored .round/train.jsonl.gz, records
 #   R*N .. R*N+N-1 of the seeded prompt stream (`python -m sglaunch.training.prompt_set`, seed 0;

@@ -53,6 +53,9 @@ def train_draft(
     num_feature_layers: Annotated[int, typer.Option(help="How many target layers to read when --target-layer-ids is not given.")] = 5,
     mask_token_id: Annotated[Optional[int], typer.Option(help="MASK id (default: an unused row or special token).")] = None,
     init_from: Annotated[Optional[Path], typer.Option(help="Start from this DSpark checkpoint (fine-tuning).")] = None,
+    grow_layers: Annotated[Optional[int], typer.Option(
+        help="With --init-from: add N layers after its own (depth up-scaling), each an identity at step 0 "
+             "(o_proj / down_proj at zero), so training starts from the checkpoint's function.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Response length the target generates per prompt.")] = 256,
     max_length: Annotated[int, typer.Option(help="Prompt + response tokens kept per training sequence.")] = 1024,
     gen_temperatures: Annotated[str, typer.Option(help="Generation temperatures, cycled over the prompts.")] = "0,0.7",
@@ -114,8 +117,9 @@ def train_draft(
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
                                  "builds one from the license-clean corpus)")
-    from sglaunch.training.data import require_text_file  # torch-free
+    from sglaunch.training.data import check_grow, require_text_file  # torch-free
 
+    check_grow(grow_layers, init_from)
     for path in extra_text or []:
         require_text_file(path)
     if target is None:
@@ -129,7 +133,7 @@ def train_draft(
         device=device, dtype=dtype, seed=seed, num_draft_layers=num_draft_layers, block_size=block_size,
         markov_rank=markov_rank, markov_head_type=markov_head_type, intermediate_size=intermediate_size,
         target_layer_ids=_ints(target_layer_ids, "--target-layer-ids"), num_feature_layers=num_feature_layers,
-        mask_token_id=mask_token_id, init_from=init_from, max_new_tokens=max_new_tokens, max_length=max_length,
+        mask_token_id=mask_token_id, init_from=init_from, grow_layers=grow_layers, max_new_tokens=max_new_tokens, max_length=max_length,
         gen_temperatures=_floats(gen_temperatures, "--gen-temperatures"), gen_top_p=gen_top_p, epochs=epochs,
         max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, lr=lr,
         log_every=log_every, save_every=save_every, resume=resume,

@@ -251,6 +251,19 @@ def require_text_file(path: Path) -> None:
                                  "CORPUS --train-text FILE` writes one from the training part of the corpus")
 
 
+def check_grow(grow_layers: int | None, init_from: Path | None) -> None:
+    """--grow-layers N needs --init-from and N >= 1 (None: no growth). Torch-free: the CLI checks first."""
+    if grow_layers is None:
+        return
+    if grow_layers < 1:
+        raise SglaunchError(f"--grow-layers must be at least 1, got {grow_layers}",
+                            hint="--grow-layers N adds N layers to the --init-from drafter; omit it to keep its depth")
+    if init_from is None:
+        raise SglaunchError("--grow-layers needs --init-from: it deepens an existing drafter",
+                            hint="pass --init-from DRAFTER (e.g. sglaunch/hub/drafters/smollm2-135m-instruct), "
+                                 "or set the depth of a new drafter with --num-draft-layers")
+
+
 def read_text_file(path: Path) -> str:
     require_text_file(path)
     try:

@@ -3,6 +3,7 @@ embed_tokens / lm_head aliased (frozen, never saved), initialised, exported to D
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -93,13 +94,49 @@ def init_from_checkpoint(path: Path, target_cfg: dict) -> DrafterConfig:
     return cfg
 
 
-def load_checkpoint_weights(drafter: DSparkDrafter, path: Path) -> None:
+def load_checkpoint_weights(drafter: DSparkDrafter, path: Path, cfg: DrafterConfig | None = None) -> None:
+    """Fill the drafter from a checkpoint whose config is `cfg` (default: the drafter's own); a
+    grown drafter passes the checkpoint's (fewer layers): its first layers and every non-layer
+    tensor are loaded, the later layers are left as they are (see grow_layers)."""
     try:
         index = tensor_index(weight_files(path))
         index = {k: v for k, v in index.items() if not k.startswith(ALIASED)}
-        load_weights(drafter, drafter.config, path, index)
+        load_weights(drafter, cfg or drafter.config, path, index)
     except ValueError as exc:
         raise SglaunchError(f"--init-from {path}: {exc}") from None
+
+
+def grown_config(cfg: DrafterConfig, grow_layers: int) -> DrafterConfig:
+    """The checkpoint's config with `grow_layers` more decoder layers (config.json's layer_types
+    follows num_layers when written: DrafterConfig.to_config_dict)."""
+    return dataclasses.replace(cfg, num_layers=cfg.num_layers + grow_layers)
+
+
+@torch.no_grad()
+def grow_layers(drafter: DSparkDrafter, first_new: int) -> None:
+    """Make layers first_new.. identities through their residual connections, so the grown
+    drafter computes exactly what the first_new-layer checkpoint did: o_proj and down_proj (and
+    their biases) at zero, so each new layer adds 0 to the residual stream. The new layers sit
+    at the end of the stack, after the loaded ones and before the final norm.
+
+    NOTE: the other weights of a new layer (its norms, q/k/v, q/k norms, gate/up) are copied
+    from the last loaded layer rather than drawn at random (LLaMA Pro's block expansion,
+    arXiv:2401.02415, does the same): they are already scaled to this residual stream and to
+    trained norms, so the first gradients of the zeroed o_proj / down_proj act on attention
+    patterns and MLP features the trained layer already computes, where N(0, 0.02) q/k
+    give near-uniform attention. The copy cannot
+    make the new layer redundant with its source: it reads the source's output, not its input,
+    and its output weights start at zero and then follow their own gradients."""
+    if not 1 <= first_new <= len(drafter.layers):
+        raise ValueError(f"grow_layers: first_new {first_new} not in [1, {len(drafter.layers)}]")
+    source = dict(drafter.layers[first_new - 1].named_parameters())
+    for layer in drafter.layers[first_new:]:
+        for name, param in layer.named_parameters():
+            param.copy_(source[name])
+        for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            proj.weight.zero_()
+            if proj.bias is not None:
+                proj.bias.zero_()
 
 
 def checkpoint_bytes(cfg: DrafterConfig, bytes_per_param: int = 2) -> int:

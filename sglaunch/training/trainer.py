@@ -47,6 +47,9 @@ class TrainArgs:
     num_feature_layers: int = 5
     mask_token_id: int | None = None
     init_from: Path | None = None
+    # depth up-scaling: the init_from drafter with this many more layers at the end, each an
+    # identity at step 0 (model.grow_layers); None: its own depth. Needs init_from.
+    grow_layers: int | None = None
     # data
     max_new_tokens: int = 256
     max_length: int = 1024
@@ -122,6 +125,7 @@ class Trainer:
             torch.cuda.set_device(self.device)
         self.dtype = torch_dtype(args.dtype)
         self.target_cfg = target_mod.read_target_config(args.target)
+        self.init_cfg = None  # the --init-from checkpoint's own config (drafter_config sets it)
         self.out = args.output
         self.log_rows: list[dict[str, Any]] = []
         self._order: tuple[int, torch.Tensor] | None = None  # (epoch, permutation of the samples)
@@ -131,8 +135,10 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def drafter_config(self):
         a, cfg = self.args, self.target_cfg
+        data.check_grow(a.grow_layers, a.init_from)
         if a.init_from is not None:
-            return model.init_from_checkpoint(a.init_from, cfg)
+            self.init_cfg = model.init_from_checkpoint(a.init_from, cfg)
+            return model.grown_config(self.init_cfg, a.grow_layers) if a.grow_layers else self.init_cfg
         ids = a.target_layer_ids or target_mod.default_layer_ids(int(cfg["num_hidden_layers"]), a.num_feature_layers)
         mask = a.mask_token_id if a.mask_token_id is not None else target_mod.default_mask_token(cfg, a.target)
         dcfg = target_mod.drafter_config_for(cfg, num_layers=a.num_draft_layers, block_size=a.block_size,
@@ -195,8 +201,12 @@ class Trainer:
         model.init_weights(self.drafter, a.seed, final_norm)
         if a.init_from is None:
             self.whiten_fc()
-        else:
-            model.load_checkpoint_weights(self.drafter, a.init_from)
+        else:  # with --resume, load_latest below then replaces every weight (a grown run resumes grown)
+            model.load_checkpoint_weights(self.drafter, a.init_from, self.init_cfg)
+            if a.grow_layers:
+                model.grow_layers(self.drafter, self.init_cfg.num_layers)
+                self.say(f"grew {a.init_from}'s {self.init_cfg.num_layers} layers by {a.grow_layers}: the new "
+                         "layers come last, o_proj / down_proj at zero (the same function at step 0)")
         self.params = list(model.own_parameters(self.drafter).values())
         self.set_attention(a.attention)
         # one fused kernel for every parameter on CUDA (the default there is foreach: a few per tensor)
@@ -514,7 +524,8 @@ class Trainer:
         state = torch.load(found[-1] / "trainer.pt", map_location="cpu", weights_only=False)
         if state["drafter_config"] != self.dcfg.to_dict():
             raise SglaunchError(f"--resume: {found[-1]} was trained with another drafter shape or target",
-                                hint="resume with the same target and drafter options, or use a new --output")
+                                hint="resume with the same target and drafter options (the same --init-from and "
+                                     "--grow-layers for a grown drafter), or use a new --output")
         model.load_torch_state(self.drafter, state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
