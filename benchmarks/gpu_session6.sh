@@ -423,6 +423,21 @@ pipeline24() {  # session 15, run 1: pipeline23 unchanged (the planner's committ
   touch "$W/all.done"
 }
 
+pipeline25() {  # session 15, run 2: bursts of more than 4 requests at most 4 iterations and the
+  # context skip on by default (both from run 1), the round-9 drafter: their GPU tests, then drafter
+  # shapes at random weights while the model uploads (issue 19 item 3: the 20% budget), then the
+  # issue's bench (c=8,32 on 1,024 prompts; c=64,256 on 2,048) and plain HTTP against in-process at c=64
+  part pytest 220 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or context or wait_only or dspark_with_graphs"
+  part capacity 110 python3 benchmarks/drafter_capacity.py --model "$REPO/.gpu6/smolcfg" --random-like \
+    --shapes 2x1024r8,3x1024r8,4x1024r8 --time-budget 90 --json "$W/capacity.json"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 200 bash -c 'dspark_vs_plain "$@"' _ 8,32 "$W/bench/bench.json" 1024
+  part bench2 200 bash -c 'dspark_vs_plain "$@"' _ 64,256 "$W/bench2/bench.json" 2048
+  part http 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,in-process --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -476,7 +491,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -515,13 +515,13 @@ def extra_tiers_from_env() -> tuple[int, ...]:
 
 
 def context_skip_from_env() -> bool:
-    """SGLAUNCH_DSPARK_SKIP_CONTEXT, read once at start-up: 1, a DSpark engine's plain decode steps at
-    loads where it has stepped aside for a while write no draft context (LLMEngine._draft_context);
-    0 (the default) never. NOTE: off by default: on the H200 (session 14, run 2) it served 0.785x
-    of the same server without it at c=64 over HTTP (the few requests admitted after the skip kept
-    the planner drafting for them, at a verify of the whole batch; the planner's committed_extra
-    prices that since, not yet measured)."""
-    return env_switch(CONTEXT_SKIP_ENV, False)
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT, read once at start-up: 1 (the default), a DSpark engine's plain
+    decode steps at loads where it has stepped aside for a while write no draft context
+    (LLMEngine._draft_context); 0 never. NOTE: on the H200 it served 0.785x of the same server
+    without it at c=64 over HTTP in session 14 (the few requests admitted after a skip were priced
+    as if alone, so the planner drafted for them at a verify of the whole batch) and 1.127x in
+    session 15, once the planner's committed_extra priced that case."""
+    return env_switch(CONTEXT_SKIP_ENV, True)
 
 
 def mixed_from_env() -> bool:

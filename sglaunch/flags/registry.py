@@ -343,7 +343,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
-           "8 requests), off elsewhere.",
+           "4 requests), off elsewhere.",
            sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_CHAIN", "DSpark bursts: launch a batch's next burst as soon as this one is "
            "committed, before its outputs are built and sent (when nothing waits and every running request "
@@ -351,8 +351,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SKIP_CONTEXT", "DSpark at load (experimental): once the planner has stepped aside 16 "
            "steps in a row, a plain decode step of more requests than a burst holds writes no draft context "
-           "(its requests decode plainly from then on; requests admitted later draft as before): off unless 1 "
-           "(on an H200 it served 0.79x of the same server without it at 64 concurrent requests).",
+           "(its requests decode plainly from then on; requests admitted later draft as before): on unless 0 "
+           "(on an H200 it served 1.13x of the same server without it at 64 concurrent requests).",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_COMBINE", "DSpark bursts: how the verify attention's split-K partials are "
            "merged: separate (default) runs a combine kernel after the split kernel, fold merges them in the "

@@ -61,8 +61,10 @@ DEFAULT_ITERATIONS = 8
 # NOTE: by default a burst of more than WIDE_BATCH requests runs at most WIDE_ITERATIONS: with more
 # requests, more of them finish inside a burst and their slots stay empty until it ends. H200,
 # session 10 (bench --compare, held-out prompts): at most 8 iterations against 4: 1.23x at 1
-# request, 1.06x at 8, 0.82x at 32
-WIDE_BATCH = 8
+# request, 1.06x at 8, 0.82x at 32. Session 15 (run 1, c=8, 1,024 prompts): at most 4 iterations
+# against 8 for 8 requests, 8,942 against 8,416 out tok/s (1.06x), TTFT p50 16.0 against 20.8 ms: an
+# arrival waits for the burst in flight, and at 8 requests one arrives about every 6 iterations
+WIDE_BATCH = 4
 WIDE_ITERATIONS = 4
 MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding

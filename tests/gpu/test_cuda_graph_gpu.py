@@ -340,7 +340,7 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
 
 
 def test_dspark_decode_graphs_without_draft_context_equal_plain_greedy(files, monkeypatch):
-    """SGLAUNCH_DSPARK_SKIP_CONTEXT=1 (off by default): each decode size is also captured without the
+    """SGLAUNCH_DSPARK_SKIP_CONTEXT=1 (the default): each decode size is also captured without the
     draft context write; once the planner has stepped aside a few steps in a row, plain decode
     steps replay those, and the outputs stay plain greedy."""
     monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
