@@ -438,6 +438,17 @@ pipeline25() {  # session 15, run 2: bursts of more than 4 requests at most 4 it
   touch "$W/all.done"
 }
 
+pipeline26() {  # session 15, run 3 (265 s of device time left: no tests): DSpark bursts ended
+  # early for an arrival (SGLAUNCH_DSPARK_BURST_EARLY_STOP=1) against not, c=4 (bursts of 8), 512 prompts
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 150 python3 -m sglaunch bench \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "SGLAUNCH_DSPARK_BURST_EARLY_STOP=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label whole --label early --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 512 --output-len 128 \
+    --concurrency 4 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -491,7 +502,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25
+    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

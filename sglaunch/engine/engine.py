@@ -61,10 +61,11 @@ class BurstFlight:
     """A launched DSpark burst that the host has not read yet."""
 
     chunks: list[Chunk]
-    iterations: int
+    iterations: int  # planned; the ones that ran once it is read (an early stop runs fewer)
     pending: object  # speculative.burst.PendingBurst
     started: float  # perf_counter when its launch began
     chained: bool  # launched while the burst before it was being finished
+    waiting: int = 0  # requests in the scheduler's queue at launch (only later ones end it early)
 
 
 class LLMEngine:
@@ -91,6 +92,7 @@ class LLMEngine:
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
         self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
         self.burst_chain = False  # launch a batch's next burst while finishing the one before
+        self.burst_early_stop = False  # queue a burst a few iterations at a time, end it for an arrival
         self._burst_in_flight: BurstFlight | None = None
         self._burst_read_at = 0.0  # when the last burst's rows were read
         # whether commands wait unread (the engine process's channel): no burst is chained then
@@ -102,10 +104,12 @@ class LLMEngine:
         self.context_skipped_steps = 0
         self._aside_streak = 0  # steps in a row the planner stepped aside (_decide)
         if self.spec is not None and getattr(runner, "burst", None) is not None:
-            from sglaunch.speculative.burst import BurstPolicy, chain_from_env, wide_cap_from_env
+            from sglaunch.speculative.burst import BurstPolicy, chain_from_env, early_stop_from_env, wide_cap_from_env
 
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
+            # NOTE: one rank only: the other ranks replay a burst's iterations as one command
+            self.burst_early_stop = early_stop_from_env() and self.tp.size == 1
             self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
@@ -471,7 +475,8 @@ class LLMEngine:
             return ""
         accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
         skipped = ", ".join(f"{why} {n}" for why, n in policy.skipped.most_common()) or "none"
-        return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations, {policy.chained} chained; "
+        stopped = f", {policy.stopped} ended early for an arrival" if self.burst_early_stop else ""
+        return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations, {policy.chained} chained{stopped}; "
                 f"steps without one: {skipped}; "
                 f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f})")
 
@@ -481,13 +486,41 @@ class LLMEngine:
         return self._collect_burst(self._launch_burst(chunks, iterations))
 
     def _launch_burst(self, chunks: list[Chunk], iterations: int, chained: bool = False) -> BurstFlight:
-        from sglaunch.speculative.burst import BurstInput
+        from sglaunch.speculative.burst import LEAD, BurstInput
 
         start = time.perf_counter()
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
                            [c.req.pages for c in chunks], iterations)
-        pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
-        return BurstFlight(chunks, iterations, pending, start, chained)
+        if self.burst_early_stop and self.burst.stop_pays(len(chunks), iterations - LEAD):
+            # NOTE: one rank (burst_early_stop): no command for the workers
+            pending = self.runner.burst.launch(burst, queue=LEAD)
+        else:
+            pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
+        return BurstFlight(chunks, iterations, pending, start, chained, len(self.scheduler.waiting))
+
+    def _drive_burst(self, flight: BurstFlight) -> None:
+        """Queue the rest of a burst launched a few iterations at a time, LEAD iterations ahead of
+        the device, and end it early once a command arrives (unread in the channel, or read into
+        the scheduler's queue since the launch) if BurstPolicy.stop_pays: the arrival is admitted
+        after at most LEAD more iterations instead of the whole burst. Then close it (its rows'
+        copy to the host is queued) and record the iterations it ran."""
+        from sglaunch.speculative.burst import LEAD, POLL_S
+
+        runner, pending, policy = self.runner.burst, flight.pending, self.burst
+        requests = len(flight.chunks)
+        while pending.queued < flight.iterations:
+            arrived = len(self.scheduler.waiting) > flight.waiting or (
+                self.input_waiting is not None and self.input_waiting())
+            if arrived and policy.stop_pays(requests, flight.iterations - pending.queued):
+                policy.stopped += 1
+                policy.stopped_iterations += flight.iterations - pending.queued
+                break
+            if pending.queued - runner.iterations_done(pending) < LEAD:
+                runner.extend(pending)
+            else:
+                time.sleep(POLL_S)
+        runner.close(pending)
+        flight.iterations = pending.iterations
 
     def _collect_burst(self, flight: BurstFlight) -> list[TokenOutput]:
         """Read a launched burst back and commit its tokens; then, before its outputs, stats and
@@ -495,6 +528,8 @@ class LLMEngine:
         the next step would make it anyway (_chain_plan): that burst stays in flight, and the next
         step() finishes it. A request aborted while its burst ran gets nothing more."""
         self._burst_in_flight = None
+        if not flight.pending.closed:
+            self._drive_burst(flight)
         result = self.runner.burst.read(flight.pending)
         read_at = time.perf_counter()
         # NOTE: a chained burst's cost is the time between the rows of the burst before and its
@@ -761,7 +796,7 @@ class LLMEngine:
         stats["mode"] = self.spec.mode
         if self.burst is not None:  # DSpark bursts: how many, how many steps declined one, the estimates
             stats["bursts"] = {"bursts": self.burst.bursts, "iterations": self.burst.burst_iterations,
-                               "chained": self.burst.chained,
+                               "chained": self.burst.chained, "stopped_early": self.burst.stopped,
                                "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
         stats["context_skipped_steps"] = self.context_skipped_steps

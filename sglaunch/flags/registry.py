@@ -349,6 +349,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "committed, before its outputs are built and sent (when nothing waits and every running request "
            "decodes), so the device does not idle through the host's tail: on unless 0.",
            choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "DSpark bursts on one rank (experimental): queue a burst two "
+           "iterations ahead of the device instead of all at once, and end it early when a request arrives and "
+           "admitting it sooner is worth another burst's fixed cost (the start-up profile): off unless 1.",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SKIP_CONTEXT", "DSpark at load (experimental): once the planner has stepped aside 16 "
            "steps in a row, a plain decode step of more requests than a burst holds writes no draft context "
            "(its requests decode plainly from then on; requests admitted later draft as before): on unless 0 "

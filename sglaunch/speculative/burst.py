@@ -68,6 +68,9 @@ WIDE_BATCH = 4
 WIDE_ITERATIONS = 4
 MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
+EARLY_STOP_ENV = "SGLAUNCH_DSPARK_BURST_EARLY_STOP"  # 1: a burst ends early for an arrival when that pays
+LEAD = 2  # iterations a burst launched a few at a time keeps queued ahead of the device
+POLL_S = 5e-5  # how long the host sleeps between looks at the device and the channel meanwhile
 RELAX = 0.02  # per step that does not burst, the accept estimate moves this far back toward the prior
 DECAY = 0.8  # weight of the old accept estimate per burst
 
@@ -78,6 +81,15 @@ def chain_from_env() -> bool:
     from sglaunch.config import env_switch
 
     return env_switch(CHAIN_ENV, True)
+
+
+def early_stop_from_env() -> bool:
+    """SGLAUNCH_DSPARK_BURST_EARLY_STOP, read once at start-up: 1, rank 0 of a one-rank engine queues
+    a burst a few iterations at a time (LEAD ahead of the device) and ends it early when a command
+    arrives and BurstPolicy.stop_pays; 0 (the default), every iteration is queued at launch."""
+    from sglaunch.config import env_switch
+
+    return env_switch(EARLY_STOP_ENV, False)
 
 
 def wide_cap_from_env() -> int | None:
@@ -154,12 +166,19 @@ class BurstResult:
 @dataclass
 class PendingBurst:
     """Rank 0's handle on a launched burst: its ring rows on their way into pinned host memory
-    (`ready` records when they are there; None on a CPU, where they are there at once)."""
+    (`ready` records when they are there; None on a CPU, where they are there at once).
+    A burst launched with fewer iterations queued than planned (`BurstRunner.launch(queue=k)`)
+    grows by `extend` and is closed by `close`, which sets `iterations` to the queued ones."""
 
     requests: int
     iterations: int
     host: object  # torch [max_iterations, B, 2 * Q + 1] float64, pinned on CUDA
     ready: object = None  # torch.cuda.Event
+    key: object = None  # BurstKey
+    queued: int = 0  # iterations queued on the device so far
+    done_events: list = field(default_factory=list)  # CUDA: one event after each queued iteration
+    copy: bool = True  # rank 0: its rows go to the host when it is closed
+    closed: bool = False
 
 
 def slot_rows(page_tables, lengths: Sequence[int], page_size: int, width: int, fill: int):
@@ -458,10 +477,12 @@ class BurstRunner:
         pending = self.launch(burst, copy=read)
         return self.read(pending) if read else None
 
-    def launch(self, burst: BurstInput, copy: bool = True) -> PendingBurst:
+    def launch(self, burst: BurstInput, copy: bool = True, queue: int | None = None) -> PendingBurst:
         """Queue a burst's iterations on the device and (copy=True, rank 0) the copy of its ring
-        rows to pinned host memory; returns at once on CUDA. NOTE: the host buffers it fills were
-        last read by a burst that has been read back (the engine launches at most one burst ahead)."""
+        rows to pinned host memory; returns at once on CUDA. queue=k (rank 0, one rank): queue
+        only the first k iterations; `extend` queues more and `close` ends the burst where it is
+        (LLMEngine._drive_burst). NOTE: the host buffers it fills were last read by a burst that
+        has been read back (the engine launches at most one burst ahead)."""
         torch, Q = self.torch, self.Q
         R, N = len(burst.anchors), burst.iterations
         if not 1 <= N <= self.max_iterations:
@@ -479,29 +500,75 @@ class BurstRunner:
         grid = host[3 * B:].reshape(B, C)
         grid[:R] = slot_rows(burst.page_tables, lengths, self.page_size, C, self.fill_slot)
         grid[R:] = self.fill_slot
+        pending = PendingBurst(R, N, None, key=key, copy=copy)
         with torch.inference_mode():
             self.flat[: 3 * B + B * C].copy_(self.host_flat[: 3 * B + B * C], non_blocking=True)
-            graph = self.graphs.get(key)
-            for k in range(N):
-                if graph is not None:
-                    graph.replay()
-                else:
-                    self._body(key)
-                self.ring[k, :B].copy_(self.result[:B])
-            self.replays += N
-            self.bursts += 1
-            ring = self.host_rings[self._next_ring]
-            pending = PendingBurst(R, N, ring)
-            if copy:
-                self._next_ring ^= 1
-                ring[:N].copy_(self.ring[:N], non_blocking=True)
-                if self.device.type == "cuda":
-                    pending.ready = torch.cuda.Event()
-                    pending.ready.record()
+        self.bursts += 1
+        incremental = queue is not None and queue < N
+        for _ in range(min(N, queue) if incremental else N):
+            self._queue_iteration(pending, events=incremental)
+        if not incremental:
+            self.close(pending)
         return pending
+
+    def _queue_iteration(self, pending: PendingBurst, events: bool) -> None:
+        """One more iteration of a burst: the key's graph replayed (its body run eagerly without
+        one), its result row copied into the ring; events=True: an event recorded after it, for
+        `iterations_done`."""
+        torch, k, B = self.torch, pending.queued, pending.key.batch
+        if k >= pending.iterations:
+            raise ValueError(f"a burst of {pending.iterations} iterations has all of them queued")
+        with torch.inference_mode():
+            graph = self.graphs.get(pending.key)
+            if graph is not None:
+                graph.replay()
+            else:
+                self._body(pending.key)
+            self.ring[k, :B].copy_(self.result[:B])
+        pending.queued += 1
+        self.replays += 1
+        if events and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            pending.done_events.append(event)
+
+    def extend(self, pending: PendingBurst) -> None:
+        """Queue the next iteration of a burst launched with fewer queued than planned."""
+        self._queue_iteration(pending, events=True)
+
+    def iterations_done(self, pending: PendingBurst) -> int:
+        """How many of its queued iterations the device has finished (all of them on a CPU, where
+        each ran when it was queued). NOTE: event queries, no wait."""
+        if self.device.type != "cuda":
+            return pending.queued
+        done = 0
+        for event in pending.done_events:  # NOTE: in order; at most max_iterations of them
+            if not event.query():
+                break
+            done += 1
+        return done
+
+    def close(self, pending: PendingBurst) -> None:
+        """End a burst at the iterations queued so far: `iterations` becomes that count and (rank
+        0) its ring rows are copied into the free pinned host ring behind them, with `ready`."""
+        if pending.closed:
+            return
+        pending.closed, pending.iterations = True, pending.queued
+        if not pending.copy:
+            return
+        torch = self.torch
+        ring = self.host_rings[self._next_ring]
+        self._next_ring ^= 1
+        pending.host = ring
+        with torch.inference_mode():
+            ring[: pending.queued].copy_(self.ring[: pending.queued], non_blocking=True)
+        if self.device.type == "cuda":
+            pending.ready = torch.cuda.Event()
+            pending.ready.record()
 
     def read(self, pending: PendingBurst) -> BurstResult:
         """Wait for a launched burst (its rows only, not what was queued after it) and parse them."""
+        self.close(pending)
         if pending.ready is not None:
             pending.ready.synchronize()  # NOTE: the burst's one wait
         rows = pending.host[: pending.iterations, : pending.requests].numpy()
@@ -527,6 +594,8 @@ class BurstPolicy:
     bursts: int = 0
     burst_iterations: int = 0
     chained: int = 0  # bursts launched while the one before was finished (LLMEngine._collect_burst)
+    stopped: int = 0  # bursts ended early for an arrival (LLMEngine._drive_burst)
+    stopped_iterations: int = 0  # the iterations those bursts did not run
     declined: int = 0
     skipped: Counter = field(default_factory=Counter)  # why a step did not burst -> steps
 
@@ -542,6 +611,19 @@ class BurstPolicy:
             return None
         fixed = _interpolate(self.fixed, requests) if self.fixed else 0.0
         return (fixed + iterations * _interpolate(self.costs, requests)) * self.scale
+
+    def stop_pays(self, requests: int, remaining: int) -> bool:
+        """Whether ending a burst of `requests` with `remaining` iterations not yet queued pays for
+        a request that waits to be admitted: it starts that many iterations sooner (about one
+        request-iteration of tokens each), and the batch pays one more burst's fixed cost, worth
+        (requests + 1) x fixed / iteration request-iterations. Without a profile (CPU, static
+        mode): always."""
+        if remaining < 1:
+            return False
+        if not self.costs:
+            return True
+        fixed = _interpolate(self.fixed, requests) if self.fixed else 0.0
+        return remaining > (requests + 1) * fixed / _interpolate(self.costs, requests)
 
     def expected_accept(self, prior: float) -> float:
         return self.accept if self.accept is not None else prior

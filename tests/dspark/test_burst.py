@@ -152,6 +152,91 @@ def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
     assert tokens == plain[1: 1 + len(tokens)]
 
 
+def test_a_burst_queued_a_few_iterations_at_a_time_runs_the_same(dspark_files, bursts):
+    """BurstRunner.launch(queue=1) + extend + close: the same rows as the burst queued at once, and
+    close ends a burst where it is (iterations = those queued)."""
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=1)
+    prompt = prompts(1, seed=11, lengths=(10,))[0]
+    engine, cluster = create_engine(config)
+    try:
+        engine.add_request(GenerateRequest("x", tuple(prompt), greedy(40)))
+        engine.step()
+        req = engine.requests["x"]
+        assert engine.scheduler.reserve_burst([_chunk(req)], 3 * (GAMMA + 1) - 1)
+        runner = engine.runner.burst
+
+        def burst():
+            return BurstInput([req.token_ids[-1]], [len(req.token_ids) - 1], [req.pages], 3)
+
+        whole = runner.read(runner.launch(burst()))
+        pending = runner.launch(burst(), queue=1)
+        assert pending.queued == 1 and not pending.closed and runner.iterations_done(pending) == 1
+        runner.extend(pending)
+        runner.extend(pending)
+        with pytest.raises(ValueError):
+            runner.extend(pending)  # all 3 queued
+        stepwise = runner.read(pending)
+        short = runner.launch(burst(), queue=2)
+        runner.close(short)
+        cut = runner.read(short)
+    finally:
+        cluster.stop(engine)
+    assert stepwise.accepted == whole.accepted and stepwise.tokens == whole.tokens
+    assert short.iterations == 2 and cut.accepted == whole.accepted[:2]
+    assert cut.tokens[0] == whole.tokens[0][: len(cut.tokens[0])]
+
+
+@pytest.mark.parametrize("how", ["channel", "scheduler"])
+def test_bursts_end_early_for_an_arrival(dspark_files, baselines, bursts, monkeypatch, how):
+    """SGLAUNCH_DSPARK_BURST_EARLY_STOP=1: a burst is queued LEAD iterations ahead and ends as soon
+    as a command waits unread (channel) or a request was added since its launch (scheduler), when
+    stop_pays (always without a profile); every output stays plain greedy, nothing stays reserved,
+    and the request that arrived is served as if alone."""
+    from sglaunch.speculative.burst import EARLY_STOP_ENV, LEAD
+
+    monkeypatch.setenv(EARLY_STOP_ENV, "1")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4)
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.burst_early_stop and engine.runner.burst.max_iterations > LEAD
+        if how == "channel":
+            engine.input_waiting = lambda: True
+            results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
+            assert tokens_of(results) == tokens_of(baselines[4])
+        else:  # a request added while a (chained) burst is in flight
+            batch = BATCHES[-1]
+            requests = make_requests(batch, "a", greedy(60))  # NOTE: long enough for full bursts
+            for r in requests:
+                engine.add_request(r)
+            late = make_requests(BATCHES[0][:1], "late", greedy(20))[0]
+            got = {r.rid: [] for r in requests + [late]}
+            while engine.has_work:
+                for o in engine.step():
+                    got[o.rid] += o.new_token_ids
+                if late.rid not in engine.requests and engine._burst_in_flight is not None \
+                        and len(got[late.rid]) == 0:
+                    engine.add_request(late)
+            alone = generate_batch(engine_config(dspark_files["target"], page_size=4),
+                                   [list(late.input_ids)], late.sampling)[0]
+            assert got[late.rid] == alone
+        stats = engine.live_stats()["speculative"]["bursts"]
+        stopped, planned_cut = engine.burst.stopped, engine.burst.stopped_iterations
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+    assert stopped > 0 and planned_cut > 0 and stats["stopped_early"] == stopped
+
+
+def test_stop_pays_weighs_the_fixed_cost():
+    policy = BurstPolicy(gamma=7, max_iterations=8, costs={1: 1.4e-3, 8: 1.6e-3}, fixed={1: 0.2e-3, 8: 0.8e-3})
+    # one request: (1 + 1) x 0.2 / 1.4 = 0.29 iterations: ending it pays for any remaining one
+    assert policy.stop_pays(1, 1)
+    # eight: 9 x 0.8 / 1.6 = 4.5 iterations: only a burst with more left than that ends
+    assert not policy.stop_pays(8, 4) and policy.stop_pays(8, 5)
+    assert not policy.stop_pays(1, 0)
+    assert BurstPolicy(7, 8).stop_pays(32, 1)  # no profile (CPU, static): always
+
+
 def _chunk(req):
     from sglaunch.engine.scheduler import Chunk
 

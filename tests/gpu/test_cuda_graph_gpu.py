@@ -379,6 +379,28 @@ def test_dspark_bursts_with_graphs_equal_plain_greedy(files, mode, monkeypatch):
     assert_same_greedy(spec, plain, f"DSpark bursts ({mode}, graphs on) vs plain greedy", max_diverged=3)
 
 
+def test_dspark_bursts_ended_early_equal_plain_greedy(files, monkeypatch):
+    """SGLAUNCH_DSPARK_BURST_EARLY_STOP=1: bursts queued two iterations ahead of the device (their
+    own events polled), ended when the channel says a command waits (here every other look); the
+    same greedy tokens as plain decoding, and some bursts did end early."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "auto")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "1")
+    batch = prompts(4, seed=7)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 48)
+    config = cuda_config(files, drafter="oracle")
+    config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode="static"))
+    looks, stopped = [], []
+
+    def prepare(engine):
+        assert engine.burst_early_stop
+        engine.input_waiting = lambda: bool(looks.append(1) or len(looks) % 2)
+        stopped.append(engine.burst)
+
+    spec, replays = greedy_outputs(config, batch, 48, prepare=prepare)
+    assert replays["bursts"] > 0 and stopped[0].stopped > 0, (replays, stopped[0].stopped)
+    assert_same_greedy(spec, plain, "DSpark bursts ended early (graphs on) vs plain greedy", max_diverged=2)
+
+
 def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch):
     """Static mode (every window full): each drafting step's verify inputs are filled in on the
     device from the drafter graph's block (no planning read-back), inside CUDA graph replays."""
