@@ -32,9 +32,10 @@ class _Tp:
 
 
 class SyntheticEngine:
-    def __init__(self, step_s: float, tokens: list[int], max_running: int, context_length: int):
+    def __init__(self, step_s: float, tokens: list[int], max_running: int, context_length: int, config=None):
         from sglaunch.engine.scheduler import SchedulerLimits
 
+        self.config = config  # the server's EngineConfig (the loop reads its stream_interval)
         self.step_s, self.tokens, self.max_running = step_s, tokens, max_running
         self.limits = SchedulerLimits(page_size=1, max_running_requests=max_running, chunked_prefill_size=None,
                                       context_length=context_length, eos_token_ids=())
@@ -117,13 +118,13 @@ def synthetic_engine_main(config, endpoints, server_pid: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: None)
-    engine_process._watch_parent(server_pid)
+    engine_process.watch_parent(server_pid)
     channel = engine_process._EngineChannel(endpoints)
     with open(os.environ["SGLAUNCH_SYNTH_TOKENS"]) as f:
         tokens = json.load(f)
     engine = SyntheticEngine(float(os.environ.get("SGLAUNCH_SYNTH_STEP_MS", "2.75")) / 1000, tokens,
                              int(os.environ.get("SGLAUNCH_SYNTH_MAX_RUNNING", "64")),
-                             int(config.context_length or 4096))
+                             int(config.context_length or 4096), config)
     channel.send((ipc.READY, {"pid": os.getpid(), "static": engine.static_info(), "live": engine.live_stats(),
                               "limits": engine.limits, "num_pages": engine.allocator.num_pages}))
     engine_process._EngineLoop(engine, _Cluster(), channel).run()
