@@ -212,6 +212,15 @@ dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure,
     --concurrency "$1" --temperature 0 --output "$2" --no-plot
 }
 
+dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
+  # environments (ENV: VAR=VALUE ... before `sglaunch serve`, may be empty), the held-out set, 128 tokens, T=0
+  python3 -m sglaunch bench \
+    --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
+    --concurrency "$5" --temperature 0 --output "$7" --no-plot
+}
+
 pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
   # tests and sync censuses with the new DSpark-burst test (bursts through real graphs equal plain
   # greedy, static and compact); then the issue's measure, `sglaunch bench --compare` plain against
@@ -402,11 +411,9 @@ pipeline23() {  # session 14, run 2: chained bursts that wait for unread arrival
   part sweep 150 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
     --prompts benchmarks/prompt_set/heldout.jsonl --concurrency 64,256 --requests 1024,1024 --max-tokens 128 --modes compact \
     --out "$W/sweep"
-  part bench3 200 python3 -m sglaunch bench \
-    --compare "SGLAUNCH_DSPARK_SKIP_CONTEXT=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label keep --label skip --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 2048 --output-len 128 \
-    --concurrency 64 --temperature 0 --output "$W/bench3/bench.json" --no-plot
+  # NOTE: the skip was off by default then; `=1` names it now that it is on
+  part bench3 200 bash -c 'dspark_ab "$@"' _ keep SGLAUNCH_DSPARK_SKIP_CONTEXT=0 skip SGLAUNCH_DSPARK_SKIP_CONTEXT=1 \
+    64 2048 "$W/bench3/bench.json"
   touch "$W/all.done"
 }
 
@@ -415,11 +422,8 @@ pipeline24() {  # session 15, run 1: pipeline23 unchanged (the planner's committ
   # iterations: what an arrival's wait for the burst in flight costs against a burst's fixed cost)
   pipeline23
   rm -f "$W/all.done"
-  part bench4 150 python3 -m sglaunch bench \
-    --compare "SGLAUNCH_DSPARK_BURST=4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --compare "SGLAUNCH_DSPARK_BURST=2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label burst4 --label burst2 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
-    --concurrency 8 --temperature 0 --output "$W/bench4/bench.json" --no-plot
+  part bench4 150 bash -c 'dspark_ab "$@"' _ burst4 SGLAUNCH_DSPARK_BURST=4 burst2 SGLAUNCH_DSPARK_BURST=2 \
+    8 1024 "$W/bench4/bench.json"
   touch "$W/all.done"
 }
 
@@ -441,11 +445,8 @@ pipeline25() {  # session 15, run 2: bursts of more than 4 requests at most 4 it
 pipeline26() {  # session 15, run 3 (265 s of device time left: no tests): DSpark bursts ended
   # early for an arrival (SGLAUNCH_DSPARK_BURST_EARLY_STOP=1) against not, c=4 (bursts of 8), 512 prompts
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  part bench 150 python3 -m sglaunch bench \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --compare "SGLAUNCH_DSPARK_BURST_EARLY_STOP=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label whole --label early --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 512 --output-len 128 \
-    --concurrency 4 --temperature 0 --output "$W/bench/bench.json" --no-plot
+  part bench 150 bash -c 'dspark_ab "$@"' _ whole SGLAUNCH_DSPARK_BURST_EARLY_STOP=0 early SGLAUNCH_DSPARK_BURST_EARLY_STOP=1 \
+    4 512 "$W/bench/bench.json"
   touch "$W/all.done"
 }
 
@@ -502,7 +503,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26
+    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sglaunch.cli.app import app
 from sglaunch.errors import SglaunchError
 from sglaunch.speculative.checkpoint import init_drafter_state, load_drafter, save_drafter
 from sglaunch.speculative.drafter import DraftContextCache
 from sglaunch.training import model, objective
 from sglaunch.training.trainer import TrainArgs, Trainer
+from test_train_draft import fast_args as train_fast_args, hf_as_engine_target, invoke
 
 BASE_LAYERS = 2
 
@@ -32,26 +31,9 @@ def build_target(folder: Path, model_type: str) -> Path:
     return module.build_target(folder, model_type)
 
 
-def invoke(*args):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200", "SGLAUNCH_NO_PROGRESS": "1"})
-
-
 def fast_args(target, prompts, out, **overrides) -> TrainArgs:
-    base = dict(target=target, prompts=prompts, output=out, num_draft_layers=BASE_LAYERS, markov_rank=16,
-                max_new_tokens=24, max_length=80, batch_size=4, anchors_per_seq=16, eval_fraction=0.2,
-                progress=False, lr=3e-3)
-    return TrainArgs(**{**base, **overrides})
-
-
-def hf_as_engine_target(path: Path):
-    from types import SimpleNamespace
-
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    spec = SimpleNamespace(hidden_size=hf.config.hidden_size, vocab_size=hf.config.vocab_size,
-                           num_layers=hf.config.num_hidden_layers)
-    return SimpleNamespace(spec=spec, model=SimpleNamespace(embed_tokens=hf.model.embed_tokens), lm_head=hf.lm_head)
+    """test_train_draft's fast settings, with a BASE_LAYERS-layer drafter to grow from."""
+    return train_fast_args(target, prompts, out, **{"num_draft_layers": BASE_LAYERS, **overrides})
 
 
 @pytest.fixture(scope="module")
