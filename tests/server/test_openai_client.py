@@ -108,6 +108,21 @@ def test_chat_completion(client, tokenizer):
     assert reply.usage.completion_tokens == 8
 
 
+def test_chat_continuing_the_final_message(client, tokenizer):
+    """continue_final_message: the prompt is the template's rendering cut right after the last
+    (assistant) message's text, no generation prompt, tokenized without special tokens (the
+    template and the tokenizer run in one hop off the event loop)."""
+    messages = MESSAGES + [{"role": "assistant", "content": "Hello! I"}]
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4, temperature=0,
+                                           extra_body={**IGNORE_EOS, "continue_final_message": True,
+                                                       "add_generation_prompt": False})
+    text = tokenizer.render_chat(messages, add_generation_prompt=False)
+    cut = text[: text.rfind("Hello! I") + len("Hello! I")]
+    assert cut != text  # the template's end-of-turn marker was dropped
+    assert reply.usage.prompt_tokens == len(tokenizer.encode(cut, add_special_tokens=False))
+    assert reply.usage.completion_tokens == 4
+
+
 def test_streamed_chat_equals_the_non_streamed_one(client):
     kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0,
                   extra_body=IGNORE_EOS)
