@@ -74,9 +74,8 @@ class ServerContext:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
 
-    async def off_loop(self, work, *args, **kwargs):
-        """work(*args, **kwargs) on a worker thread (chat template and tokenizer together)."""
-        return await asyncio.to_thread(work, *args, **kwargs)
+    async def render_chat(self, messages: list[dict], **kwargs) -> str:
+        return await asyncio.to_thread(self.tokenizer.render_chat, messages, **kwargs)
 
     # ---- requests in flight
     def _track(self, request: GenerateRequest) -> None:

@@ -188,21 +188,15 @@ async def _chat_prompt_ids(ctx: ServerContext, body: ChatCompletionRequest) -> l
     kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
               if k not in RESERVED_TEMPLATE_KWARGS}
     continue_final = body.continue_final_message
-    add_generation_prompt = body.add_generation_prompt and not continue_final
-    tokenizer = ctx.tokenizer
-
-    def render_and_encode() -> list[int]:
-        try:
-            text = tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
-            raise bad_request(f"Could not apply the chat template: {exc}", param="messages") from exc
-        if continue_final:
-            text = _cut_after_final_message(text, messages[-1]["content"])
-        return tokenizer.encode(text, add_special_tokens=False)
-
-    # NOTE: the template and the tokenizer in one hop off the event loop: each hop is a thread
-    # handoff per request (about 9% of the server's per-request CPU as two hops, py-spy --gil)
-    return await ctx.off_loop(render_and_encode)
+    try:
+        text = await ctx.render_chat(
+            messages, add_generation_prompt=body.add_generation_prompt and not continue_final,
+            **kwargs)
+    except Exception as exc:  # noqa: BLE001 - template errors are the client's messages
+        raise bad_request(f"Could not apply the chat template: {exc}", param="messages") from exc
+    if continue_final:
+        text = _cut_after_final_message(text, messages[-1]["content"])
+    return await ctx.encode(text, add_special_tokens=False)
 
 
 def _cut_after_final_message(text: str, final_content: str) -> str:
