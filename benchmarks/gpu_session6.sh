@@ -450,6 +450,19 @@ pipeline26() {  # session 15, run 3 (265 s of device time left: no tests): DSpar
   touch "$W/all.done"
 }
 
+pipeline27() {  # prepared in session 15 for the next session: the early-stop bursts' GPU test, then
+  # their A/B at c=4 (bursts of 8 there), the issue's bench at c=1 and 8 (c=1 not re-measured since
+  # session 14), and plain HTTP against in-process at c=64 (run with `half2 S`, call timeout S + 30)
+  part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or ended_early or context or wait_only"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part bench 150 bash -c 'dspark_ab "$@"' _ whole SGLAUNCH_DSPARK_BURST_EARLY_STOP=0 early SGLAUNCH_DSPARK_BURST_EARLY_STOP=1 \
+    2,4 512 "$W/bench/bench.json"
+  part bench2 150 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench2/bench.json" 256
+  part http 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 1 --sides http,in-process --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -503,7 +516,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26
+    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
