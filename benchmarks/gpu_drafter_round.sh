@@ -27,9 +27,9 @@
 #     --responses benchmarks/drafter_rounds/s10-round4/responses.jsonl.gz --responses benchmarks/drafter_rounds/s11-round5/responses.jsonl.gz
 #   (CPU check: bash benchmarks/gpu_drafter_round.sh run --smoke --gen-seconds 0 --responses FILE --out DIR)
 # summary.txt's training line gives the steps/s between the first and last logged steps.
-# A DEEPER drafter (issue 19 item 3): --train-args "--lr 1e-3 --batch-size 32 --anchors-per-seq 128 --grow-layers 1"
-# (--train-args replaces those defaults, so repeat them) trains INIT with one more layer, an identity at
-# step 0 (train-draft --grow-layers, docs/train-draft.md); its drafter.tar (~21 MB) comes back split.
+# A DEEPER drafter (issue 19 item 3): --grow-layers 1 trains INIT with one more layer, an identity at
+# step 0 (train-draft --grow-layers, docs/train-draft.md; added to the training arguments, --smoke's
+# too); its drafter.tar (~21 MB) comes back split.
 #
 # prepare (on the development machine): writes the git-ignored .round/train.jsonl.gz, records
 #   R*N .. R*N+N-1 of the seeded prompt stream (`python -m sglaunch.training.prompt_set`, seed 0;
@@ -71,6 +71,7 @@
 #   FlashInfer with decode graphs where it runs, ~10x faster, but its JIT costs 65-118 s on a fresh
 #   machine unless its cache is there: /tmp/flashinfer-ws on a warm machine, or FI_CACHE_IN=tgz)
 #   --train-args "..." (--lr 1e-3 --batch-size 32 --anchors-per-seq 128)  --save-every N (300)
+#   --grow-layers N (none: the INIT drafter's depth)
 #   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (80)  --draft-vocab-size K (0: keep INIT's)
 #   --no-baseline  --device cpu|cuda
 set -uo pipefail
@@ -149,7 +150,7 @@ run() {
   local start budget=540 out=${OUT:-} prompts="" corpus="" pstart=0 count=20000 heldout=$REPO/benchmarks/prompt_set/heldout.jsonl
   local target="" wheel="" init=$HUB_DRAFTER seed=0 gen_s="" train_s="" max_gen=30000 gen_batch="" max_new=192
   local max_len=768 gen_temps=0,0.7 gen_backend=torch train_args="--lr 1e-3 --batch-size 32 --anchors-per-seq 128"
-  local save_every=300 rate_cap="" eval_k=24 eval_tokens=96 eval_reserve=80 vocab=0 baseline=1 device="" smoke=0
+  local save_every=300 rate_cap="" eval_k=24 eval_tokens=96 eval_reserve=80 vocab=0 baseline=1 device="" smoke=0 grow=""
   local -a responses=() staged=()
   start=$(date +%s)
   while [ $# -gt 0 ]; do
@@ -166,7 +167,7 @@ run() {
       --eval-per-kind) eval_k=$2; shift 2 ;; --eval-tokens) eval_tokens=$2; shift 2 ;;
       --eval-reserve) eval_reserve=$2; shift 2 ;; --draft-vocab-size) vocab=$2; shift 2 ;;
       --no-baseline) baseline=0; shift ;; --device) device=$2; shift 2 ;;
-      --smoke) smoke=1; shift ;;
+      --smoke) smoke=1; shift ;; --grow-layers) grow=$2; shift 2 ;;
       *) die "run: unknown option $1" ;;
     esac
   done
@@ -175,6 +176,7 @@ run() {
     eval_reserve=150 count=24
     train_args="--lr 1e-4 --batch-size 2 --anchors-per-seq 16 --log-every 5"
   fi
+  [ -z "$grow" ] || train_args="$train_args --grow-layers $grow"
   device=${device:-cuda}
   # generation defaults by backend: the torch one (no graphs) makes ~3,200 tok/s at 512 running
   # (session 8), FlashInfer with decode graphs ~10x that at 256 (graphs up to --gen-batch)
