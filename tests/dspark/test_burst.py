@@ -266,18 +266,21 @@ def test_burst_rows_parse_like_the_iteration_loop():
     assert result.accepted == rows[:, :, 2 * Q].astype(int).tolist()
 
 
-@pytest.mark.parametrize("chain", ["1", "0"])
-def test_chained_bursts_are_lossless(dspark_files, baselines, bursts, monkeypatch, chain):
+@pytest.mark.parametrize("chain,early", [("1", "0"), ("0", "0"), ("1", "1")])
+def test_chained_bursts_are_lossless(dspark_files, baselines, bursts, monkeypatch, chain, early):
     """SGLAUNCH_DSPARK_BURST_CHAIN=1 (the default): the batch's next burst is launched before the
     host finishes this one (LLMEngine._collect_burst), and step() finishes it; 0: never. Same
     tokens either way, no page left reserved, and a request aborted while its burst is in flight
-    gets nothing after its abort."""
-    from sglaunch.speculative.burst import CHAIN_ENV
+    gets nothing after its abort; also with SGLAUNCH_DSPARK_BURST_EARLY_STOP=1, where the burst in
+    flight is queued a few iterations at a time (nothing arrives here, so none ends early)."""
+    from sglaunch.speculative.burst import CHAIN_ENV, EARLY_STOP_ENV
 
     monkeypatch.setenv(CHAIN_ENV, chain)
+    monkeypatch.setenv(EARLY_STOP_ENV, early)
     config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=4)
     engine, cluster = create_engine(config)
     try:
+        assert engine.burst_early_stop is (early == "1")
         results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]
         chained = engine.burst.chained
         assert engine.live_stats()["speculative"]["bursts"]["chained"] == chained
@@ -448,13 +451,18 @@ def test_slot_rows_match_a_position_by_position_reference(seed):
     assert slot_rows(tables, lengths, page_size, width, fill).tolist() == (expected or [])
 
 
-def test_tp2_bursts_match_plain(dspark_files, bursts):
-    """Every rank replays the same burst (the drafter's and the target's collectives inside)."""
+def test_tp2_bursts_match_plain(dspark_files, bursts, monkeypatch):
+    """Every rank replays the same burst (the drafter's and the target's collectives inside); a
+    burst that could end early is one rank's only (the workers replay a burst as one command)."""
+    from sglaunch.speculative.burst import EARLY_STOP_ENV
+
+    monkeypatch.setenv(EARLY_STOP_ENV, "1")
     batch = prompts(6, seed=10)
     expected = generate_batch(engine_config(dspark_files["target"]), batch, greedy(16))
     config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", tp_size=2, page_size=2)
     engine, cluster = create_engine(config)
     try:
+        assert not engine.burst_early_stop
         out = run(engine, make_requests(batch, "t", greedy(16)))
         assert engine.runner.burst.bursts > 0
     finally:
