@@ -451,8 +451,9 @@ pipeline26() {  # session 15, run 3 (265 s of device time left: no tests): DSpar
 }
 
 pipeline27() {  # prepared in session 15 for the next session: the early-stop bursts' GPU test, then
-  # their A/B at c=4 (bursts of 8 there), the issue's bench at c=1 and 8 (c=1 not re-measured since
-  # session 14), and plain HTTP against in-process at c=64 (run with `half2 S`, call timeout S + 30)
+  # their A/B at c=2,4 (bursts of 8 there), the issue's bench at c=1 and 8 (c=1 not re-measured since
+  # session 14), plain HTTP against in-process at c=64, and the mixed step's cost split (run with
+  # `half2 S`, call timeout S + 30)
   part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or ended_early or context or wait_only"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   part bench 150 bash -c 'dspark_ab "$@"' _ whole SGLAUNCH_DSPARK_BURST_EARLY_STOP=0 early SGLAUNCH_DSPARK_BURST_EARLY_STOP=1 \
@@ -460,6 +461,9 @@ pipeline27() {  # prepared in session 15 for the next session: the early-stop bu
   part bench2 150 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench2/bench.json" 256
   part http 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 1 --sides http,in-process --out "$W/http.json"
+  # what a step admitting A prompts of P tokens costs beside 64 decodes: fixed per step, or per token?
+  part mixed 120 python3 benchmarks/mixed_step_cost.py --model "$SMOL" --attention-backend flashinfer --batch 64 \
+    --json "$W/mixed.json"
   touch "$W/all.done"
 }
 
@@ -467,7 +471,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http http1 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed http1 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
