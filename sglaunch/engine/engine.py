@@ -493,7 +493,7 @@ class LLMEngine:
                            [c.req.pages for c in chunks], iterations)
         if self.burst_early_stop and self.burst.stop_pays(len(chunks), iterations - LEAD):
             # NOTE: one rank (burst_early_stop): no command for the workers
-            pending = self.runner.burst.launch(burst, queue=LEAD)
+            pending = self.runner.launch_burst(burst, queue=LEAD)
         else:
             pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
         return BurstFlight(chunks, iterations, pending, start, chained, len(self.scheduler.waiting))

@@ -138,9 +138,10 @@ class ModelRunner:
         """Every rank runs a DSpark burst; rank 0 gets its results (BurstResult)."""
         return self.burst.run(burst, read=self.tp.rank == 0)
 
-    def launch_burst(self, burst):
-        """Rank 0: queue a DSpark burst -> PendingBurst (BurstRunner.read waits for it)."""
-        return self.burst.launch(burst)
+    def launch_burst(self, burst, queue: int | None = None):
+        """Rank 0: queue a DSpark burst -> PendingBurst (BurstRunner.read waits for it); queue=k:
+        its first k iterations only (one rank: BurstRunner.extend queues the rest)."""
+        return self.burst.launch(burst, queue=queue)
 
     def _load_drafter(self, max_positions: int):
         from sglaunch.speculative.draft_runner import DraftRunner
