@@ -467,11 +467,33 @@ pipeline27() {  # prepared in session 15 for the next session: the early-stop bu
   touch "$W/all.done"
 }
 
+pipeline28() {  # session 16, run 2: where a step that admits a prompt beside 64 decodes spends its
+  # fixed ~2 ms (run 1: extra = 2.04 ms + 1.7 us a prompt token): kernels and host functions of
+  # P=16 A=1 against decode steps, and the same fit with ragged tiers just above 64 tokens; then
+  # HTTP against in-process at c=64 (baseline), and HTTP with admission grouping
+  # (SGLAUNCH_ADMIT_WAIT_STEPS, groups of 8 and 16) and with the extra tiers; the burst graph
+  # tests with early stop on by default; last, plain against DSpark at c=32 and 64 (the c=64
+  # level's steadiness: plain ran 19-22k in session 15's bench against 33-34k in http_vs_inprocess)
+  part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "burst or ended_early or context or wait_only"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part mixed 120 python3 benchmarks/mixed_step_cost.py --model "$SMOL" --attention-backend flashinfer --batch 64 \
+    --prompt-tokens 16,64,256 --arrivals 1,4 --repeats 5 --profile 16,1 --json "$W/mixed.json"
+  part mixed2 90 python3 benchmarks/mixed_step_cost.py --model "$SMOL" --attention-backend flashinfer --batch 64 \
+    --prompt-tokens 16,64,256 --arrivals 1,4 --repeats 5 --extra-tiers 72,80,96,112 --json "$W/mixed2.json"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1"
+  part http 90 $H --sides http,in-process --out "$W/http.json"
+  part http2 60 env SGLAUNCH_ADMIT_WAIT_STEPS=8 SGLAUNCH_ADMIT_GROUP=8 $H --sides http --out "$W/http2.json"
+  part http3 60 env SGLAUNCH_ADMIT_WAIT_STEPS=16 SGLAUNCH_ADMIT_GROUP=16 $H --sides http --out "$W/http3.json"
+  part http4 60 env SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS=72,80,96,112 $H --sides http --out "$W/http4.json"
+  part bench3 200 bash -c 'dspark_vs_plain "$@"' _ 32,64 "$W/bench3/bench.json" 512
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed http1 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -520,7 +542,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27
+    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"

@@ -17,12 +17,22 @@ Per (P, A): the median mixed step, the median decode step, extra = mixed - decod
 prompt token; last, a least-squares fit extra = fixed + per_token x (P x A) over every point. If
 `fixed` is small against the per-token part, grouping arrivals saves nothing and the prefill path's
 cost per token is what to cut. Writes --json (default mixed_step_cost.json in the working folder).
+
+`--profile P,A` (e.g. 16,1) then profiles that point against plain decode steps, `--repeats` of
+each: the device time per step of each kernel (torch.profiler, CUDA), the graph replayed, and the
+host functions with the most cumulative time per step (cProfile), so the extra can be split into
+device kernels (the ragged graph's attention, its padded tier) and host work (admission, plan,
+read-back). `--extra-tiers` sets SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS for the run (e.g.
+72,80,96,112: ragged tiers just above a 64-request decode batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import os
 import random
 import statistics
@@ -50,7 +60,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-prompt-len", type=int, default=64, help="prompt length of the decoding batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("mixed_step_cost.json"))
+    parser.add_argument("--profile", default=None, metavar="P,A",
+                        help="also profile A arrivals of P tokens against decode steps (kernels and host functions)")
+    parser.add_argument("--extra-tiers", default=None, help="SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS for this run")
+    parser.add_argument("--top", type=int, default=14, help="kernels and host functions listed per kind of step")
     args = parser.parse_args(argv)
+    args.profile_point = None
+    if args.profile:
+        try:
+            p, a = (int(x) for x in args.profile.split(","))
+        except ValueError:
+            parser.error(f"--profile {args.profile!r}: expected P,A (prompt tokens, arrivals), e.g. 16,1")
+        if p < 1 or a < 1:
+            parser.error("--profile P,A: both must be positive")
+        args.profile_point = (p, a)
     args.prompt_list = [int(x) for x in args.prompt_tokens.split(",") if x]
     args.arrival_list = [int(x) for x in args.arrivals.split(",") if x]
     if args.batch < 1 or args.repeats < 1 or not args.prompt_list or not args.arrival_list:
@@ -72,6 +95,8 @@ def fit(points: list[tuple[int, float]]) -> dict:
 
 def measure(args) -> dict:
     os.environ["SGLAUNCH_OVERLAP"] = "0"  # NOTE: one step per step() call, timed as such
+    if args.extra_tiers is not None:
+        os.environ["SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"] = args.extra_tiers
     import engine_vs_hf as evh
     from engine_vs_hf import Stopwatch
 
@@ -127,6 +152,8 @@ def measure(args) -> dict:
                 print(f"P={tokens:4d} A={count}: mixed {row['mixed_ms']:.3f} ms, decode {row['decode_ms']:.3f} ms, "
                       f"extra {row['extra_ms']:.3f} ms ({row['extra_us_per_prompt_token']:.2f} us a prompt token)",
                       flush=True)
+        if args.profile_point is not None:
+            result["profile"] = profile_point(engine, args, rng, vocab, arrival, serial)
         running = len(engine.scheduler.running)
         if running != args.batch:
             raise RuntimeError(f"the decoding batch shrank to {running} of {args.batch} requests during the run")
@@ -136,6 +163,81 @@ def measure(args) -> dict:
     result["fit"] = {"fixed_ms": None if model["fixed_s"] is None else model["fixed_s"] * 1e3,
                      "per_token_us": None if model["per_token_s"] is None else model["per_token_s"] * 1e6}
     return result
+
+
+def profile_point(engine, args, rng, vocab, arrival, serial: int) -> dict:
+    """Kernels (device time per step) and host functions (cumulative time per step) of
+    `--repeats` mixed steps (A arrivals of P tokens) and as many decode steps; only the measured
+    step itself is profiled (the step that lets the aborts take effect is not)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglaunch.engine.interface import GenerateRequest
+
+    tokens, count = args.profile_point
+    cuda = engine.runner.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    graphs = getattr(engine.runner, "graphs", None)
+    out = {"prompt_tokens": tokens, "arrivals": count}
+
+    def one(kind: str, measure) -> None:
+        nonlocal serial
+        rids = []
+        if kind == "mixed":
+            for _ in range(count):
+                serial += 1
+                rids.append(f"p{serial}")
+                prompt = tuple(rng.randrange(1, vocab) for _ in range(tokens))
+                engine.add_request(GenerateRequest(rids[-1], prompt, arrival))
+        sync()
+        measure()
+        for rid in rids:
+            engine.abort(rid)
+        engine.step()  # the aborts take effect (not measured)
+        sync()
+
+    for kind in ("mixed", "decode"):
+        before = dict(graphs.replays) if graphs is not None else {}
+        device: dict[str, list[float]] = {}  # kernel -> [calls, device us]
+
+        def profiled() -> None:
+            with profile(activities=activities) as prof:
+                engine.step()
+                sync()
+            for e in prof.key_averages():
+                t = getattr(e, "self_device_time_total", 0)
+                if t > 0:
+                    row = device.setdefault(e.key[:100], [0, 0.0])
+                    row[0] += e.count
+                    row[1] += t
+
+        for _ in range(args.repeats):
+            one(kind, profiled)
+        host = cProfile.Profile()
+
+        def host_profiled() -> None:
+            host.enable()
+            engine.step()
+            sync()
+            host.disable()
+
+        for _ in range(args.repeats):
+            one(kind, host_profiled)
+        buf = io.StringIO()
+        pstats.Stats(host, stream=buf).sort_stats("cumulative").print_stats(args.top + 10)
+        per = 1.0 / args.repeats
+        kernels = [{"kernel": k, "calls_per_step": round(c * per, 1), "device_us_per_step": round(t * per, 1)}
+                   for k, (c, t) in sorted(device.items(), key=lambda kv: kv[1][1], reverse=True)[:args.top]]
+        replays = {k: v - before.get(k, 0) for k, v in graphs.replays.items()} if graphs is not None else {}
+        out[kind] = {"device_us_per_step": round(sum(t for _, t in device.values()) * per, 1),
+                     "top_kernels": kernels, "graph_replays": replays, "cprofile": buf.getvalue()}
+        print(f"--- {kind} step (P={tokens} A={count}): kernels {out[kind]['device_us_per_step']:.1f} us of device "
+              f"time a step; graph replays over every pass {replays}", flush=True)
+        for k in kernels:
+            print(f"  {k['device_us_per_step']:8.1f} us  x{k['calls_per_step']:6.1f}  {k['kernel']}", flush=True)
+        print("\n".join(buf.getvalue().splitlines()[:args.top + 18]), flush=True)
+    return out
 
 
 def main(argv=None) -> int:

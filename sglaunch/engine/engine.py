@@ -25,7 +25,7 @@ from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
 from sglaunch.engine.sampler import is_greedy, make_generator, sample
-from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits
+from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
 
@@ -36,6 +36,9 @@ CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may
 
 def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimits:
     chunk = config.chunked_prefill_size
+    # NOTE: admission grouping only without a drafter: DSpark's bursts read a waiting request as
+    # "end the burst, admit it" (early stop, chaining), which holding it would contradict
+    wait, group = admission_from_env() if runner.draft is None else (0, 8)
     return SchedulerLimits(
         page_size=config.page_size,
         max_running_requests=config.running_cap,
@@ -43,6 +46,8 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
         context_length=runner.context_length,
         eos_token_ids=runner.spec.eos_token_ids,
         spec_lookahead=runner.draft.block_size if runner.draft is not None else 0,
+        admit_wait_steps=wait,
+        admit_group=group,
     )
 
 
@@ -109,7 +114,7 @@ class LLMEngine:
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
-            self.burst_early_stop = early_stop_from_env() and self.tp.size == 1
+            self.burst_early_stop = early_stop_from_env(getattr(getattr(runner, "device", None), "type", "cpu")) and self.tp.size == 1
             self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
@@ -773,6 +778,7 @@ class LLMEngine:
             "kv_usage": active / total_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             "total_prefill_steps": self.scheduler.num_prefill_steps,
+            "total_admission_held_steps": self.scheduler.held_steps,
             "step_seconds": {kind: list(v) for kind, v in self.step_seconds.items()},
             **{f"total_{k}": v for k, v in self.counters.items()},
             **self._graph_stats(),

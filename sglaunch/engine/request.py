@@ -28,6 +28,7 @@ class Req:
         self.rid = rid
         self.sampling = sampling
         self.arrival = arrival  # admission order; preemption picks the newest
+        self.queued_step = 0  # the scheduler's step count when it was queued (admission grouping)
         self.token_ids = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         # KV page ids covering token_ids, in order; int32 at C speed: a step copies every running

@@ -10,6 +10,7 @@ generated tokens intact; on resume it recomputes whatever KV the cache no longer
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from dataclasses import dataclass, field
 
@@ -17,6 +18,29 @@ from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.interface import FinishReason
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
+
+
+ADMIT_WAIT_ENV = "SGLAUNCH_ADMIT_WAIT_STEPS"  # steps a new arrival may be held while a batch decodes
+ADMIT_GROUP_ENV = "SGLAUNCH_ADMIT_GROUP"  # ...unless this many arrivals wait
+
+
+def _env_int(name: str, default: int, low: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a whole number >= {low}") from None
+    if n < low:
+        raise ValueError(f"{name}={value!r}: expected a whole number >= {low}")
+    return n
+
+
+def admission_from_env() -> tuple[int, int]:
+    """(admit_wait_steps, admit_group) from SGLAUNCH_ADMIT_WAIT_STEPS (default 0: off) and
+    SGLAUNCH_ADMIT_GROUP (default 8), read once at start-up."""
+    return _env_int(ADMIT_WAIT_ENV, 0, 0), _env_int(ADMIT_GROUP_ENV, 8, 1)
 
 
 @dataclass(frozen=True)
@@ -27,6 +51,10 @@ class SchedulerLimits:
     context_length: int
     eos_token_ids: tuple[int, ...]
     spec_lookahead: int = 0  # speculative decoding: draft tokens a decoding request may verify
+    # admission grouping (SGLAUNCH_ADMIT_WAIT_STEPS): while a batch decodes, hold new arrivals up
+    # to this many steps so that one step admits several (0: admit at once)
+    admit_wait_steps: int = 0
+    admit_group: int = 8  # ...unless this many wait (or as many as the batch has room for)
 
 
 @dataclass
@@ -58,6 +86,8 @@ class Scheduler:
         self.waiting: list[Req] = []  # by arrival; preempted requests go back in arrival order
         self.running: list[Req] = []  # by arrival
         self._arrivals = 0
+        self._schedules = 0  # schedule() calls: the clock of admission grouping
+        self.held_steps = 0  # steps that held waiting arrivals back (admission grouping)
         self.num_preemptions = 0
         # steps that computed prompt tokens (a prefill chunk, alone or beside decodes)
         self.num_prefill_steps = 0
@@ -84,6 +114,7 @@ class Scheduler:
 
     def add(self, req: Req) -> None:
         req.arrival = self._arrivals
+        req.queued_step = self._schedules
         self._arrivals += 1
         self.waiting.append(req)
 
@@ -110,8 +141,12 @@ class Scheduler:
         lookahead=False: reserve no draft pages here (the engine first asks its planner whether
         drafting pays, then calls reserve_lookahead)."""
         budget = [self.limits.chunked_prefill_size or math.inf, 0]  # prompt tokens left, and taken
+        self._schedules += 1
         chunks = self._schedule_running(budget)
-        chunks += self._admit_waiting(budget)
+        if self._hold_arrivals(chunks, budget):
+            self.held_steps += 1
+        else:
+            chunks += self._admit_waiting(budget)
         if budget[1]:
             self.num_prefill_steps += 1
         if self.limits.spec_lookahead and lookahead:
@@ -166,6 +201,27 @@ class Scheduler:
         self.num_preemptions += 1
         at = next((i for i, w in enumerate(self.waiting) if w.arrival > req.arrival), len(self.waiting))
         self.waiting.insert(at, req)
+
+    def _hold_arrivals(self, chunks: list[Chunk], budget: list[float]) -> bool:
+        """Admission grouping: whether this step leaves the waiting requests waiting. A step that
+        admits prompts beside a decoding batch costs a fixed extra on top of the decode step (about
+        a decode step's worth on an H200, mostly independent of the prompt tokens:
+        benchmarks/mixed_step_cost.py), so several arrivals admitted together pay it once. Held only
+        while every scheduled chunk decodes (a step already computing prompt tokens admits for
+        free), fewer than `admit_group` requests wait (or fewer than the batch has room for), none
+        of them was preempted, and the oldest has waited fewer than `admit_wait_steps` steps."""
+        wait = self.limits.admit_wait_steps
+        if wait <= 0 or not self.waiting or not chunks or budget[1]:
+            return False
+        room = self.limits.max_running_requests - len(self.running)
+        if room <= 0:
+            return False  # nothing could be admitted anyway
+        if len(self.waiting) >= min(self.limits.admit_group, room):
+            return False
+        oldest = self.waiting[0]
+        if oldest.num_preemptions:
+            return False
+        return self._schedules - oldest.queued_step <= wait
 
     def _admit_waiting(self, budget: list[float]) -> list[Chunk]:
         chunks: list[Chunk] = []

@@ -349,9 +349,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "committed, before its outputs are built and sent (when nothing waits and every running request "
            "decodes), so the device does not idle through the host's tail: on unless 0.",
            choices=("0", "1"), sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "DSpark bursts on one rank (experimental): queue a burst two "
+    EnvVar("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "DSpark bursts on one rank: queue a burst two "
            "iterations ahead of the device instead of all at once, and end it early when a request arrives and "
-           "admitting it sooner is worth another burst's fixed cost (the start-up profile): off unless 1.",
+           "admitting it sooner is worth another burst's fixed cost (the start-up profile): on unless 0 on a "
+           "GPU, off unless 1 on a CPU.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SKIP_CONTEXT", "DSpark at load (experimental): once the planner has stepped aside 16 "
            "steps in a row, a plain decode step of more requests than a burst holds writes no draft context "
@@ -375,6 +376,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "the last one back (greedy tokens reach the next step on the device, stops are learnt a step "
            "late): 1 on, 0 off, auto (default) on for CUDA devices and off on CPUs.", choices=("0", "1", "auto"),
            sglaunch_only=True, refused=True),
+    EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
+           "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
+           "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
+    EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
+           "(or as many as the batch has room for); default 8.", sglaunch_only=True),
     EnvVar("SGLAUNCH_VERIFY_GRAPH_WINDOW", "Without a drafter, capture verify graphs for this window "
            "(set by `sglaunch profile-sps`).", sglaunch_only=True),
     EnvVar("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "Debugging aid: seconds the engine waits before "

@@ -83,13 +83,15 @@ def chain_from_env() -> bool:
     return env_switch(CHAIN_ENV, True)
 
 
-def early_stop_from_env() -> bool:
-    """SGLAUNCH_DSPARK_BURST_EARLY_STOP, read once at start-up: 1, rank 0 of a one-rank engine queues
-    a burst a few iterations at a time (LEAD ahead of the device) and ends it early when a command
-    arrives and BurstPolicy.stop_pays; 0 (the default), every iteration is queued at launch."""
+def early_stop_from_env(device_type: str = "cuda") -> bool:
+    """SGLAUNCH_DSPARK_BURST_EARLY_STOP, read once at start-up: on (unset on a CUDA device, or 1),
+    rank 0 of a one-rank engine queues a burst a few iterations at a time (LEAD ahead of the
+    device) and ends it early when a command arrives and BurstPolicy.stop_pays; off (0, or unset
+    on a CPU, whose iterations run as they are queued), every iteration is queued at launch.
+    H200, session 16: 1.05x at c=2 and 4 over HTTP, TTFT p50 0.76 / 0.85 of whole bursts."""
     from sglaunch.config import env_switch
 
-    return env_switch(EARLY_STOP_ENV, False)
+    return env_switch(EARLY_STOP_ENV, device_type == "cuda")
 
 
 def wide_cap_from_env() -> int | None:

@@ -219,3 +219,35 @@ def test_a_failed_step_with_one_in_flight_fails_its_requests_and_frees_pages(mon
         assert_all_pages_free(engine)
     finally:
         cluster.stop(engine)
+
+
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_admission_grouping_changes_no_token(monkeypatch, checkpoints, overlap):
+    """SGLAUNCH_ADMIT_WAIT_STEPS holds arrivals beside a decoding batch (scheduler tests): the
+    engine, pipelined or not, still produces every request's greedy tokens, with some steps held."""
+    from sglaunch.engine.scheduler import ADMIT_GROUP_ENV, ADMIT_WAIT_ENV
+
+    config = engine_config(checkpoints["llama"], page_size=2)
+    script = {
+        0: [("add", request("a", PROMPTS[0], max_new_tokens=24))],
+        2: [("add", request("b", PROMPTS[1], max_new_tokens=6))],
+        5: [("add", request("c", PROMPTS[2], max_new_tokens=5)), ("add", request("d", PROMPTS[3], max_new_tokens=4))],
+        6: [("add", request("e", PROMPTS[0] + [5], max_new_tokens=7))],
+    }
+    monkeypatch.setenv(OVERLAP_ENV, overlap)
+    results = []
+    for wait in ("0", "3"):
+        monkeypatch.setenv(ADMIT_WAIT_ENV, wait)
+        monkeypatch.setenv(ADMIT_GROUP_ENV, "3")
+        engine, cluster = create_engine(config)
+        try:
+            assert engine.scheduler.limits.admit_wait_steps == int(wait)
+            tokens, finals, _ = drive(engine, script)
+            assert_all_pages_free(engine)
+            results.append((tokens, engine.scheduler.held_steps, engine.scheduler.num_prefill_steps))
+        finally:
+            cluster.stop(engine)
+    (plain, plain_held, plain_prefills), (grouped, held, prefills) = results
+    assert grouped == plain and [len(plain[r]) for r in "abcde"] == [24, 6, 5, 4, 7]
+    assert plain_held == 0 and held > 0
+    assert prefills < plain_prefills  # b waited for c, d and e: one step admitted them all

@@ -381,3 +381,97 @@ def test_a_multi_token_commit_stops_where_the_token_by_token_rules_stop():
         req, chunk = fresh()
         assert sched._append_tokens(chunk, tokens) == expected, case
         assert (req.token_ids, chunk.committed) == (ref_req.token_ids, ref_chunk.committed), case
+
+
+def grouped_scheduler(wait: int, group: int, max_running: int = 8, chunk=None):
+    alloc = PageAllocator(512)
+    limits = SchedulerLimits(1, max_running, chunk, 10_000, (), admit_wait_steps=wait, admit_group=group)
+    return Scheduler(limits, alloc, None)
+
+
+def drive(sched: Scheduler, arrivals: dict[int, list[Req]], max_steps: int = 500):
+    """Step the scheduler, adding arrivals[s] before step s; returns (per request, the step its
+    first chunk was scheduled), and every request's generated tokens."""
+    admitted, reqs, step = {}, [], 0
+    while (sched.has_work or any(s >= step for s in arrivals)) and step < max_steps:
+        for req in arrivals.get(step, []):
+            sched.add(req)
+            reqs.append(req)
+        chunks = sched.schedule()
+        for c in chunks:
+            admitted.setdefault(c.req.rid, step)
+        sched.commit(chunks, [fake_next_token(c.req.token_ids) if c.samples else None for c in chunks])
+        step += 1
+    assert not sched.has_work
+    return admitted, {r.rid: r.token_ids[r.num_prompt_tokens:] for r in reqs}
+
+
+def new_req(rid: str, prompt: list[int], max_new: int = 20) -> Req:
+    return Req(rid, prompt, SamplingParams(max_new_tokens=max_new), 0)
+
+
+def test_admission_grouping_holds_arrivals_while_a_batch_decodes():
+    """SGLAUNCH_ADMIT_WAIT_STEPS: an arrival beside a decoding batch waits up to `wait` steps; as
+    soon as `group` wait, they are admitted together; with nothing running, at once; the tokens
+    are the same as without grouping."""
+    prompts = {"a": [1, 2, 3], "b": [4, 5], "c": [6, 7, 8, 9], "d": [2, 2], "e": [9, 8, 7]}
+
+    def arrivals():
+        return {0: [new_req("a", prompts["a"], 30)], 3: [new_req("b", prompts["b"])],
+                12: [new_req("c", prompts["c"])], 13: [new_req("d", prompts["d"])], 14: [new_req("e", prompts["e"])]}
+
+    sched = grouped_scheduler(wait=4, group=3)
+    admitted, tokens = drive(sched, arrivals())
+    assert admitted["a"] == 0  # nothing running: at once
+    assert admitted["b"] == 3 + 4  # held four steps beside a's decodes
+    assert admitted["c"] == admitted["d"] == admitted["e"] == 14  # the third arrival completes the group
+    assert sched.held_steps == 4 + 2
+    plain = grouped_scheduler(wait=0, group=3)
+    plain_admitted, plain_tokens = drive(plain, arrivals())
+    assert plain_admitted == {"a": 0, "b": 3, "c": 12, "d": 13, "e": 14} and plain.held_steps == 0
+    assert tokens == plain_tokens
+    for rid, prompt in prompts.items():
+        assert tokens[rid] == reference(prompt, len(tokens[rid]))
+
+
+def test_admission_grouping_admits_beside_a_prefill_and_when_the_batch_is_nearly_full():
+    # a running request still in chunked prefill (20 + 9 tokens): the step computes prompt tokens
+    # anyway, and its budget has room for the arrival
+    sched = grouped_scheduler(wait=10, group=8, chunk=20)
+    admitted, _ = drive(sched, {0: [new_req("long", list(range(1, 30)))], 1: [new_req("x", [5, 6])]})
+    assert admitted["x"] == 1
+    # room for one more request only: the one waiting fills the batch, no reason to hold it
+    sched = grouped_scheduler(wait=10, group=8, max_running=2)
+    admitted, _ = drive(sched, {0: [new_req("a", [1, 2])], 1: [new_req("b", [3, 4])]})
+    assert admitted["b"] == 1
+    # a preempted request resumes without being held
+    sched = grouped_scheduler(wait=10, group=8)
+    sched.add(new_req("a", [1, 2, 3]))
+    sched.commit(chunks := sched.schedule(), [fake_next_token(c.req.token_ids) for c in chunks])
+    victim = new_req("v", [7, 7])
+    sched.add(victim)
+    for _ in range(11):  # held, then admitted
+        chunks = sched.schedule()
+        sched.commit(chunks, [fake_next_token(c.req.token_ids) if c.samples else None for c in chunks])
+    assert victim in sched.running
+    sched.preempt(victim)
+    chunks = sched.schedule()
+    assert victim in [c.req for c in chunks]
+
+
+def test_admission_from_env(monkeypatch):
+    from sglaunch.engine.scheduler import ADMIT_GROUP_ENV, ADMIT_WAIT_ENV, admission_from_env
+
+    monkeypatch.delenv(ADMIT_WAIT_ENV, raising=False)
+    monkeypatch.delenv(ADMIT_GROUP_ENV, raising=False)
+    assert admission_from_env() == (0, 8)
+    monkeypatch.setenv(ADMIT_WAIT_ENV, "6")
+    monkeypatch.setenv(ADMIT_GROUP_ENV, "4")
+    assert admission_from_env() == (6, 4)
+    monkeypatch.setenv(ADMIT_GROUP_ENV, "0")
+    with pytest.raises(ValueError, match=ADMIT_GROUP_ENV):
+        admission_from_env()
+    monkeypatch.setenv(ADMIT_GROUP_ENV, "4")
+    monkeypatch.setenv(ADMIT_WAIT_ENV, "soon")
+    with pytest.raises(ValueError, match=ADMIT_WAIT_ENV):
+        admission_from_env()
