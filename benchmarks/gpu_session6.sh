@@ -489,6 +489,27 @@ pipeline28() {  # session 16, run 2: where a step that admits a prompt beside 64
   touch "$W/all.done"
 }
 
+pipeline29() {  # session 16, run 3 (foreground, `fg pipeline29`, no model upload: random weights of
+  # SmolLM2's shape, which time the same kernels): run 2 put a mixed step's extra in FlashInfer's
+  # FA3 prefill kernel (30 us a layer for 64 decode rows + 16 prompt rows, against 13 for the
+  # decode kernel) and in its plan's host work (Python max() over 129 tensor elements, twice).
+  # With max_token_per_sequence passed (one max fewer), the mixed step's profile with FlashInfer's
+  # default (FA3) and with SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 (JIT-compiled on first use),
+  # then HTTP against in-process at c=64 under each
+  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
+from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target
+  part mixed 90 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 \
+    --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 --top 10 --json "$W/mixed.json"
+  part mixed2 170 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 benchmarks/mixed_step_cost.py --model $M \
+    --attention-backend flashinfer --batch 64 --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 \
+    --top 10 --json "$W/mixed2.json"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1"
+  part http2 60 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 $H --sides http --out "$W/http2.json"
+  part http 80 $H --sides http,in-process --out "$W/http.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -546,6 +567,14 @@ case "${1:-}" in
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
+    ;;
+  fg)  # fg PIPELINE: the working tree as it is (no .gpu6 tree, no model upload), in the foreground,
+    # logging straight into $OUT (W=$OUT: what ran comes back even when the call's limit cuts it short)
+    W=${OUT:-$W} REPO=$PWD
+    mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
+    export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
+    "${2:-pipeline29}"
+    cat "$W/pipeline.log"
     ;;
   snapshot)  # here, before call A
     mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ && git archive --format=tar.gz HEAD -- . ':(exclude)sglaunch/hub/drafters' ':(exclude)benchmarks/gpu6' ':(exclude)benchmarks/drafter_rounds' > .gpu6/tree.tar.gz \

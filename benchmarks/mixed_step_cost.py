@@ -106,6 +106,8 @@ def measure(args) -> dict:
     options = {"attention_backend": args.attention_backend} if args.attention_backend else {}
     rounds = len(args.prompt_list) * len(args.arrival_list) * args.repeats
     new_tokens = rounds * (DECODE_STEPS + 1) + 32  # the batch decodes through every round
+    if args.profile_point is not None:  # two kinds x two passes x (the step + the abort step)
+        new_tokens += 8 * args.repeats
     longest = max(args.prompt_list)
     max_tokens = (args.batch * (args.decode_prompt_len + new_tokens)
                   + max(args.arrival_list) * (longest + 8) + 4096)

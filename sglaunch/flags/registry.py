@@ -381,6 +381,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),
+    EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "
+           "kernel (prefill chunks, steps mixing them with decodes, DSpark verify windows), eager and in CUDA "
+           "graphs: auto (default, FlashInfer's choice: FA3 on Hopper), fa2 or fa3.",
+           choices=("auto", "fa2", "fa3"), sglaunch_only=True),
     EnvVar("SGLAUNCH_VERIFY_GRAPH_WINDOW", "Without a drafter, capture verify graphs for this window "
            "(set by `sglaunch profile-sps`).", sglaunch_only=True),
     EnvVar("SGLAUNCH_DEBUG_ENGINE_START_DELAY_S", "Debugging aid: seconds the engine waits before "
