@@ -501,12 +501,12 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   local M=/tmp/smolrand/target
   part mixed 90 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 \
     --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 --top 10 --json "$W/mixed.json"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1"
+  part http 80 $H --sides http,in-process --out "$W/http.json"
   part mixed2 170 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 benchmarks/mixed_step_cost.py --model $M \
     --attention-backend flashinfer --batch 64 --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 \
     --top 10 --json "$W/mixed2.json"
-  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1"
   part http2 60 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 $H --sides http --out "$W/http2.json"
-  part http 80 $H --sides http,in-process --out "$W/http.json"
   touch "$W/all.done"
 }
 
