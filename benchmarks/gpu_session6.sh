@@ -510,11 +510,41 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   touch "$W/all.done"
 }
 
+pipeline30() {  # prepared in session 16 for the next one (`launch pipeline30` + the model + `half2 S`):
+  # FlashInfer's FA2 prefill kernels (SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2) for every ragged step
+  # (session 16 run 3, random weights, no same-run baseline: HTTP c=64 prefill-chunk steps 1.42 ms
+  # against 1.14 for decode steps, where FA3's were 2.46-2.60 against 1.25-1.50 in runs 1-2). First
+  # the graph tests under fa2 (mixed steps and verify windows against eager, DSpark, bursts), then
+  # the same-run A/B: the mixed step's profile, HTTP against in-process at c=64, and plain against
+  # DSpark at c=8 and 32 (1,024 prompts: run 2's 512-prompt c=32 level read 0.839, session 15 1.158)
+  part pytest 300 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 -m pytest -v -p no:cacheprovider \
+    tests/gpu/test_cuda_graph_gpu.py -k "mixed or verify or ragged or dspark_with_graphs or burst"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  part mixed 90 python3 benchmarks/mixed_step_cost.py --model "$SMOL" --attention-backend flashinfer --batch 64 \
+    --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 --top 10 --json "$W/mixed.json"
+  part mixed2 90 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 benchmarks/mixed_step_cost.py --model "$SMOL" \
+    --attention-backend flashinfer --batch 64 --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 \
+    --top 10 --json "$W/mixed2.json"
+  # an eager step admitting 64 prompts at once (over the largest ragged tier): 17-22 ms on the H200
+  # in runs 1-2 (in-process waves, grouped admissions), where its tokens need about 1 ms of compute
+  part mixed3 90 python3 benchmarks/mixed_step_cost.py --model "$SMOL" --attention-backend flashinfer --batch 1 \
+    --prompt-tokens 64 --arrivals 64 --repeats 3 --profile 64,64 --top 14 --json "$W/mixed3.json"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 1"
+  part http 80 $H --sides http,in-process --out "$W/http.json"
+  part http2 80 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 $H --sides http,in-process --out "$W/http2.json"
+  part bench 150 bash -c 'dspark_vs_plain "$@"' _ 8,32 "$W/bench/bench.json" 1024
+  part bench2 150 python3 -m sglaunch bench --compare "SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 sglaunch serve" \
+    --compare "SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain-fa2 --label dspark-fa2 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 \
+    --output-len 128 --concurrency 8,32 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -563,17 +593,22 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28
+    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28 pipeline29 pipeline30
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
     ;;
-  fg)  # fg PIPELINE: the working tree as it is (no .gpu6 tree, no model upload), in the foreground,
-    # logging straight into $OUT (W=$OUT: what ran comes back even when the call's limit cuts it short)
-    W=${OUT:-$W} REPO=$PWD
+  fg)  # fg PIPELINE S: the working tree as it is (no .gpu6 tree, no model upload), in the foreground for
+    # at most S seconds (default 240), then summary.txt and results.tgz into $OUT. Give the call a
+    # timeout of S + 20. NOTE: a call brings back at most 8 files from $OUT (session 16, run 3 wrote
+    # its logs straight there and lost half of them), and a fresh machine JIT-compiles FlashInfer's
+    # kernels for the first engine (FA3's took over 90 s there: put a part that pays it first)
+    REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    "${2:-pipeline29}"
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30
+    timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
+    collect > /dev/null
     cat "$W/pipeline.log"
     ;;
   snapshot)  # here, before call A
