@@ -39,3 +39,29 @@ def test_fit_recovers_a_line():
     model = script.fit([(10, 1.0 + 0.5 * 10), (20, 1.0 + 0.5 * 20), (40, 1.0 + 0.5 * 40)])
     assert abs(model["fixed_s"] - 1.0) < 1e-9 and abs(model["per_token_s"] - 0.5) < 1e-9
     assert script.fit([(10, 1.0)]) == {"fixed_s": None, "per_token_s": None}
+
+
+def test_mixed_step_cost_profiles_a_point(tiny_model, tmp_path, monkeypatch):
+    """--profile P,A: the host functions of mixed and decode steps (kernels too on a GPU), with the
+    decoding batch still whole at the end (its token budget covers the profiled steps)."""
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "0")
+    script = load()
+    out = tmp_path / "mixed.json"
+    code = script.main(["--model", str(tiny_model), "--device", "cpu", "--dtype", "float32", "--batch", "2",
+                        "--prompt-tokens", "4", "--arrivals", "2", "--repeats", "3", "--profile", "6,2",
+                        "--top", "5", "--json", str(out)])
+    assert code == 0
+    profile = json.loads(out.read_text())["profile"]
+    assert (profile["prompt_tokens"], profile["arrivals"]) == (6, 2)
+    for kind in ("mixed", "decode"):
+        assert "engine.py" in profile[kind]["cprofile"] and "step" in profile[kind]["cprofile"]
+        assert profile[kind]["device_us_per_step"] == 0 and profile[kind]["top_kernels"] == []  # a CPU
+
+
+def test_profile_argument_is_checked():
+    script = load()
+    import pytest
+
+    for bad in ("16", "a,b", "0,1"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--model", "m", "--profile", bad])
