@@ -114,7 +114,8 @@ class LLMEngine:
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
-            self.burst_early_stop = early_stop_from_env(getattr(getattr(runner, "device", None), "type", "cpu")) and self.tp.size == 1
+            device_type = getattr(getattr(runner, "device", None), "type", "cpu")
+            self.burst_early_stop = early_stop_from_env(device_type) and self.tp.size == 1
             self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first
