@@ -112,3 +112,18 @@ def env_switch(name: str, default: bool) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r}: expected 0 or 1 (unset: {int(default)})")
     return value == "1"
+
+
+def env_int(name: str, default: int, low: int) -> int:
+    """A whole-number environment setting of the engine, read once at start-up: unset or empty
+    gives `default`; anything but a whole number >= low is refused, naming the variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = low - 1
+    if n < low:
+        raise ValueError(f"{name}={value!r}: expected a whole number >= {low} (unset: {default})")
+    return n

@@ -38,7 +38,7 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
     chunk = config.chunked_prefill_size
     # NOTE: admission grouping only without a drafter: DSpark's bursts read a waiting request as
     # "end the burst, admit it" (early stop, chaining), which holding it would contradict
-    wait, group = admission_from_env() if runner.draft is None else (0, 8)
+    admission = admission_from_env() if runner.draft is None else {}
     return SchedulerLimits(
         page_size=config.page_size,
         max_running_requests=config.running_cap,
@@ -46,8 +46,7 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
         context_length=runner.context_length,
         eos_token_ids=runner.spec.eos_token_ids,
         spec_lookahead=runner.draft.block_size if runner.draft is not None else 0,
-        admit_wait_steps=wait,
-        admit_group=group,
+        **admission,
     )
 
 
@@ -114,8 +113,7 @@ class LLMEngine:
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
-            device_type = getattr(getattr(runner, "device", None), "type", "cpu")
-            self.burst_early_stop = early_stop_from_env(device_type) and self.tp.size == 1
+            self.burst_early_stop = early_stop_from_env(runner.device.type) and self.tp.size == 1
             self.spec.log_suffix = self._burst_log
         # SGLAUNCH_OVERLAP=1 (the runner read it): see _step_overlapped. With DSpark, the steps
         # that step aside are pipelined; a drafting step drains the pipeline first

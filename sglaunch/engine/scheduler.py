@@ -10,7 +10,6 @@ generated tokens intact; on resume it recomputes whatever KV the cache no longer
 from __future__ import annotations
 
 import math
-import os
 from array import array
 from dataclasses import dataclass, field
 
@@ -22,25 +21,15 @@ from sglaunch.engine.request import Req, ReqStatus
 
 ADMIT_WAIT_ENV = "SGLAUNCH_ADMIT_WAIT_STEPS"  # steps a new arrival may be held while a batch decodes
 ADMIT_GROUP_ENV = "SGLAUNCH_ADMIT_GROUP"  # ...unless this many arrivals wait
+ADMIT_GROUP = 8  # its default
 
 
-def _env_int(name: str, default: int, low: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: expected a whole number >= {low}") from None
-    if n < low:
-        raise ValueError(f"{name}={value!r}: expected a whole number >= {low}")
-    return n
+def admission_from_env() -> dict[str, int]:
+    """SchedulerLimits' admit_wait_steps and admit_group from SGLAUNCH_ADMIT_WAIT_STEPS (default 0:
+    off) and SGLAUNCH_ADMIT_GROUP (default ADMIT_GROUP), read once at start-up."""
+    from sglaunch.config import env_int
 
-
-def admission_from_env() -> tuple[int, int]:
-    """(admit_wait_steps, admit_group) from SGLAUNCH_ADMIT_WAIT_STEPS (default 0: off) and
-    SGLAUNCH_ADMIT_GROUP (default 8), read once at start-up."""
-    return _env_int(ADMIT_WAIT_ENV, 0, 0), _env_int(ADMIT_GROUP_ENV, 8, 1)
+    return {"admit_wait_steps": env_int(ADMIT_WAIT_ENV, 0, 0), "admit_group": env_int(ADMIT_GROUP_ENV, ADMIT_GROUP, 1)}
 
 
 @dataclass(frozen=True)
@@ -54,7 +43,7 @@ class SchedulerLimits:
     # admission grouping (SGLAUNCH_ADMIT_WAIT_STEPS): while a batch decodes, hold new arrivals up
     # to this many steps so that one step admits several (0: admit at once)
     admit_wait_steps: int = 0
-    admit_group: int = 8  # ...unless this many wait (or as many as the batch has room for)
+    admit_group: int = ADMIT_GROUP  # ...unless this many wait (or as many as the batch has room for)
 
 
 @dataclass
@@ -213,9 +202,8 @@ class Scheduler:
         wait = self.limits.admit_wait_steps
         if wait <= 0 or not self.waiting or not chunks or budget[1]:
             return False
+        # NOTE: a full batch (room <= 0) admits nothing either way: not counted as held
         room = self.limits.max_running_requests - len(self.running)
-        if room <= 0:
-            return False  # nothing could be admitted anyway
         if len(self.waiting) >= min(self.limits.admit_group, room):
             return False
         oldest = self.waiting[0]

@@ -83,7 +83,7 @@ def chain_from_env() -> bool:
     return env_switch(CHAIN_ENV, True)
 
 
-def early_stop_from_env(device_type: str = "cuda") -> bool:
+def early_stop_from_env(device_type: str) -> bool:
     """SGLAUNCH_DSPARK_BURST_EARLY_STOP, read once at start-up: on (unset on a CUDA device, or 1),
     rank 0 of a one-rank engine queues a burst a few iterations at a time (LEAD ahead of the
     device) and ends it early when a command arrives and BurstPolicy.stop_pays; off (0, or unset

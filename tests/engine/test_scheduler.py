@@ -464,10 +464,10 @@ def test_admission_from_env(monkeypatch):
 
     monkeypatch.delenv(ADMIT_WAIT_ENV, raising=False)
     monkeypatch.delenv(ADMIT_GROUP_ENV, raising=False)
-    assert admission_from_env() == (0, 8)
+    assert admission_from_env() == {"admit_wait_steps": 0, "admit_group": 8}
     monkeypatch.setenv(ADMIT_WAIT_ENV, "6")
     monkeypatch.setenv(ADMIT_GROUP_ENV, "4")
-    assert admission_from_env() == (6, 4)
+    assert admission_from_env() == {"admit_wait_steps": 6, "admit_group": 4}
     monkeypatch.setenv(ADMIT_GROUP_ENV, "0")
     with pytest.raises(ValueError, match=ADMIT_GROUP_ENV):
         admission_from_env()

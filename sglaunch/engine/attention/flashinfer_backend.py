@@ -20,6 +20,7 @@ flashinfer is imported) moves its cache from ~/.cache/flashinfer to $FLASHINFER_
 
 from __future__ import annotations
 
+import os
 from array import array
 
 from dataclasses import dataclass
@@ -43,8 +44,6 @@ def prefill_backend_from_env() -> str:
     """SGLAUNCH_FLASHINFER_PREFILL_BACKEND, read once at start-up: the kernel family of every
     prefill-kernel step (prefill chunks, mixed steps, DSpark verify windows), eager or in a
     graph. auto (the default) lets FlashInfer choose (FA3 on Hopper)."""
-    import os
-
     value = os.environ.get(PREFILL_BACKEND_ENV, "auto").strip().lower() or "auto"
     if value not in PREFILL_BACKENDS:
         raise ValueError(f"{PREFILL_BACKEND_ENV}={value!r}: expected one of {', '.join(PREFILL_BACKENDS)}")
