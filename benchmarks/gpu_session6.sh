@@ -517,7 +517,7 @@ pipeline30() {  # prepared in session 16 for the next one (`launch pipeline30` +
   # the graph tests under fa2 (mixed steps and verify windows against eager, DSpark, bursts), then
   # the same-run A/B: the mixed step's profile, HTTP against in-process at c=64, and plain against
   # DSpark at c=8 and 32 (1,024 prompts: run 2's 512-prompt c=32 level read 0.839, session 15 1.158)
-  part pytest 300 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 -m pytest -v -p no:cacheprovider \
+  part pytest 420 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 python3 -m pytest -v -p no:cacheprovider \
     tests/gpu/test_cuda_graph_gpu.py -k "mixed or verify or greedy or dspark_with_graphs or burst"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   # the first FA3 part pays its JIT compile on a fresh machine (over 90 s in session 16, run 3)
