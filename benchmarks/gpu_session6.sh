@@ -541,11 +541,34 @@ pipeline30() {  # prepared in session 16 for the next one (`launch pipeline30` +
   touch "$W/all.done"
 }
 
+pipeline31() {  # session 17, run 2 (`install .whlC && fg pipeline31 S`, random weights of SmolLM2's shape, no
+  # model upload): FA2 is the default prefill family now (run 1: a mixed step's extra 0.78 ms against
+  # 1.67 with FA3; DSpark / plain at c=8 1.216 against 1.141). First the GPU tests pipeline30 did not
+  # run, under the new default (FlashInfer against the torch backend, the kernels and sync censuses,
+  # the other graph tests); then HTTP against in-process at c=64 with FA2 and with FA3, three
+  # alternating repeats each (run 1's single runs: 0.909 FA3, 0.783 FA2, both sides moving 7%); last,
+  # long eager prefills (1 decode + 1-2 prompts of 1,024-4,096 tokens) under FA2 and FA3: does FA2
+  # lose where FA3 is made to win? The FA3 parts pay its JIT compile on a fresh machine (over 90 s)
+  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
+from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_attention_gpu.py tests/gpu/test_kernels_gpu.py
+  part pytest2 120 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    -k "decode_graphs_replay or wait_only or torch_backend or cudnn or drafter_graphs"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
+  part http 120 $H --out "$W/http.json"
+  part http2 220 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $H --out "$W/http2.json"
+  local L="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 --prompt-tokens 1024,4096 --arrivals 1,2 --repeats 3"
+  part long 60 $L --json "$W/long.json"
+  part long2 60 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $L --json "$W/long2.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
+    for f in pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -607,7 +630,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

@@ -383,7 +383,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),
     EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "
            "kernel (prefill chunks, steps mixing them with decodes, DSpark verify windows), eager and in CUDA "
-           "graphs: auto (default, FlashInfer's choice: FA3 on Hopper), fa2 or fa3.",
+           "graphs: fa2 (default), fa3, or auto (FlashInfer's choice: FA3 on Hopper).",
            choices=("auto", "fa2", "fa3"), sglaunch_only=True),
     EnvVar("SGLAUNCH_VERIFY_GRAPH_WINDOW", "Without a drafter, capture verify graphs for this window "
            "(set by `sglaunch profile-sps`).", sglaunch_only=True),

@@ -33,6 +33,10 @@ def test_max_query_len_reads_a_pinned_style_view():
 
 def test_prefill_backend_from_env(monkeypatch):
     monkeypatch.delenv(PREFILL_BACKEND_ENV, raising=False)
+    assert prefill_backend_from_env() == "fa2"
+    monkeypatch.setenv(PREFILL_BACKEND_ENV, "")
+    assert prefill_backend_from_env() == "fa2"
+    monkeypatch.setenv(PREFILL_BACKEND_ENV, "auto")
     assert prefill_backend_from_env() == "auto"
     monkeypatch.setenv(PREFILL_BACKEND_ENV, "FA2")
     assert prefill_backend_from_env() == "fa2"

@@ -36,15 +36,19 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 # NOTE: tensor-core decode (the prefill kernel) wins once several query heads share a KV head
 TENSOR_CORE_GQA_GROUP = 4
-PREFILL_BACKEND_ENV = "SGLAUNCH_FLASHINFER_PREFILL_BACKEND"  # auto (FlashInfer's choice), fa2 or fa3
+PREFILL_BACKEND_ENV = "SGLAUNCH_FLASHINFER_PREFILL_BACKEND"  # fa2 (default), fa3 or auto (FlashInfer's choice)
 PREFILL_BACKENDS = ("auto", "fa2", "fa3")
+# NOTE: FA2, not FlashInfer's own choice (FA3 on Hopper): FA3 takes each decode row of a mixed step as
+# a 128-row tile, so a step admitting a prompt beside 64 decodes cost 1.67 ms over a decode step
+# against 0.78 with FA2 (H200, session 17, benchmarks/mixed_step_cost.py, same run)
+DEFAULT_PREFILL_BACKEND = "fa2"
 
 
 def prefill_backend_from_env() -> str:
     """SGLAUNCH_FLASHINFER_PREFILL_BACKEND, read once at start-up: the kernel family of every
     prefill-kernel step (prefill chunks, mixed steps, DSpark verify windows), eager or in a
-    graph. auto (the default) lets FlashInfer choose (FA3 on Hopper)."""
-    value = os.environ.get(PREFILL_BACKEND_ENV, "auto").strip().lower() or "auto"
+    graph. fa2 by default; auto lets FlashInfer choose (FA3 on Hopper)."""
+    value = os.environ.get(PREFILL_BACKEND_ENV, "").strip().lower() or DEFAULT_PREFILL_BACKEND
     if value not in PREFILL_BACKENDS:
         raise ValueError(f"{PREFILL_BACKEND_ENV}={value!r}: expected one of {', '.join(PREFILL_BACKENDS)}")
     return value
