@@ -564,6 +564,30 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   touch "$W/all.done"
 }
 
+pipeline32() {  # prepared in session 17 for the next one (`fg pipeline32 S`, random weights of SmolLM2's
+  # shape, no model upload): a step admitting a prompt longer than 256 tokens runs eagerly, and an eager
+  # step cost 11 ms of host work before its tokens on the H200 (session 17 run 2: one 1,024-token prompt
+  # beside a decode 13.1 ms, the decode alone 1.4). SGLAUNCH_MIXED_MAX_QUERY=2048 lets such chunks replay a
+  # ragged graph when the step fits the largest tier. First the graph tests with the new one (a 400-token
+  # chunk against eager), then the mixed step at 64 decodes with 512- and 1,024-token prompts under both,
+  # then HTTP at c=64 with synthetic 1,024-token prompts under both; last, pipeline31's unrun FA3 part
+  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
+from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target
+  part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
+    -k "mixed or torch_backend or greedy_with_graphs"
+  local C="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 --prompt-tokens 512,1024 --arrivals 1 --repeats 5"
+  part mixed 60 $C --json "$W/mixed.json"
+  part mixed2 60 env SGLAUNCH_MIXED_MAX_QUERY=2048 $C --json "$W/mixed2.json"
+  local B="--dataset synthetic --input-len 1024 --num-prompts 512 --output-len 128 --concurrency 16,64 --temperature 0 --no-plot"
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
+    --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 sglaunch serve --model-path $M" --label eager256 --label graph2048 \
+    $B --output "$W/bench/bench.json"
+  local L="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 --prompt-tokens 1024,4096 --arrivals 1,2 --repeats 3"
+  part long2 200 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $L --json "$W/long2.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -630,7 +654,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

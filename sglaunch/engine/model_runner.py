@@ -21,6 +21,7 @@ from sglaunch.engine.cuda_graph import (
     extra_tiers_from_env,
     graphs_disabled_reason,
     mixed_from_env,
+    mixed_max_query_from_env,
 )
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
@@ -159,7 +160,8 @@ class ModelRunner:
         # NOTE: with the context write outside the graphs, a step that skips it just does not call it
         contextless = self.draft is not None and enabled_from_env() and context_skip_from_env()
         plan = GraphPlan.build(max_bs, window, self.context_length, self.config.page_size, extra_tiers_from_env(),
-                               mixed=mixed_from_env(), contextless=contextless)
+                               mixed=mixed_from_env(), contextless=contextless,
+                               mixed_max_query=mixed_max_query_from_env())
         return CudaGraphRunner(self, plan, show_progress)
 
     @property

@@ -366,6 +366,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_MIXED_GRAPHS", "A step that mixes a prefill chunk of at most 256 tokens into a decode "
            "batch replays a ragged CUDA graph (the graphs DSpark verifies with; captured for engines without "
            "DSpark too) instead of running eagerly: 1 (default) or 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_MIXED_MAX_QUERY", "The longest prefill chunk (tokens) a step mixing it with decodes may "
+           "hold and still replay a ragged CUDA graph (it must also fit the largest tier with the rest of the "
+           "step); longer chunks run eagerly. Default 256 (experimental above it: not yet measured on a GPU).",
+           sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "

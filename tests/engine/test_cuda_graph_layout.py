@@ -157,3 +157,46 @@ def test_mixed_graphs_env(monkeypatch):
     monkeypatch.setenv(MIXED_ENV, "yes")
     with pytest.raises(ValueError, match=MIXED_ENV):
         mixed_from_env()
+
+
+def test_longer_mixed_chunks_pick_a_ragged_graph_when_allowed():
+    """SGLAUNCH_MIXED_MAX_QUERY raises the longest prefill chunk a mixed step may hold and still
+    replay a ragged graph; the chunk and the rest of the step must still fit the largest tier, and
+    the padded layout of such a step is the reference one."""
+    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY
+
+    rng = random.Random(11)
+    default = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True)
+    wide = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True,
+                           mixed_max_query=100)
+    assert default.max_query == MIXED_MAX_QUERY and wide.max_query == 100
+    assert wide.verify_tiers == default.verify_tiers and max(wide.verify_tiers) == MAX_BS * 8
+    step = random_step(rng, [1] * 9 + [100], 1, arrays=True)  # 109 tokens
+    key = wide.pick(step)
+    assert key == GraphKey(False, verify_batch_size(128, MAX_BS), 128)  # the tiers are 8, 16, 32, 64, 128
+    out = HostLayout(wide.max_tokens, wide.max_batch, wide.max_pages)
+    assert new_layout(step, key, 1, out) == old_layout(step, key, 1)
+    assert wide.pick(random_step(rng, [1] * 9 + [101], 1, arrays=True)) is None  # over the limit
+    widest = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True,
+                             mixed_max_query=128)
+    assert widest.pick(random_step(rng, [1] * 3 + [125], 1, arrays=True)) is not None  # 128 tokens
+    assert widest.pick(random_step(rng, [1] * 4 + [125], 1, arrays=True)) is None  # 129 > the largest tier
+    narrow = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True,
+                             mixed_max_query=20)
+    assert narrow.pick(random_step(rng, [1] * 9 + [21], 1, arrays=True)) is None
+    assert narrow.pick(random_step(rng, [1] * 9 + [20], 1, arrays=True)) is not None
+    off = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed_max_query=100)
+    assert off.verify_tiers == () and off.max_query == 0
+
+
+def test_mixed_max_query_env(monkeypatch):
+    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY, MIXED_MAX_QUERY_ENV, mixed_max_query_from_env
+
+    monkeypatch.delenv(MIXED_MAX_QUERY_ENV, raising=False)
+    assert mixed_max_query_from_env() == MIXED_MAX_QUERY
+    monkeypatch.setenv(MIXED_MAX_QUERY_ENV, "2048")
+    assert mixed_max_query_from_env() == 2048
+    for bad in ("0", "-5", "lots", "1.5"):
+        monkeypatch.setenv(MIXED_MAX_QUERY_ENV, bad)
+        with pytest.raises(ValueError, match=MIXED_MAX_QUERY_ENV):
+            mixed_max_query_from_env()
