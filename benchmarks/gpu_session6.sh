@@ -574,6 +574,10 @@ pipeline32() {  # prepared in session 17 for the next one (`fg pipeline32 S`, ra
   part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
 from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
   local M=/tmp/smolrand/target
+  # session 17's HTTP repeats were bimodal (HTTP / in-process per alternating pair 0.92, 0.74, 0.98 with
+  # FA2; 0.95, 0.92, 0.71 with FA3), the slow runs with the engine's decode step at 1.6-1.7 ms against
+  # 1.2-1.4: do the engine and server processes share a core's hyperthreads? The topology first
+  part topo 20 bash -c "lscpu; grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list"
   part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
     -k "mixed or torch_backend or greedy_with_graphs"
   local C="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 --prompt-tokens 512,1024 --arrivals 1 --repeats 5"
@@ -592,7 +596,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
+    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
