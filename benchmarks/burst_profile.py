@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     combines = [c.strip() for c in args.combine.split(",") if c.strip()]
-    from kernels.burst_attention import COMBINE_ENV, COMBINES
+    from sglaunch.kernels.burst_attention import COMBINE_ENV, COMBINES
 
     if not combines or any(c not in COMBINES for c in combines):
         parser.error(f"--combine {args.combine!r}: comma-separated values of {', '.join(COMBINES)}")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         model = random_like(args.model, work) if args.random_like else args.model
         drafter = random_drafter(model, None, work) if args.drafter == "random" else Path(args.drafter)
         counts = [int(x) for x in args.requests.split(",")]
-        import kernels.burst_attention as burst_kernel
+        import sglaunch.kernels.burst_attention as burst_kernel
 
         splits_values = [None if v.strip() == "auto" else int(v) for v in args.splits.split(",")]
         configs = [(a, int(b), s, c) for a in args.attention.split(",")

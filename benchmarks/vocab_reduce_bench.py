@@ -1,4 +1,4 @@
-"""Microseconds a call of the vocabulary-split reductions (kernels/vocab_reduce.py) against the
+"""Microseconds a call of the vocabulary-split reductions (sglaunch/kernels/vocab_reduce.py) against the
 torch sequences they replace, each replayed from a CUDA graph of `--reps` calls (so launch gaps
 are a graph's, as in a burst iteration).
 
@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from kernels import vocab_reduce as vr
+from sglaunch.kernels import vocab_reduce as vr
 
 
 def graph_us(fn, reps: int) -> float:

@@ -2,7 +2,7 @@
 
 Without a GPU, Triton kernels can only run through Triton's interpreter, which must be chosen
 before triton is first imported; sglaunch's engine imports triton with its layer kernels
-(`kernels/`), so the choice is made here, before any test module is collected. The engine itself
+(`sglaunch/kernels/`), so the choice is made here, before any test module is collected. The engine itself
 runs the kernels only on GPUs unless SGLAUNCH_LAYER_KERNELS / SGLAUNCH_DSPARK_KERNELS force them.
 """
 

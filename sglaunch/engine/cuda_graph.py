@@ -362,7 +362,7 @@ class CudaGraphRunner:
 
         self.runner, self.plan, self.torch = runner, plan, torch
         # the greedy choice + log-probability as one vocabulary-split Triton kernel where the
-        # layer kernels run (kernels/vocab_reduce.py); the torch sequence otherwise
+        # layer kernels run (sglaunch/kernels/vocab_reduce.py); the torch sequence otherwise
         self.fused_greedy = use_layer_kernels(runner.device)
         self.draft_in_graph = runner.draft is not None and enabled_from_env()
         self.attn, pool = runner.attn, runner.kv_pool
@@ -470,7 +470,7 @@ class CudaGraphRunner:
         # the LM head and greedy sampling, as ModelRunner.forward and sampler.sample do them: every
         # row of a decode graph (logits kept too), every verify row's greedy choice (an all-greedy
         # DSpark step accepts from those alone; other steps compute their logits after the replay)
-        from kernels.vocab_reduce import greedy_logprob
+        from sglaunch.kernels.vocab_reduce import greedy_logprob
 
         logits = runner.model.compute_logits(hidden)  # the model dtype: both read it as float32
         if key.decode:

@@ -2,7 +2,7 @@
 head, RMSNorm, rotary embedding, SiLU-and-multiply.
 
 RMSNorm (with the residual add fused in), rotary embedding and SiLU-and-multiply run as one
-Triton kernel each (`kernels/layer_ops.py`) on GPUs when no gradient is wanted, and as plain
+Triton kernel each (`sglaunch/kernels/layer_ops.py`) on GPUs when no gradient is wanted, and as plain
 torch otherwise (CPUs, training): `SGLAUNCH_LAYER_KERNELS=auto|torch|triton`, read when a
 module is built.
 
@@ -22,11 +22,7 @@ from torch import nn
 
 from sglaunch.engine.distributed import TPGroup
 
-try:
-    from kernels import HAS_TRITON, layer_ops
-except ImportError as exc:  # pragma: no cover - packaging problem, not a runtime choice
-    raise ImportError("sglaunch's kernels live in the top-level `kernels/` package of the repository; "
-                      "run from a checkout (editable install) or install a build that ships it") from exc
+from sglaunch.kernels import HAS_TRITON, layer_ops
 
 LAYER_KERNELS_ENV = "SGLAUNCH_LAYER_KERNELS"
 

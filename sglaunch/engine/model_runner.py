@@ -230,7 +230,7 @@ class ModelRunner:
                 return torch.empty(0, self.spec.vocab_size, device=self.device)
         logits = self.model.compute_logits(hidden[self._rows(step)]).float()  # [num_samples, vocab]
         if key is None and not step.logits:  # an all-greedy eager step: its choices, as a graph gives them
-            from kernels.vocab_reduce import greedy_logprob_reference
+            from sglaunch.kernels.vocab_reduce import greedy_logprob_reference
 
             tokens, lp = greedy_logprob_reference(logits)
             self.step_greedy = (torch.stack([tokens.double(), lp.double()]), list(range(len(step.sample_indices))))

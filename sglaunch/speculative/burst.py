@@ -12,7 +12,7 @@ schedules the next one. On an H200 at batch 1 that chain took 3.1 ms for 1.64 ms
 - the verify's attention is `BurstAttention`: keys through the burst's slot table, each row
   seeing the positions at or before its own (read on the device), so no FlashInfer plan (which
   needs the KV lengths on the host) is made per iteration: one Triton kernel a layer on GPUs
-  (kernels/burst_attention.py; on the H200 an iteration took 1.72 ms at 1 request with it,
+  (sglaunch/kernels/burst_attention.py; on the H200 an iteration took 1.72 ms at 1 request with it,
   2.56 ms with its SDPA reference, which CPUs run);
 - the greedy accept runs on the device: request r accepts n_r drafts (the leading ones equal to
   the target's greedy choices), its committed tokens are the target's choices at rows 0 .. n_r,
@@ -226,7 +226,7 @@ class BurstAttention:
     its keys are gathered from the KV pool through a [B, C] slot table, each query seeing the
     columns at or before its own position. No per-step host metadata, so it is captured in a
     CUDA graph whatever the requests' lengths. bind() sets the step's device tensors. On CUDA
-    (with Triton) one kernel a layer (kernels/burst_attention.py), elsewhere its torch reference
+    (with Triton) one kernel a layer (sglaunch/kernels/burst_attention.py), elsewhere its torch reference
     (triton_attention)."""
 
     supports_cuda_graph = True
@@ -267,7 +267,7 @@ class BurstAttention:
         return self.kv_pool.k[layer], self.kv_pool.v[layer], self.meta.out_slots
 
     def forward(self, layer: int, q, k, v):
-        from kernels.burst_attention import burst_attention_reference, burst_attention_triton
+        from sglaunch.kernels.burst_attention import burst_attention_reference, burst_attention_triton
 
         if k is not None:
             self.kv_pool.write(layer, self.meta.out_slots, k, v)
@@ -333,7 +333,7 @@ class BurstRunner:
         self.splits: dict[BurstKey, int] = {}
         self.attn_scratch = None
         if self.attn.use_triton:
-            from kernels.burst_attention import combine_from_env, counters_numel, device_sm_count
+            from sglaunch.kernels.burst_attention import combine_from_env, counters_numel, device_sm_count
 
             self.sm_count = device_sm_count(dev)
             need = max((self._scratch_numel(key) for key in self.keys()), default=0)
@@ -376,14 +376,14 @@ class BurstRunner:
     # ---- the iteration ----------------------------------------------------------------------
     def attention_splits(self, key: BurstKey) -> int:
         """The Triton attention's key splits for a key: from its static shapes and the SM count."""
-        from kernels.burst_attention import choose_splits
+        from sglaunch.kernels.burst_attention import choose_splits
 
         if key not in self.splits:
             self.splits[key] = choose_splits(key.batch, self.attn.num_kv_heads, key.context, self.sm_count)
         return self.splits[key]
 
     def _scratch_numel(self, key: BurstKey) -> int:
-        from kernels.burst_attention import scratch_numel
+        from sglaunch.kernels.burst_attention import scratch_numel
 
         a = self.attn
         return scratch_numel(key.batch, a.num_heads, a.num_kv_heads, a.head_dim, self.Q, self.attention_splits(key))
@@ -431,8 +431,8 @@ class BurstRunner:
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
         # the argmax and its log-probability in float32: one pass of the fused kernel over the
-        # model-dtype logits where the Triton attention runs (kernels/vocab_reduce.py), its reference otherwise
-        from kernels.vocab_reduce import greedy_logprob
+        # model-dtype logits where the Triton attention runs (sglaunch/kernels/vocab_reduce.py), its reference otherwise
+        from sglaunch.kernels.vocab_reduce import greedy_logprob
 
         choice, lp = greedy_logprob(logits, self.attn.use_triton)
         choice = choice.view(B, Q)

@@ -299,7 +299,7 @@ class DSparkDrafter(nn.Module):
         self.layers = nn.ModuleList(DSparkLayer(c, i, rope, tp, dtype, device) for i in range(c.num_layers))
         self.norm = RMSNorm(d, c.rms_norm_eps, dtype, device)
         self.markov_head = MarkovHead(c, dtype, device) if c.markov_rank > 0 else None
-        # the fused add + argmax of the greedy Markov step (kernels/layer_ops.py), where the
+        # the fused add + argmax of the greedy Markov step (sglaunch/kernels/layer_ops.py), where the
         # decoder's fused kernels run (CUDA with Triton; SGLAUNCH_LAYER_KERNELS)
         self.fused_argmax = use_layer_kernels(device)
         self.confidence_head = ConfidenceHead(c, dtype, device) if c.enable_confidence_head else None
@@ -389,7 +389,7 @@ class DSparkDrafter(nn.Module):
                 state = self.markov_head.init_state(B, e) if state is None else state
                 bias, state = self.markov_head.bias(e, h, state, self.draft_markov_w2)
                 if all_greedy and not keep_logits and self.fused_argmax:  # NOTE: one kernel, l_k not kept
-                    from kernels.layer_ops import add_argmax_triton
+                    from sglaunch.kernels.layer_ops import add_argmax_triton
 
                     argmax = add_argmax_triton(l_k, bias)
                 else:

@@ -1,4 +1,4 @@
-"""Thin dispatch to the DSpark device kernels in the top-level `kernels/` package.
+"""Thin dispatch to the DSpark device kernels in `sglaunch/kernels/`.
 
 On CUDA tensors with Triton importable the Triton kernels run; otherwise (CPU, no Triton) the
 plain-torch references do. `SGLAUNCH_DSPARK_KERNELS=torch|triton` forces one side (triton on
@@ -13,13 +13,7 @@ import torch
 
 from sglaunch.speculative.accept import AcceptResult, accept_draft
 
-try:
-    from kernels import HAS_TRITON, dspark_accept, dspark_pack, dspark_topk
-except ImportError as exc:  # pragma: no cover - packaging problem, not a runtime choice
-    raise ImportError(
-        "sglaunch's DSpark kernels live in the top-level `kernels/` package of the repository; "
-        "run from a checkout (editable install) or install a build that ships it"
-    ) from exc
+from sglaunch.kernels import HAS_TRITON, dspark_accept, dspark_pack, dspark_topk
 
 
 def use_triton(device: torch.device) -> bool:

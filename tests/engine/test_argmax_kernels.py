@@ -1,4 +1,4 @@
-"""The vocabulary-split reductions (kernels/vocab_reduce.py): add + argmax (the drafter's greedy
+"""The vocabulary-split reductions (sglaunch/kernels/vocab_reduce.py): add + argmax (the drafter's greedy
 Markov step) and greedy choice + log-probability (the target's, in bursts and CUDA graphs),
 against their torch references. On CPU through Triton's interpreter, natively on a GPU."""
 
@@ -11,7 +11,7 @@ from engine_helpers import triton_or_skip
 
 triton_or_skip()
 
-from kernels import layer_ops, vocab_reduce
+from sglaunch.kernels import layer_ops, vocab_reduce
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]

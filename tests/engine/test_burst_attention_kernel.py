@@ -1,4 +1,4 @@
-"""The burst verify's attention kernel (kernels/burst_attention.py) against its torch reference:
+"""The burst verify's attention kernel (sglaunch/kernels/burst_attention.py) against its torch reference:
 ragged positions, GQA groups, padding slots, contexts longer than one key block. On CPU through
 Triton's interpreter (set before triton is imported), natively on a GPU."""
 
@@ -11,7 +11,7 @@ from engine_helpers import triton_or_skip  # noqa: E402
 
 triton_or_skip()
 
-from kernels.burst_attention import burst_attention_reference, burst_attention_triton  # noqa: E402
+from sglaunch.kernels.burst_attention import burst_attention_reference, burst_attention_triton  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -71,7 +71,7 @@ def test_kernel_block_sizes_agree(block_n):
 
 # ---- split-K: programs over (request, KV head, split), then a combine -----------------------------------------
 
-from kernels.burst_attention import choose_splits, scratch_numel, split_chunk  # noqa: E402
+from sglaunch.kernels.burst_attention import choose_splits, scratch_numel, split_chunk  # noqa: E402
 
 
 def _case(starts, C, Q=8, heads=6, kv_heads=2, hd=16, slots=None, dtype=torch.float32, seed=0):
@@ -182,8 +182,8 @@ def test_scratch_is_checked_and_reused():
 
 # ---- combine="fold": the split kernel's last program per (request, KV head) merges the splits ----------------
 
-import kernels.burst_attention as burst_kernel  # noqa: E402
-from kernels.burst_attention import COMBINE_ENV, combine_from_env, counters_numel  # noqa: E402
+import sglaunch.kernels.burst_attention as burst_kernel  # noqa: E402
+from sglaunch.kernels.burst_attention import COMBINE_ENV, combine_from_env, counters_numel  # noqa: E402
 
 
 def _no_combine_kernel(monkeypatch):

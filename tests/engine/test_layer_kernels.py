@@ -1,4 +1,4 @@
-"""The fused decoder-layer kernels (kernels/layer_ops.py) against their torch references, on
+"""The fused decoder-layer kernels (sglaunch/kernels/layer_ops.py) against their torch references, on
 random inputs in every dtype the engine serves. On CPU through Triton's interpreter (set before
 triton is imported), natively on a GPU."""
 
@@ -11,7 +11,7 @@ from engine_helpers import triton_or_skip  # noqa: E402
 
 triton_or_skip()
 
-from kernels import layer_ops  # noqa: E402
+from sglaunch.kernels import layer_ops  # noqa: E402
 from sglaunch.engine.distributed import TPGroup  # noqa: E402
 from sglaunch.engine.model_runner import ModelRunner  # noqa: E402
 from sglaunch.engine.model_spec import load_model_spec  # noqa: E402

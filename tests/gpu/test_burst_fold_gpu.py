@@ -1,4 +1,4 @@
-"""combine="fold" of the burst attention (kernels/burst_attention.py) on a real GPU, where the split
+"""combine="fold" of the burst attention (sglaunch/kernels/burst_attention.py) on a real GPU, where the split
 programs race for their tickets: what Triton's interpreter (one program after the other) cannot
 show. Against the separate combine and the SDPA reference at the target's shapes (9 heads, 3 KV
 heads, head_dim 64, Q = 8) with the device's auto split counts; thousands of launches on one
@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-import kernels.burst_attention as burst_kernel
-from kernels.burst_attention import (
+import sglaunch.kernels.burst_attention as burst_kernel
+from sglaunch.kernels.burst_attention import (
     burst_attention_reference,
     burst_attention_triton,
     choose_splits,

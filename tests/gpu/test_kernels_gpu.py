@@ -29,7 +29,7 @@ try:
 except Exception as exc:  # pragma: no cover - depends on the install
     pytest.skip(f"triton is not importable ({exc})", allow_module_level=True)
 
-from kernels import dspark_accept, dspark_pack, dspark_topk  # noqa: E402
+from sglaunch.kernels import dspark_accept, dspark_pack, dspark_topk  # noqa: E402
 from sglaunch.speculative import kernels as dispatch  # noqa: E402
 from sglaunch.speculative.accept import accept_draft  # noqa: E402
 

@@ -19,7 +19,7 @@ except Exception as exc:  # pragma: no cover
     pytest.skip(f"triton is not importable ({exc}); `pip install triton` to run the kernel tests",
                 allow_module_level=True)
 
-from kernels import dspark_accept, dspark_pack, dspark_topk  # noqa: E402
+from sglaunch.kernels import dspark_accept, dspark_pack, dspark_topk  # noqa: E402
 from sglaunch.speculative.accept import accept_draft  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

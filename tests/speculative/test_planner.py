@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from kernels.dspark_topk import topk_windows_reference
+from sglaunch.kernels.dspark_topk import topk_windows_reference
 from sglaunch.speculative.accept import accept_draft
 from sglaunch.speculative.planner import ConfidenceRelay, DSparkPlanner, choose_budget, greedy_admission
 from sglaunch.speculative.sps import SpsTable, load_sps_table

@@ -8,7 +8,7 @@ static shapes (rows, V) and the SM count (read once a device), so a CUDA graph c
 partials are small torch.empty buffers (the caching allocator serves them inside a capture).
 
 - `add_argmax`: argmax over the last dim of a + b (float32 [rows, V]): the DSpark drafter's
-  greedy Markov step (kernels/layer_ops.py `add_argmax_triton` calls it).
+  greedy Markov step (sglaunch/kernels/layer_ops.py `add_argmax_triton` calls it).
 - `greedy_logprob`: per row of logits [rows, V] (bf16, fp16 or fp32) the greedy choice and its
   log-probability, -log(sum_j exp(x_j - max)), in float32 in one pass over the row (an online
   max and sum of exponentials), instead of a float32 copy, an argmax, a log_softmax writing a

@@ -1,11 +1,11 @@
 """Time each DSpark kernel against its torch reference at serving-like sizes; prints achieved
-bandwidth (bytes the kernel must touch / time). GPU only:  python -m kernels.bench_dspark"""
+bandwidth (bytes the kernel must touch / time). GPU only:  python -m sglaunch.kernels.bench_dspark"""
 
 from __future__ import annotations
 
 import torch
 
-from kernels import dspark_accept, dspark_pack, dspark_topk
+from sglaunch.kernels import dspark_accept, dspark_pack, dspark_topk
 
 
 def bench(fn, reps: int = 50) -> float:

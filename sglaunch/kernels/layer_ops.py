@@ -22,7 +22,7 @@ for the order of a row's float32 sum in RMSNorm.
   largest sum as torch.argmax gives it: the DSpark drafter's greedy Markov step (its base logits
   plus the Markov bias), whose add and argmax were two kernels a position, the argmax a slow
   one-row reduction (a burst iteration's eight argmaxes took 98 µs on an H200, session 10).
-  It runs kernels/vocab_reduce.py's vocabulary-split version ((row, chunk) programs and a
+  It runs sglaunch/kernels/vocab_reduce.py's vocabulary-split version ((row, chunk) programs and a
   per-row combine): one program a row walking V was latency-bound at 1-32 rows (12 µs each).
 """
 
@@ -205,7 +205,7 @@ if HAS_TRITON:
         return out, summed
 
     def add_argmax_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        # split over the vocabulary: (row, chunk) programs and a per-row combine (kernels/vocab_reduce.py)
+        # split over the vocabulary: (row, chunk) programs and a per-row combine (sglaunch/kernels/vocab_reduce.py)
         from .vocab_reduce import add_argmax_triton as split_add_argmax
 
         return split_add_argmax(a, b)
