@@ -120,7 +120,7 @@ def context_slots(page_tables, lengths: list[int], page_size: int) -> torch.Tens
     torch.tensor took 2.9 ms at 64 requests of about 275 positions on the dev CPU."""
     import numpy as np
 
-    from sglaunch.engine.attention.flashinfer_backend import flat_pages
+    from sglaunch.engine.attention.base import flat_pages
 
     batch, width = len(page_tables), max(lengths, default=0)
     flat = flat_pages(page_tables).astype(np.int64)

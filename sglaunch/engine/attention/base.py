@@ -8,19 +8,35 @@ so a FlashInfer backend can take them as they are.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
+from array import array
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
+from sglaunch.engine.transfer import to_device
 
 
-def _indptr(lengths: list[int], device: torch.device) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    return out.to(device)
+def flat_pages(tables) -> np.ndarray:
+    """The tables back to back as one int32 numpy array (host). The engine's tables are int32
+    arrays (Req.pages and its slices): one join of their buffers, a memcpy (64 tables of 150-400
+    pages: about 0.02 ms on the dev CPU). Lists go through numpy's fromiter (0.5 ms; array.extend
+    per table 1.6 ms, torch.tensor over a flattened list 2.2 ms)."""
+    if all(isinstance(t, array) and t.typecode == "i" for t in tables):
+        return np.frombuffer(bytearray(b"".join(tables)), dtype=np.int32)
+    total = sum(map(len, tables))
+    return np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=total)
+
+
+def _indptr(lengths: np.ndarray) -> np.ndarray:
+    """[0, running sums of lengths...] as int64."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
 
 
 @dataclass
@@ -38,26 +54,23 @@ class RaggedMetadata:
 
     @classmethod
     def from_step(cls, step: StepInput, page_size: int, device: torch.device) -> RaggedMetadata:
-        query_lens = torch.tensor(step.query_lens, dtype=torch.int64)
-        kv_lens = torch.tensor(step.kv_lens, dtype=torch.int64)
-        page_indptr = _indptr([len(t) for t in step.page_tables], torch.device("cpu"))
-        page_indices = torch.tensor([p for table in step.page_tables for p in table], dtype=torch.int64)
-        positions = torch.tensor(step.positions, dtype=torch.int64)
-        owner = torch.repeat_interleave(torch.arange(len(step.query_lens)), query_lens)  # [num_tokens]
-        out_pages = page_indices[page_indptr[owner] + positions // page_size]
-        out_slots = out_pages * page_size + positions % page_size
-        return cls(
-            query_lens=query_lens.to(device),
-            kv_lens=kv_lens.to(device),
-            qo_indptr=_indptr(step.query_lens, device),
-            page_indptr=page_indptr.to(device),
-            page_indices=page_indices.to(device),
-            last_page_len=((kv_lens - 1) % page_size + 1).to(device),
-            positions=positions.to(device),
-            out_slots=out_slots.to(device),
-            max_query_len=max(step.query_lens),
-            max_kv_len=max(step.kv_lens),
-        )
+        """An eager step's metadata, laid out by numpy on the host and moved to `device` with one
+        copy (transfer.to_device: one pinned buffer and one non-blocking copy on CUDA, none on a
+        CPU). NOTE: built from torch.tensor over lists with one .to() per field, a step admitting
+        64 prompts of 64 tokens took 0.89 ms on the dev CPU, the H200's host several times that, and
+        each pageable .to() made the host wait for the device."""
+        query_lens = np.asarray(step.query_lens, dtype=np.int64)
+        kv_lens = np.asarray(step.kv_lens, dtype=np.int64)
+        counts = np.fromiter(map(len, step.page_tables), dtype=np.int64, count=len(step.page_tables))
+        page_indptr = _indptr(counts)
+        page_indices = flat_pages(step.page_tables).astype(np.int64)
+        positions = np.asarray(step.positions, dtype=np.int64)
+        owner = np.repeat(np.arange(len(query_lens)), query_lens)  # [num_tokens]
+        out_slots = page_indices[page_indptr[owner] + positions // page_size] * page_size + positions % page_size
+        fields = (query_lens, kv_lens, _indptr(query_lens), page_indptr, page_indices,
+                  (kv_lens - 1) % page_size + 1, positions, out_slots)
+        moved = to_device([torch.from_numpy(a) for a in fields], device)
+        return cls(*moved, max_query_len=int(query_lens.max()), max_kv_len=int(kv_lens.max()))
 
 
 class AttentionBackend(ABC):
