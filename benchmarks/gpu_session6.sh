@@ -589,6 +589,13 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
     $B --output "$W/bench/bench.json"
   local L="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 --prompt-tokens 1024,4096 --arrivals 1,2 --repeats 3"
   part long2 200 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $L --json "$W/long2.json"
+  # the eager step admitting 64 prompts of 64 tokens, as session 17 run 1's mixed3 (44.0 ms, FA3, the
+  # real model; random weights time the same kernels) after RaggedMetadata.from_step went to numpy and
+  # one pinned copy (8.9 -> 0.37 ms on the dev CPU): FA3 here for the like-for-like figure, then FA2
+  part mixed3 90 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 python3 benchmarks/mixed_step_cost.py --model $M \
+    --attention-backend flashinfer --batch 1 --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed3.json"
+  part mixed4 60 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 \
+    --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed4.json"
   touch "$W/all.done"
 }
 
@@ -596,7 +603,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep; do
+    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
