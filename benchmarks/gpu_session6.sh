@@ -599,11 +599,32 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   touch "$W/all.done"
 }
 
+pipeline33() {  # prepared in session 17 (`fg pipeline33 S`, random weights, after pipeline32 on a warm machine or
+  # alone): graph-sized steps (SGLAUNCH_GRAPH_SIZED_STEPS=1 with SGLAUNCH_MIXED_MAX_QUERY=2048): a step's
+  # decodes and prompt chunks capped at the largest ragged tier (2,048 rows), so the in-process waves
+  # of 64 prompts (16 eager steps of 25-34 ms in session 17's in-process sides) and bursts of arrivals
+  # replay graphs. The in-process closed loop and HTTP at c=64 (64-token prompts), then `sglaunch bench`
+  # with synthetic 1,024-token prompts at c=64, each against MIXED_MAX_QUERY=2048 alone
+  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target
+  part pytest3 120 env SGLAUNCH_GRAPH_SIZED_STEPS=1 SGLAUNCH_MIXED_MAX_QUERY=2048 python3 -m pytest -v -p no:cacheprovider \
+    tests/gpu/test_cuda_graph_gpu.py -k "greedy_with_graphs or greedy_with_mixed or overlap_equals"
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
+  part http3 120 env SGLAUNCH_MIXED_MAX_QUERY=2048 $H --out "$W/http3.json"
+  part http4 120 env SGLAUNCH_MIXED_MAX_QUERY=2048 SGLAUNCH_GRAPH_SIZED_STEPS=1 $H --out "$W/http4.json"
+  part bench3 200 python3 -m sglaunch bench --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 sglaunch serve --model-path $M" \
+    --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 SGLAUNCH_GRAPH_SIZED_STEPS=1 sglaunch serve --model-path $M" \
+    --label graph2048 --label capped --dataset synthetic --input-len 1024 --num-prompts 512 --output-len 128 \
+    --concurrency 64 --temperature 0 --no-plot --output "$W/bench3/bench.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4; do
+    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -665,7 +686,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline33
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

@@ -15,7 +15,7 @@ from typing import Callable, NoReturn
 
 import torch
 
-from sglaunch.config import EngineConfig
+from sglaunch.config import EngineConfig, env_switch
 from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.cuda_graph import context_skip_from_env
@@ -34,11 +34,30 @@ logger = logging.getLogger(__name__)
 CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may skip the draft context
 
 
+GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped at the largest ragged graph
+
+
+def graph_step_cap(runner: ModelRunner) -> int | None:
+    """SGLAUNCH_GRAPH_SIZED_STEPS=1 (off by default; engines without a drafter, with ragged graphs
+    for mixed steps): the largest ragged tier, the most rows the scheduler then gives one step, so
+    that a wave of arrivals is admitted over several graph replays instead of one eager step (44 ms
+    for 6 ms of kernels on the H200 at 64 prompts of 64 tokens, session 17). Prompts over the cap are
+    chunked to it; a chunk replays a graph only within SGLAUNCH_MIXED_MAX_QUERY, so set that to the
+    cap too. NOTE: not yet measured on a GPU (benchmarks/gpu_session6.sh pipeline33)."""
+    if not env_switch(GRAPH_SIZED_STEPS_ENV, False) or runner.draft is not None or runner.graphs is None:
+        return None
+    tiers = runner.graphs.plan.verify_tiers
+    return max(tiers) if tiers else None
+
+
 def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimits:
     chunk = config.chunked_prefill_size
     # NOTE: admission grouping only without a drafter: DSpark's bursts read a waiting request as
     # "end the burst, admit it" (early stop, chaining), which holding it would contradict
     admission = admission_from_env() if runner.draft is None else {}
+    cap = graph_step_cap(runner)
+    if cap is not None:
+        logger.info("graph-sized steps: at most %d rows a step (decodes and prompt chunks together)", cap)
     return SchedulerLimits(
         page_size=config.page_size,
         max_running_requests=config.running_cap,
@@ -46,6 +65,7 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
         context_length=runner.context_length,
         eos_token_ids=runner.spec.eos_token_ids,
         spec_lookahead=runner.draft.block_size if runner.draft is not None else 0,
+        step_token_cap=cap,
         **admission,
     )
 

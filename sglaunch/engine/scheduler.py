@@ -44,6 +44,9 @@ class SchedulerLimits:
     # to this many steps so that one step admits several (0: admit at once)
     admit_wait_steps: int = 0
     admit_group: int = ADMIT_GROUP  # ...unless this many wait (or as many as the batch has room for)
+    # graph-sized steps (SGLAUNCH_GRAPH_SIZED_STEPS): the most rows a step's decodes and prompt chunks
+    # take together, so that it fits the largest ragged CUDA graph (None: only chunked_prefill_size)
+    step_token_cap: int | None = None
 
 
 @dataclass
@@ -130,6 +133,10 @@ class Scheduler:
         lookahead=False: reserve no draft pages here (the engine first asks its planner whether
         drafting pays, then calls reserve_lookahead)."""
         budget = [self.limits.chunked_prefill_size or math.inf, 0]  # prompt tokens left, and taken
+        cap = self.limits.step_token_cap
+        if cap:  # NOTE: every decoding request takes a row of the cap; prompt chunks get the rest
+            decoding = sum(1 for req in self.running if req.num_pending == 1)
+            budget[0] = min(budget[0], max(1, cap - decoding))
         self._schedules += 1
         chunks = self._schedule_running(budget)
         if self._hold_arrivals(chunks, budget):

@@ -383,6 +383,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
+    EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (experimental; engines without a drafter, with "
+           "CUDA graphs): 1 caps a step's rows (decodes and prompt chunks together) at the largest ragged CUDA "
+           "graph, so a wave of arrivals is admitted over several graph replays instead of one eager step; pair "
+           "it with SGLAUNCH_MIXED_MAX_QUERY at that size. 0 (default) off.", choices=("0", "1"),
+           sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),
     EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "

@@ -475,3 +475,75 @@ def test_admission_from_env(monkeypatch):
     monkeypatch.setenv(ADMIT_WAIT_ENV, "soon")
     with pytest.raises(ValueError, match=ADMIT_WAIT_ENV):
         admission_from_env()
+
+
+def test_graph_sized_steps_cap_decodes_and_prompt_chunks_together():
+    """step_token_cap (SGLAUNCH_GRAPH_SIZED_STEPS): a step's decodes and prompt chunks together stay
+    within the cap (prompts chunked to what the decodes leave), every request still gets the
+    reference tokens, and with no cap the same arrivals go in one step."""
+    prompts = [[5 + i] * 9 for i in range(6)]
+    limits = SchedulerLimits(1, 16, None, 10_000, (), step_token_cap=20)
+    sched = Scheduler(limits, PageAllocator(512), None)
+    first = make_reqs([[1, 2], [3, 4]], max_new=40)
+    for req in first:
+        sched.add(req)
+    sched.commit(chunks := sched.schedule(), [fake_next_token(c.req.token_ids) for c in chunks])  # their prefill
+    arrivals = make_reqs(prompts, max_new=5)
+    for i, req in enumerate(arrivals):
+        req.rid = f"a{i}"
+    for req in arrivals:
+        sched.add(req)
+    seen = []
+    while sched.has_work:
+        chunks = sched.schedule()
+        rows = sum(c.end - c.start for c in chunks)
+        assert rows <= 20, [(c.req.rid, c.start, c.end) for c in chunks]
+        seen.append(rows)
+        sched.commit(chunks, [fake_next_token(c.req.token_ids) if c.samples else None for c in chunks])
+    assert max(seen) == 20  # the cap is used, not undershot
+    for req, prompt in zip(arrivals, prompts):
+        assert req.output_ids == reference(prompt, 5)
+    assert [r.output_ids for r in first] == [reference(p, 40) for p in ([1, 2], [3, 4])]
+    uncapped = make_scheduler(512, radix=False, max_running=16)
+    for req in make_reqs(prompts, max_new=2):
+        uncapped.add(req)
+    assert sum(c.end - c.start for c in uncapped.schedule()) == 54  # all six prompts at once
+
+
+def test_graph_sized_steps_always_leave_a_prompt_row():
+    """More decodes than the cap still leave one prompt token a step: arrivals are never starved."""
+    limits = SchedulerLimits(1, 16, None, 10_000, (), step_token_cap=2)
+    sched = Scheduler(limits, PageAllocator(512), None)
+    reqs = make_reqs([[1], [2], [3], [4, 5, 6, 7]], max_new=6)
+    for req in reqs[:3]:
+        sched.add(req)
+    while sched.waiting:  # NOTE: the cap admits them over two steps too
+        chunks = sched.schedule()
+        sched.commit(chunks, [fake_next_token(c.req.token_ids) for c in chunks])
+    assert len(sched.running) == 3
+    sched.add(reqs[3])
+    chunks = sched.schedule()
+    assert [(c.req.rid, c.end - c.start) for c in chunks if c.req is reqs[3]] == [("r3", 1)]
+
+
+def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
+    """SGLAUNCH_GRAPH_SIZED_STEPS: off by default; on, the largest ragged tier of the runner's
+    graphs, and nothing for a DSpark engine, an engine without graphs or without ragged tiers."""
+    from types import SimpleNamespace
+
+    from sglaunch.engine.engine import GRAPH_SIZED_STEPS_ENV, graph_step_cap
+
+    def runner(tiers=(64, 128, 2048), draft=None, graphs=True):
+        plan = SimpleNamespace(verify_tiers=tuple(tiers))
+        return SimpleNamespace(draft=draft, graphs=SimpleNamespace(plan=plan) if graphs else None)
+
+    monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
+    assert graph_step_cap(runner()) is None
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
+    assert graph_step_cap(runner()) == 2048
+    assert graph_step_cap(runner(draft=object())) is None
+    assert graph_step_cap(runner(graphs=False)) is None
+    assert graph_step_cap(runner(tiers=())) is None
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "yes")
+    with pytest.raises(ValueError, match=GRAPH_SIZED_STEPS_ENV):
+        graph_step_cap(runner())
