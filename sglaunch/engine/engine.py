@@ -58,6 +58,10 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
     cap = graph_step_cap(runner)
     if cap is not None:
         logger.info("graph-sized steps: at most %d rows a step (decodes and prompt chunks together)", cap)
+        if runner.graphs.plan.max_query < cap:
+            logger.warning("graph-sized steps: a prompt chunk over %d tokens still runs eagerly; set "
+                           "SGLAUNCH_MIXED_MAX_QUERY=%d so that every capped step can replay a graph",
+                           runner.graphs.plan.max_query, cap)
     return SchedulerLimits(
         page_size=config.page_size,
         max_running_requests=config.running_cap,
