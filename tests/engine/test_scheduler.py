@@ -547,3 +547,31 @@ def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "yes")
     with pytest.raises(ValueError, match=GRAPH_SIZED_STEPS_ENV):
         graph_step_cap(runner())
+
+
+def test_scheduler_limits_carry_the_graph_step_cap(monkeypatch, caplog):
+    """The engine's limits take the cap, and say when SGLAUNCH_MIXED_MAX_QUERY leaves capped
+    chunks eager."""
+    import logging
+    from types import SimpleNamespace
+
+    from sglaunch.engine.engine import GRAPH_SIZED_STEPS_ENV, scheduler_limits
+
+    config = SimpleNamespace(chunked_prefill_size=8192, page_size=1, running_cap=64)
+
+    def runner(max_query):
+        plan = SimpleNamespace(verify_tiers=(8, 512, 2048), max_query=max_query)
+        return SimpleNamespace(draft=None, graphs=SimpleNamespace(plan=plan), context_length=4096,
+                               spec=SimpleNamespace(eos_token_ids=(2,)))
+
+    monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
+    assert scheduler_limits(config, runner(256)).step_token_cap is None
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="sglaunch.engine.engine"):
+        limits = scheduler_limits(config, runner(256))
+    assert limits.step_token_cap == 2048 and limits.chunked_prefill_size == 8192
+    assert "SGLAUNCH_MIXED_MAX_QUERY=2048" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglaunch.engine.engine"):
+        assert scheduler_limits(config, runner(2048)).step_token_cap == 2048
+    assert "at most 2048 rows" in caplog.text and "SGLAUNCH_MIXED_MAX_QUERY" not in caplog.text
