@@ -591,7 +591,7 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   part long2 200 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $L --json "$W/long2.json"
   # the eager step admitting 64 prompts of 64 tokens, as session 17 run 1's mixed3 (44.0 ms, FA3, the
   # real model; random weights time the same kernels) after RaggedMetadata.from_step went to numpy and
-  # one pinned copy (8.9 -> 0.37 ms on the dev CPU): FA3 here for the like-for-like figure, then FA2
+  # one pinned copy (0.87 -> 0.18 ms on the dev CPU, benchmarks/ragged_metadata_cost.py): FA3 here for the like-for-like figure, then FA2
   part mixed3 90 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 python3 benchmarks/mixed_step_cost.py --model $M \
     --attention-backend flashinfer --batch 1 --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed3.json"
   part mixed4 60 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 \
