@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from sglaunch.engine.attention.base import indptr as host_indptr
 from sglaunch.engine.attention.flashinfer_backend import (
     PREFILL_BACKEND_ENV,
-    _indptr,
     max_query_len,
     prefill_backend_from_env,
 )
@@ -18,7 +18,7 @@ from sglaunch.engine.attention.flashinfer_backend import (
 
 @pytest.mark.parametrize("lengths", [[1], [1] * 64 + [16], [0, 0, 7, 1, 63], [128] + [0] * 128])
 def test_max_query_len_is_the_longest_query(lengths):
-    indptr = _indptr(lengths)
+    indptr = torch.from_numpy(host_indptr(lengths, np.int32))  # as PlanArrays.from_step builds it
     assert max_query_len(indptr) == max(lengths)
     # FlashInfer's own computation, which the argument replaces
     assert max_query_len(indptr) == max(indptr[1:] - indptr[:-1]).item()

@@ -32,10 +32,10 @@ def flat_pages(tables) -> np.ndarray:
     return np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=total)
 
 
-def _indptr(lengths: np.ndarray) -> np.ndarray:
-    """[0, running sums of lengths...] as int64."""
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
+def indptr(lengths, dtype=np.int64) -> np.ndarray:
+    """[0, running sums of lengths...] on the host (one numpy op, no small torch operators)."""
+    out = np.zeros(len(lengths) + 1, dtype=dtype)
+    np.cumsum(lengths, dtype=dtype, out=out[1:])
     return out
 
 
@@ -63,12 +63,12 @@ class RaggedMetadata:
         query_lens = np.asarray(step.query_lens, dtype=np.int64)
         kv_lens = np.asarray(step.kv_lens, dtype=np.int64)
         counts = np.fromiter(map(len, step.page_tables), dtype=np.int64, count=len(step.page_tables))
-        page_indptr = _indptr(counts)
+        page_indptr = indptr(counts)
         page_indices = flat_pages(step.page_tables).astype(np.int64)
         positions = np.asarray(step.positions, dtype=np.int64)
         owner = np.repeat(np.arange(len(query_lens)), query_lens)  # [num_tokens]
         out_slots = page_indices[page_indptr[owner] + positions // page_size] * page_size + positions % page_size
-        fields = (query_lens, kv_lens, _indptr(query_lens), page_indptr, page_indices,
+        fields = (query_lens, kv_lens, indptr(query_lens), page_indptr, page_indices,
                   (kv_lens - 1) % page_size + 1, positions, out_slots)
         moved = to_device([torch.from_numpy(a) for a in fields], device)
         return cls(*moved, max_query_len=int(query_lens.max()), max_kv_len=int(kv_lens.max()))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata, flat_pages
+from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata, flat_pages, indptr
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
@@ -81,8 +81,8 @@ class PlanArrays:
         last = np.array(step.kv_lens, dtype=np.int64).reshape(-1)
         last = (last - 1) % page_size + 1
         return cls(
-            qo_indptr=_indptr(step.query_lens),
-            page_indptr=_indptr(list(map(len, step.page_tables))),
+            qo_indptr=torch.from_numpy(indptr(step.query_lens, np.int32)),
+            page_indptr=torch.from_numpy(indptr(list(map(len, step.page_tables)), np.int32)),
             page_indices=flat_int32(step.page_tables),
             last_page_len=torch.from_numpy(last.astype(np.int32)),
             is_decode=all(n == 1 for n in step.query_lens),
@@ -93,16 +93,6 @@ def flat_int32(tables) -> torch.Tensor:
     """flat_pages as an int32 CPU tensor."""
     flat = flat_pages(tables)
     return torch.from_numpy(flat) if flat.size else torch.zeros(0, dtype=torch.int32)
-
-
-def _indptr(lengths: list[int]) -> torch.Tensor:
-    """[0, running sums of lengths...] int32 on the host (numpy: one op, no small torch operators)."""
-    import numpy as np
-
-    out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    if len(lengths):
-        np.cumsum(lengths, dtype=np.int32, out=out[1:])
-    return torch.from_numpy(out)
 
 
 def check_supported(kv_pool: KVPool, head_dim: int, device: torch.device) -> None:
