@@ -578,11 +578,17 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   # FA2; 0.95, 0.92, 0.71 with FA3), the slow runs with the engine's decode step at 1.6-1.7 ms against
   # 1.2-1.4: do the engine and server processes share a core's hyperthreads? The topology first
   part topo 20 bash -c "lscpu; grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list"
+  # session 18: the sharing measured (a VM may report every vCPU as a core of its own)
+  part cpupairs 90 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
   part pytest 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
     -k "mixed or torch_backend or greedy_with_graphs"
   local C="python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 --prompt-tokens 512,1024 --arrivals 1 --repeats 5"
   part mixed 60 $C --json "$W/mixed.json"
   part mixed2 60 env SGLAUNCH_MIXED_MAX_QUERY=2048 $C --json "$W/mixed2.json"
+  # the eager step admitting 64 prompts of 64 tokens (session 17 run 1's mixed3: 44.0 ms, FA3, the real
+  # model) after RaggedMetadata.from_step went to numpy and one pinned copy; FA2 here, FA3 at the end
+  part mixed4 60 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 \
+    --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed4.json"
   local B="--dataset synthetic --input-len 1024 --num-prompts 512 --output-len 128 --concurrency 16,64 --temperature 0 --no-plot"
   part bench 200 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
     --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 sglaunch serve --model-path $M" --label eager256 --label graph2048 \
@@ -591,11 +597,9 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   part long2 200 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 $L --json "$W/long2.json"
   # the eager step admitting 64 prompts of 64 tokens, as session 17 run 1's mixed3 (44.0 ms, FA3, the
   # real model; random weights time the same kernels) after RaggedMetadata.from_step went to numpy and
-  # one pinned copy (0.87 -> 0.18 ms on the dev CPU, benchmarks/ragged_metadata_cost.py): FA3 here for the like-for-like figure, then FA2
+  # one pinned copy (0.87 -> 0.18 ms on the dev CPU, benchmarks/ragged_metadata_cost.py): FA3, the like-for-like figure (FA2 above)
   part mixed3 90 env SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa3 python3 benchmarks/mixed_step_cost.py --model $M \
     --attention-backend flashinfer --batch 1 --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed3.json"
-  part mixed4 60 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 1 \
-    --prompt-tokens 64 --arrivals 64 --repeats 3 --json "$W/mixed4.json"
   touch "$W/all.done"
 }
 
@@ -624,7 +628,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
