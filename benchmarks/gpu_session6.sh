@@ -603,6 +603,15 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
   touch "$W/all.done"
 }
 
+pipeline32b() {  # session 18: pipeline32's bench part again (its --dataset synthetic was refused)
+  local M=/tmp/smolrand/target
+  local B="--input-len 1024 --num-prompts 512 --output-len 128 --concurrency 16,64 --temperature 0 --no-plot"
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
+    --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 sglaunch serve --model-path $M" --label eager256 --label graph2048 \
+    $B --output "$W/bench/bench.json"
+  pipeline33
+}
+
 pipeline33() {  # prepared in session 17 (`fg pipeline33 S`, random weights, after pipeline32 on a warm machine or
   # alone): graph-sized steps (SGLAUNCH_GRAPH_SIZED_STEPS=1 with SGLAUNCH_MIXED_MAX_QUERY=2048): a step's
   # decodes and prompt chunks capped at the largest ragged tier (2,048 rows), so the in-process waves
@@ -619,7 +628,7 @@ sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(ra
   part http4 120 env SGLAUNCH_MIXED_MAX_QUERY=2048 SGLAUNCH_GRAPH_SIZED_STEPS=1 $H --out "$W/http4.json"
   part bench3 200 python3 -m sglaunch bench --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 sglaunch serve --model-path $M" \
     --compare "SGLAUNCH_MIXED_MAX_QUERY=2048 SGLAUNCH_GRAPH_SIZED_STEPS=1 sglaunch serve --model-path $M" \
-    --label graph2048 --label capped --dataset synthetic --input-len 1024 --num-prompts 512 --output-len 128 \
+    --label graph2048 --label capped --input-len 1024 --num-prompts 512 --output-len 128 \
     --concurrency 64 --temperature 0 --no-plot --output "$W/bench3/bench.json"
   touch "$W/all.done"
 }
@@ -690,7 +699,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline33
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

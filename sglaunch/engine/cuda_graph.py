@@ -59,11 +59,12 @@ TIERS_ENV = "SGLANG_DSPARK_RAGGED_CAPTURE_TOKEN_BUCKETS"  # extra verify tiers, 
 MIXED_ENV = "SGLAUNCH_MIXED_GRAPHS"  # 0: a step with a prefill chunk runs eagerly (ragged graphs: verify only)
 CONTEXT_SKIP_ENV = "SGLAUNCH_DSPARK_SKIP_CONTEXT"  # 1: plain decode steps at load skip the draft context
 MIXED_WIDTH = 8  # ragged tiers of an engine without DSpark: each decode bucket times this
-MIXED_MAX_QUERY = 256  # longest query (prefill chunk) a ragged graph takes by default; longer ones run eagerly
-# NOTE: a larger value is correct for any split (FlashInfer's graph plan sizes its tiles from the tier's
-# total and batch alone), and an eager step costs 11 ms of host work on the H200 before its tokens
-# (session 17: one 1,024-token prompt beside a decode 13.1 ms, against 1.4 for the decode): whether
-# graphs pay for 257-2,048-token chunks too is still to be measured (pipeline32)
+MIXED_MAX_QUERY = 0  # longest query (prefill chunk) a ragged graph takes; 0 (default): whatever fits the largest tier
+# NOTE: any split of a tier's rows is correct (FlashInfer's graph plan sizes its tiles from the tier's
+# total and batch alone), and an eager step costs 11-16 ms of host work on the H200 before its tokens.
+# Session 18 (benchmarks/gpu18/run1): beside 64 decodes, a 512- / 1,024-token chunk cost 16.7 / 15.2 ms
+# more than the decode step eagerly (the limit of then, 256) and 2.6 / 3.0 ms in a ragged graph; HTTP
+# with 1,024-token prompts served 1.05x (c=16) and 1.15x (c=64) of the eager limit
 MIXED_MAX_QUERY_ENV = "SGLAUNCH_MIXED_MAX_QUERY"
 MAX_GRAPH_PAGES = 1 << 25  # cap of the shared page-index buffer (int32 entries)
 HOST_PAGES = 1 << 20  # initial page-index room of a HostLayout (4 MiB); it grows up to max_pages
@@ -135,9 +136,9 @@ class GraphPlan:
     def build(cls, max_bs: int, window: int, context_length: int, page_size: int,
               extra_tiers: tuple[int, ...] = (), mixed: bool = False, contextless: bool = False,
               mixed_max_query: int = MIXED_MAX_QUERY) -> GraphPlan:
-        """mixed: ragged graphs also take a prefill chunk of up to mixed_max_query tokens beside
-        decodes (verify windows beside it with DSpark); without DSpark they exist for that alone.
-        contextless: each decode size also without the draft context write, for the steps that
+        """mixed: ragged graphs also take a prefill chunk of up to mixed_max_query tokens (0: up to
+        the largest tier) beside decodes (verify windows beside it with DSpark); without DSpark
+        they exist for that alone. contextless: each decode size also without the draft context write, for the steps that
         skip it (DSpark with the write in its graphs)."""
         sizes = capture_batch_sizes(max_bs)
         width = window or (MIXED_WIDTH if mixed else 0)
@@ -145,7 +146,7 @@ class GraphPlan:
         max_tokens = max([max_bs, *tiers])
         per_request = _pages(context_length + window, page_size)
         max_pages = min(MAX_GRAPH_PAGES, (max_bs + 1) * per_request + _pages(max_tokens, page_size))
-        max_query = max(window, mixed_max_query) if mixed and tiers else window
+        max_query = max(window, mixed_max_query or max(tiers)) if mixed and tiers else window
         return cls(tuple(sizes), tuple(tiers), max_bs, window, page_size, max_pages, max_query, contextless)
 
     def keys(self) -> list[GraphKey]:
@@ -537,6 +538,6 @@ def mixed_from_env() -> bool:
 
 def mixed_max_query_from_env() -> int:
     """SGLAUNCH_MIXED_MAX_QUERY: the longest prefill chunk a mixed step may hold and still replay a
-    ragged graph (default MIXED_MAX_QUERY; a chunk also has to fit the largest tier with the rest
-    of its step). Read once at start-up."""
-    return env_int(MIXED_MAX_QUERY_ENV, MIXED_MAX_QUERY, 1)
+    ragged graph (unset or 0: no limit but the largest tier, which the chunk and the rest of its
+    step always have to fit). Read once at start-up."""
+    return env_int(MIXED_MAX_QUERY_ENV, MIXED_MAX_QUERY, 0)

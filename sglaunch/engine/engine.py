@@ -38,13 +38,15 @@ GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped 
 
 
 def graph_step_cap(runner: ModelRunner) -> int | None:
-    """SGLAUNCH_GRAPH_SIZED_STEPS=1 (off by default; engines without a drafter, with ragged graphs
-    for mixed steps): the largest ragged tier, the most rows the scheduler then gives one step, so
-    that a wave of arrivals is admitted over several graph replays instead of one eager step (44 ms
-    for 6 ms of kernels on the H200 at 64 prompts of 64 tokens, session 17). Prompts over the cap are
-    chunked to it; a chunk replays a graph only within SGLAUNCH_MIXED_MAX_QUERY, so set that to the
-    cap too. NOTE: not yet measured on a GPU (benchmarks/gpu_session6.sh pipeline33)."""
-    if not env_switch(GRAPH_SIZED_STEPS_ENV, False) or runner.draft is not None or runner.graphs is None:
+    """SGLAUNCH_GRAPH_SIZED_STEPS (on unless 0; engines without a drafter, with ragged graphs for
+    mixed steps): the largest ragged tier, the most rows the scheduler then gives one step, so that
+    a wave of arrivals is admitted over several graph replays instead of one eager step (44 ms for
+    6 ms of kernels on the H200 at 64 prompts of 64 tokens, session 17). Prompts over the cap are
+    chunked to it; a chunk replays a graph within SGLAUNCH_MIXED_MAX_QUERY (unset: the largest tier).
+    Session 18 (H200, random SmolLM2 weights, one run): the in-process closed loop at c=64 1.11x
+    (2.53-2.57 s against 2.85-3.44 for 131,072 tokens), HTTP 1.10x, and `sglaunch bench` with 1,024-token
+    prompts at c=64 1.37x, each against the uncapped engine."""
+    if not env_switch(GRAPH_SIZED_STEPS_ENV, True) or runner.draft is not None or runner.graphs is None:
         return None
     tiers = runner.graphs.plan.verify_tiers
     return max(tiers) if tiers else None

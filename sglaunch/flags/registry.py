@@ -368,7 +368,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "DSpark too) instead of running eagerly: 1 (default) or 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_MIXED_MAX_QUERY", "The longest prefill chunk (tokens) a step mixing it with decodes may "
            "hold and still replay a ragged CUDA graph (it must also fit the largest tier with the rest of the "
-           "step); longer chunks run eagerly. Default 256 (experimental above it: not yet measured on a GPU).",
+           "step); longer chunks run eagerly. Unset or 0 (default): no limit but the largest tier.",
            sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
@@ -383,10 +383,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
-    EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (experimental; engines without a drafter, with "
-           "CUDA graphs): 1 caps a step's rows (decodes and prompt chunks together) at the largest ragged CUDA "
-           "graph, so a wave of arrivals is admitted over several graph replays instead of one eager step; pair "
-           "it with SGLAUNCH_MIXED_MAX_QUERY at that size. 0 (default) off.", choices=("0", "1"),
+    EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (engines without a drafter, with CUDA graphs): "
+           "a step's rows (decodes and prompt chunks together) are capped at the largest ragged CUDA graph, so a "
+           "wave of arrivals is admitted over several graph replays instead of one eager step: on unless 0.",
+           choices=("0", "1"),
            sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),

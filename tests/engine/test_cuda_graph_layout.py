@@ -124,21 +124,22 @@ def test_fill_padded_refuses_what_does_not_fit():
 def test_mixed_steps_pick_a_ragged_graph():
     """A decode batch with a prefill chunk (an arrival under load) replays the smallest ragged tier
     that holds its tokens, with DSpark (verify windows beside it) and without (the ragged tiers
-    exist for mixed steps alone); a chunk over MIXED_MAX_QUERY, or SGLAUNCH_MIXED_GRAPHS=0, runs
-    eagerly as before."""
-    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY, MIXED_WIDTH
+    exist for mixed steps alone); by default any chunk that fits the largest tier with its step
+    does; a longer one, or SGLAUNCH_MIXED_GRAPHS=0, runs eagerly as before."""
+    from sglaunch.engine.cuda_graph import MIXED_WIDTH
 
     rng = random.Random(3)
     plain = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True)
     assert plain.verify_tiers == tuple(sorted({b * MIXED_WIDTH for b in plain.decode_sizes}))
-    assert plain.max_query == MIXED_MAX_QUERY
+    assert plain.max_query == max(plain.verify_tiers) == MAX_BS * MIXED_WIDTH
     step = random_step(rng, [1] * 9 + [40], 1, arrays=True)
     key = plain.pick(step)
     assert key == GraphKey(False, verify_batch_size(64, MAX_BS), 64)  # 49 tokens: the tier of 64
     out = HostLayout(plain.max_tokens, plain.max_batch, plain.max_pages)
     assert new_layout(step, key, 1, out) == old_layout(step, key, 1)
     assert plain.pick(random_step(rng, [1] * 9, 1, arrays=True)).decode  # decodes alone: a decode graph
-    assert plain.pick(random_step(rng, [1, MIXED_MAX_QUERY + 1], 1, arrays=True)) is None
+    assert plain.pick(random_step(rng, [1, MAX_BS * MIXED_WIDTH - 1], 1, arrays=True)) is not None
+    assert plain.pick(random_step(rng, [1, MAX_BS * MIXED_WIDTH], 1, arrays=True)) is None  # over the tier
     assert GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1).verify_tiers == ()
     dspark = GraphPlan.build(max_bs=MAX_BS, window=WINDOW, context_length=CONTEXT + WINDOW, page_size=1, mixed=True)
     verify_and_prefill = random_step(rng, [WINDOW] * 3 + [30], 1, arrays=False)
@@ -160,16 +161,14 @@ def test_mixed_graphs_env(monkeypatch):
 
 
 def test_longer_mixed_chunks_pick_a_ragged_graph_when_allowed():
-    """SGLAUNCH_MIXED_MAX_QUERY raises the longest prefill chunk a mixed step may hold and still
-    replay a ragged graph; the chunk and the rest of the step must still fit the largest tier, and
-    the padded layout of such a step is the reference one."""
-    from sglaunch.engine.cuda_graph import MIXED_MAX_QUERY
-
+    """SGLAUNCH_MIXED_MAX_QUERY limits the longest prefill chunk a mixed step may hold and still
+    replay a ragged graph (default: the largest tier); the chunk and the rest of the step must still
+    fit the largest tier, and the padded layout of such a step is the reference one."""
     rng = random.Random(11)
     default = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True)
     wide = GraphPlan.build(max_bs=MAX_BS, window=0, context_length=CONTEXT, page_size=1, mixed=True,
                            mixed_max_query=100)
-    assert default.max_query == MIXED_MAX_QUERY and wide.max_query == 100
+    assert default.max_query == MAX_BS * 8 and wide.max_query == 100
     assert wide.verify_tiers == default.verify_tiers and max(wide.verify_tiers) == MAX_BS * 8
     step = random_step(rng, [1] * 9 + [100], 1, arrays=True)  # 109 tokens
     key = wide.pick(step)
@@ -196,7 +195,9 @@ def test_mixed_max_query_env(monkeypatch):
     assert mixed_max_query_from_env() == MIXED_MAX_QUERY
     monkeypatch.setenv(MIXED_MAX_QUERY_ENV, "2048")
     assert mixed_max_query_from_env() == 2048
-    for bad in ("0", "-5", "lots", "1.5"):
+    monkeypatch.setenv(MIXED_MAX_QUERY_ENV, "0")
+    assert mixed_max_query_from_env() == 0  # no limit but the largest tier
+    for bad in ("-5", "lots", "1.5"):
         monkeypatch.setenv(MIXED_MAX_QUERY_ENV, bad)
         with pytest.raises(ValueError, match=MIXED_MAX_QUERY_ENV):
             mixed_max_query_from_env()

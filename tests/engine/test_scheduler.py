@@ -527,8 +527,8 @@ def test_graph_sized_steps_always_leave_a_prompt_row():
 
 
 def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
-    """SGLAUNCH_GRAPH_SIZED_STEPS: off by default; on, the largest ragged tier of the runner's
-    graphs, and nothing for a DSpark engine, an engine without graphs or without ragged tiers."""
+    """SGLAUNCH_GRAPH_SIZED_STEPS: on by default, the largest ragged tier of the runner's graphs, and
+    nothing for a DSpark engine, an engine without graphs or without ragged tiers; 0 turns it off."""
     from types import SimpleNamespace
 
     from sglaunch.engine.engine import GRAPH_SIZED_STEPS_ENV, graph_step_cap
@@ -538,6 +538,8 @@ def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
         return SimpleNamespace(draft=draft, graphs=SimpleNamespace(plan=plan) if graphs else None)
 
     monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
+    assert graph_step_cap(runner()) == 2048
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "0")
     assert graph_step_cap(runner()) is None
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
     assert graph_step_cap(runner()) == 2048
@@ -564,9 +566,9 @@ def test_scheduler_limits_carry_the_graph_step_cap(monkeypatch, caplog):
         return SimpleNamespace(draft=None, graphs=SimpleNamespace(plan=plan), context_length=4096,
                                spec=SimpleNamespace(eos_token_ids=(2,)))
 
-    monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "0")
     assert scheduler_limits(config, runner(256)).step_token_cap is None
-    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
+    monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
     with caplog.at_level(logging.INFO, logger="sglaunch.engine.engine"):
         limits = scheduler_limits(config, runner(256))
     assert limits.step_token_cap == 2048 and limits.chunked_prefill_size == 8192
