@@ -633,11 +633,39 @@ sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(ra
   touch "$W/all.done"
 }
 
+pipeline34() {  # session 18, run 3 (`fg pipeline34 S`, random weights, a fresh machine): the new defaults
+  # (ragged graphs up to the largest tier, graph-sized steps) through every graph test, then "DSpark is
+  # never slower": plain against DSpark (the bundled drafter on random target weights, so it has to step
+  # aside) over HTTP at c=64 and 256, where graph-sized steps now help plain only
+  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
+  part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
+  part bench 240 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 64,256 --temperature 0 --no-plot --output "$W/bench/bench.json"
+  touch "$W/all.done"
+}
+
+pipeline35() {  # session 18, run 3 (after pipeline34 on the warm machine): the HTTP row with the server
+  # saturated (session 18 run 2: the server process busy 0.93-0.97 at c=64, HTTP 0.79 of in-process;
+  # 35% of its time in socket writes on the dev CPU): 1, 2 and 4 HTTP worker processes
+  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target
+  local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
+  part http1 100 $H --out "$W/http1.json"
+  part http2 100 $H --tokenizer-worker-num 2 --out "$W/http2.json"
+  part http4 100 $H --tokenizer-worker-num 4 --out "$W/http4.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs http1 pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -699,7 +727,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
