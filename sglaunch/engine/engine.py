@@ -458,7 +458,7 @@ class LLMEngine:
                    else "no context" if any(c.req.context_gap for c in chunks) else "request ending")
             return policy.skip(why, count)
         planner, R = self.spec.planner, len(chunks)
-        prior = 1.0 + sum(planner.prior)
+        prior = 1.0 + sum(planner.priced_prior)
         context = self.limits.context_length
         n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
                               [context - c.start for c in chunks], prior)

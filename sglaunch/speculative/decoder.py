@@ -312,7 +312,9 @@ class DSparkDecoder:
         return self._finish(proposal, out, verify_seconds)
 
     def _finish(self, proposal: Proposal, out: list[Accepted], verify_seconds: float) -> list[Accepted]:
-        self._record(proposal, [a.accept_length - 1 for a in out])
+        accepted = [a.accept_length - 1 for a in out]
+        self.planner.observe_outcome([c.req.rid for c in proposal.chunks], proposal.planned_accepts, accepted)
+        self._record(proposal, accepted)
         self.stats.record_step([a.accept_length for a in out], sum(1 + v for v in proposal.verify_lens),
                                proposal.draft_seconds, verify_seconds)
         self._maybe_log()
@@ -384,6 +386,14 @@ class DSparkDecoder:
         self.planner.reset_prior()
         self.stats = SpecStats(self.gamma)
 
+    def _calibration_note(self) -> str:
+        """The confidence calibration, when it moved: the prior as priced and the factor per slot."""
+        f = self.planner.accepts.factors()
+        if f is None:
+            return ""
+        return (f" (priced {1.0 + sum(self.planner.priced_prior):.2f}; confidences x "
+                + " ".join(f"{x:.2f}" for x in f) + f" from {self.planner.accepts.outcomes} request-steps)")
+
     def _maybe_log(self, force: bool = False) -> None:
         """The periodic `spec:` line (every LOG_INTERVAL_S while steps run; force: now, when any
         step ran since the last line: the engine went idle, so a burst of load gets its line)."""
@@ -393,5 +403,6 @@ class DSparkDecoder:
             logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
                                                  f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else "")
                         + f", prior accept {1.0 + sum(self.planner.prior):.2f}"
+                        + self._calibration_note()
                         + (self.log_suffix() if self.log_suffix is not None else ""))
             self._last_log, self._logged_steps = now, steps

@@ -26,6 +26,14 @@ paper's Theta = tau * SPS(B).
   The table's step times are scaled by what engine steps of each kind really took
   (`StepCostCalibration`): the table sees the target forward, DSpark's work and a plain decode,
   not the rest of an engine step (on an H200, 2026-12-01, it priced a DSpark step 14-35% low).
+- Confidences checked against outcomes (`AcceptCalibration`): the survivals a drafting step
+  predicted for the slots it verified are compared, slot by slot, with what the target accepted,
+  and every price (lagged rows, the prior, a burst's accept estimate) uses the survivals scaled by
+  that running ratio. A drafter whose confidences do not know this target or this traffic (session
+  18: the bundled drafter on random target weights, accept 1.00, drafted 22% of its steps at 64
+  requests and served 0.87x of plain) is then priced at what it really commits. While it steps
+  aside nothing is learnt, so the ratio drifts back toward 1 (`EXPLORE_DRIFT`): a bad patch cannot
+  keep a good drafter aside for good.
 - Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
   target's verify CUDA graph is keyed on the step's TOTAL tokens rounded up to a captured tier,
   so the rows between the planned total and that tier run anyway as padding. Rounding the
@@ -54,6 +62,15 @@ MIN_DRAFT_GAIN = 1.05
 PRIOR_WINDOW = 512
 # a drafter's own measured survivals (its bundle's eval.json) start the prior at this weight
 PRIOR_START_WEIGHT = 256
+# AcceptCalibration: request-slots of "as predicted" before any outcome; the predicted survival mass a
+# slot keeps (older outcomes fade); the largest factor (an underconfident drafter's)
+CALIBRATION_START_WEIGHT = 32.0
+CALIBRATION_WINDOW = 2048.0
+CALIBRATION_MAX = 2.0
+# stepped-aside steps between two moves of the ratio back toward 1, and how far each move goes
+# (a quarter of the gap: from 0 to 0.5 of the way in about 2.4 x 256 steps, under a second on an H200)
+EXPLORE_EVERY = 256
+EXPLORE_DRIFT = 0.25
 
 
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
@@ -282,6 +299,64 @@ class ConfidenceRelay:
         return entry
 
 
+class AcceptCalibration:
+    """Per block slot: what the target accepted over what the drafter's survivals predicted, over
+    the slots that were verified (running sums, each slot's predicted mass capped at
+    CALIBRATION_WINDOW so that older outcomes fade). factors() scale survivals; None while every
+    factor is 1 (nothing to do)."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.predicted = [CALIBRATION_START_WEIGHT] * block_size
+        self.realized = [CALIBRATION_START_WEIGHT] * block_size
+        self._factors: list[float] | None = None
+        self.outcomes = 0  # request-steps observed
+
+    def observe(self, rows: Sequence[Sequence[float]], verified: Sequence[int], accepted: Sequence[int]) -> None:
+        """rows [R][G]: the survivals the step's windows were planned from (uncalibrated);
+        verified [R]: drafts each request could accept; accepted [R]: drafts it did accept."""
+        import numpy as np
+
+        if not len(rows):
+            return
+        surv = np.asarray(rows, dtype=np.float64).reshape(len(rows), self.block_size)
+        slot = np.arange(self.block_size)
+        mask = slot[None, :] < np.asarray(verified)[:, None]
+        kept = (slot[None, :] < np.asarray(accepted)[:, None]) & mask
+        predicted = np.asarray(self.predicted) + (surv * mask).sum(axis=0)
+        realized = np.asarray(self.realized) + kept.sum(axis=0)
+        over = predicted > CALIBRATION_WINDOW
+        shrink = np.where(over, CALIBRATION_WINDOW / np.maximum(predicted, 1e-12), 1.0)
+        self.predicted, self.realized = (predicted * shrink).tolist(), (realized * shrink).tolist()
+        self.outcomes += len(rows)
+        self._update()
+
+    def drift(self) -> None:
+        """Nothing was verified for EXPLORE_EVERY steps: move each ratio EXPLORE_DRIFT of the way
+        back to 1."""
+        self.realized = [r + EXPLORE_DRIFT * (p - r) for p, r in zip(self.predicted, self.realized)]
+        self._update()
+
+    def _update(self) -> None:
+        f = [min(CALIBRATION_MAX, r / p) if p > 0 else 1.0 for p, r in zip(self.predicted, self.realized)]
+        self._factors = None if all(abs(x - 1.0) < 1e-3 for x in f) else f
+
+    def factors(self) -> list[float] | None:
+        return self._factors
+
+    def apply(self, values, block_size: int):
+        """Survivals (flat [R * G], a list or a numpy array, or one row) scaled by the factors,
+        capped at 1 and kept non-increasing along each row; `values` itself when nothing to do."""
+        f = self._factors
+        if f is None:
+            return values
+        import numpy as np
+
+        arr = np.minimum(np.asarray(values, dtype=np.float64).reshape(-1, block_size) * np.asarray(f), 1.0)
+        arr = np.minimum.accumulate(arr, axis=1).reshape(-1)
+        return arr if isinstance(values, np.ndarray) else arr.tolist()
+
+
 class DSparkPlanner:
     """The production planner: lagged host budget + device top-K. One per engine."""
 
@@ -318,8 +393,8 @@ class DSparkPlanner:
         then counts as surviving everywhere (verify all: new requests are drafted in full)."""
         if self.mode == "static" or self.sps is None:
             return len(request_ids) * self.block_size
-        return choose_budget(self.relay.lagged_values(request_ids), len(request_ids), self.sps, extra_tokens,
-                             committed_extra)
+        return choose_budget(self._priced(self.relay.lagged_values(request_ids)), len(request_ids), self.sps,
+                             extra_tokens, committed_extra)
 
     def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0) -> int | None:
         """Host, before anything is drafted: the budget K, or None to step aside (draft nothing:
@@ -332,7 +407,7 @@ class DSparkPlanner:
         R, scale = len(request_ids), self.calibration.scale if self.calibration else {"draft": 1.0, "plain": 1.0}
         budget = None
         if self.relay.has_lagged():
-            lagged = self.relay.lagged_values(request_ids, self.prior)
+            lagged = self._priced(self.relay.lagged_values(request_ids, self.prior))
             k = drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"], plain_scale=scale["plain"],
                               committed_extra=committed_extra)
         else:  # every request at the prior: the same question as the step before, asked of the memo
@@ -364,8 +439,8 @@ class DSparkPlanner:
         hit = memo.get(key)
         if hit is None:
             R = len(request_ids)
-            k, rate = best_budget(self.relay.lagged_values(request_ids, self.prior), R, self.sps, extra_tokens,
-                                  committed_extra)
+            k, rate = best_budget(self._priced(self.relay.lagged_values(request_ids, self.prior)), R, self.sps,
+                                  extra_tokens, committed_extra)
             hit = memo[key] = (k, rate, plain_rate(R, self.sps, extra_tokens, committed_extra))
         return hit
 
@@ -408,13 +483,36 @@ class DSparkPlanner:
             self._device_temperatures[key] = torch.tensor(self.temperatures, dtype=torch.float32).to(device)
         return self._device_temperatures[key]
 
+    def _priced(self, values):
+        """Survivals as the prices see them: scaled by what the target really accepted."""
+        return self.accepts.apply(values, self.block_size)
+
+    @property
+    def priced_prior(self) -> list[float]:
+        """The prior survival row as priced (the burst's accept estimate reads it)."""
+        return self._priced(list(self.prior))
+
     def observe(self, request_ids: Sequence[Any], survival: Any) -> None:
         """Record this step's survivals (host rows) for use `lag` steps later, and fold their mean
-        into the prior of requests with no lagged survivals."""
+        into the prior of requests with no lagged survivals. Rows stay as the drafter gave them;
+        observe_outcome() later pairs them with what the target accepted."""
         self.relay.push(request_ids, survival)
         rows = survival.tolist() if hasattr(survival, "tolist") else [list(r) for r in survival]
+        self._pending = (list(request_ids), rows)
+        self._aside_streak = 0
         if rows:
             self._fold_prior([sum(col) / len(rows) for col in zip(*rows)], len(rows))
+
+    def observe_outcome(self, request_ids: Sequence[Any], verified: Sequence[int], accepted: Sequence[int]) -> None:
+        """The step last observed was verified: request r could accept verified[r] drafts and
+        accepted accepted[r]. Checks its survivals against that (AcceptCalibration)."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != list(request_ids):
+            return  # NOTE: e.g. a step whose survivals were never read (static mode): nothing to pair
+        before = self.accepts.factors()
+        self.accepts.observe(pending[1], verified, accepted)
+        if self.accepts.factors() != before:
+            self._prior_memo.clear()
 
     def _fold_prior(self, mean: Sequence[float], rows: int) -> None:
         """The mean survival per slot of `rows` observed request-steps into the running prior
@@ -434,20 +532,34 @@ class DSparkPlanner:
         wide to burst prices every new request as if all its drafts survive."""
         counts = [n for row in accepted for n in row]
         if counts:
-            self._fold_prior([sum(n > j for n in counts) / len(counts) for j in range(self.block_size)], len(counts))
+            kept = [sum(n > j for n in counts) / len(counts) for j in range(self.block_size)]
+            # NOTE: the prior holds survivals as the drafter states them and is priced through the
+            # calibration: an outcome goes in as the confidence that the calibration maps onto it
+            f = self.accepts.factors()
+            if f is not None:
+                kept = [min(1.0, k / x) if x > 0 else 1.0 for k, x in zip(kept, f)]
+            self._fold_prior(kept, len(counts))
 
     def skip_step(self) -> None:
         """A step that drafted nothing: it observed no survivals. NOTE: it still advances the
         relay, so `lag` such steps later every request is priced at the running mean survival
         again: one bad patch of a request cannot keep it out of drafting for good."""
         self.relay.push([], [])
+        self._aside_streak += 1
+        if self._aside_streak % EXPLORE_EVERY == 0 and self.accepts.factors() is not None:
+            self.accepts.drift()
+            self._prior_memo.clear()
 
     def release(self, request_id: Any) -> None:
         self.relay.forget(request_id)
 
     def reset_prior(self) -> None:
         """Back to the starting prior (after a profile's synthetic steps): the drafter's measured
-        survivals at PRIOR_START_WEIGHT, or the 1.0 guess at no weight."""
+        survivals at PRIOR_START_WEIGHT, or the 1.0 guess at no weight; the confidence calibration
+        as new (a profile's synthetic drafts say nothing of real traffic)."""
+        self.accepts = AcceptCalibration(self.block_size)
+        self._pending: tuple[list, list] | None = None  # the last drafting step's (ids, raw survival rows)
+        self._aside_streak = 0
         if self.start_prior is not None:
             self.prior, self._prior_weight = list(self.start_prior), PRIOR_START_WEIGHT
         else:

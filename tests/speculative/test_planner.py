@@ -231,3 +231,123 @@ def test_a_stepping_aside_streak_asks_the_memo_and_gets_what_drafting_pays_says(
     planner.observe([f"r{i}" for i in range(4)], [[0.9] * 7] * 4)
     planner.observe([f"r{i}" for i in range(4)], [[0.9] * 7] * 4)
     assert planner.relay.has_lagged()  # survivals of their own: the memo is not asked
+
+
+# ---- the confidences checked against outcomes (AcceptCalibration) ----------------------------
+STEP_ASIDE_TABLE = SpsTable.from_points({1: 700.0, 8: 620.0, 64: 560.0, 256: 400.0}).with_draft_costs(
+    {1: 0.0004, 64: 0.0009}).with_decode_costs({1: 0.0015, 64: 0.0021})
+
+
+def _drafting_step(planner, rids, rows, accepted):
+    """One drafting step as the decoder runs it: survivals observed, then the verified outcome."""
+    planner.observe(rids, rows)
+    planner.observe_outcome(rids, [7] * len(rids), accepted)
+
+
+def test_overconfident_drafter_is_priced_at_what_the_target_accepts_and_steps_aside():
+    """A drafter that states 0.9 survival everywhere while the target accepts nothing (session 18:
+    the bundled drafter on random target weights drafted 22% of its steps at 64 requests, 0.87x of
+    plain): drafting pays on its word, and stops paying once its outcomes are in."""
+    rids = [f"r{i}" for i in range(64)]
+    rows = [[0.9 ** (j + 1) for j in range(7)] for _ in rids]
+    planner = DSparkPlanner(7, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True, step_aside=True,
+                            start_prior=[0.9 ** (j + 1) for j in range(7)])
+    planner.calibration = None
+    planner.observe(rids, rows)
+    planner.observe(rids, rows)
+    assert planner.plan_drafts(rids, 0) is not None  # its word alone: drafting pays
+    for _ in range(10):
+        _drafting_step(planner, rids, rows, [0] * 64)
+    f = planner.accepts.factors()
+    assert f is not None and max(f) < 0.1
+    assert planner.plan_drafts(rids, 0) is None  # its outcomes: step aside
+    priced = planner.priced_prior
+    assert 1.0 + sum(priced) < 1.5 < 1.0 + sum(planner.prior)  # the burst's accept estimate follows
+    assert all(a >= b for a, b in zip(priced, priced[1:]))  # still a survival: non-increasing
+    # new requests too: they are priced at the (calibrated) prior
+    assert planner.plan_drafts([f"n{i}" for i in range(64)], 0) is None
+
+
+def test_a_calibrated_drafter_is_left_as_it_is():
+    """Outcomes drawn from the stated survivals keep every factor near 1, and the prices with them."""
+    import random
+
+    rng = random.Random(7)
+    planner = DSparkPlanner(7, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True, step_aside=True)
+    surv = [0.85 ** (j + 1) for j in range(7)]
+    rids = [f"r{i}" for i in range(32)]
+    for _ in range(200):
+        accepted = []
+        for _ in rids:  # slot j survives with probability surv[j] given slot j - 1 did
+            n = 0
+            while n < 7 and rng.random() < surv[n] / (surv[n - 1] if n else 1.0):
+                n += 1
+            accepted.append(n)
+        _drafting_step(planner, rids, [surv] * len(rids), accepted)
+    f = planner.accepts.factors() or [1.0] * 7
+    assert all(abs(x - 1.0) < 0.12 for x in f), f
+    assert sum(planner.priced_prior) == pytest.approx(sum(planner.prior), rel=0.1)
+
+
+def test_only_verified_slots_count_and_ids_must_match():
+    """A slot past a request's window says nothing of the drafter; an outcome whose requests are
+    not the last observed step's is not paired with it."""
+    from sglaunch.speculative.planner import AcceptCalibration
+
+    cal = AcceptCalibration(4)
+    for _ in range(100):  # windows of 2: slots 0-1 always accepted, slots 2-3 never verified
+        cal.observe([[0.25, 0.25, 0.25, 0.25]] * 8, [2] * 8, [2] * 8)
+    f = cal.factors()
+    assert f[0] == pytest.approx(2.0) and f[1] == pytest.approx(2.0)  # underconfident, capped at 2
+    assert f[2] == 1.0 and f[3] == 1.0
+    out = cal.apply([0.5, 0.5, 0.5, 0.5, 0.3, 0.2, 0.1, 0.0], 4)
+    assert out == [1.0, 1.0, 0.5, 0.5, 0.6, 0.4, 0.1, 0.0]
+    planner = DSparkPlanner(4, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True)
+    planner.observe(["a", "b"], [[0.9] * 4] * 2)
+    planner.observe_outcome(["b", "a"], [4, 4], [0, 0])  # not the observed step's requests
+    assert planner.accepts.outcomes == 0
+    planner.observe(["a", "b"], [[0.9] * 4] * 2)
+    planner.observe_outcome(["a", "b"], [4, 4], [0, 0])
+    planner.observe_outcome(["a", "b"], [4, 4], [0, 0])  # the same step twice: counted once
+    assert planner.accepts.outcomes == 2
+
+
+def test_stepping_aside_drifts_the_calibration_back_so_a_bad_patch_does_not_last():
+    """Once aside, nothing is verified; every EXPLORE_EVERY stepped-aside steps the factors move
+    back toward 1, until drafting pays again and is checked again. A profile's reset forgets them."""
+    from sglaunch.speculative.planner import EXPLORE_EVERY
+
+    rids = [f"r{i}" for i in range(64)]
+    rows = [[0.9 ** (j + 1) for j in range(7)] for _ in rids]
+    planner = DSparkPlanner(7, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True, step_aside=True,
+                            start_prior=rows[0])
+    planner.calibration = None
+    for _ in range(6):
+        _drafting_step(planner, rids, rows, [0] * 64)
+    low = planner.accepts.factors()[0]
+    steps = 0
+    while planner.plan_drafts(rids, 0) is None:
+        planner.skip_step()
+        steps += 1
+        assert steps < 40 * EXPLORE_EVERY, "stuck aside"
+    assert steps >= EXPLORE_EVERY and planner.accepts.factors()[0] > low
+    planner.reset_prior()
+    assert planner.accepts.factors() is None and planner.accepts.outcomes == 0
+
+
+def test_burst_outcomes_enter_the_prior_in_the_drafters_units():
+    """observe_accepts folds realised survivals into the prior, which is priced through the
+    calibration: so they go in divided by its factors (at most 1), and come out priced as observed."""
+    planner = DSparkPlanner(4, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True)
+    planner.start_prior = None
+    planner.reset_prior()
+    rids = [f"r{i}" for i in range(8)]
+    for _ in range(50):  # stated 0.8, accepted half as often
+        planner.observe(rids, [[0.8] * 4] * 8)
+        planner.observe_outcome(rids, [4] * 8, [4, 0] * 4)
+    f = planner.accepts.factors()
+    assert f is not None and 0.6 < f[0] < 0.7
+    planner._prior_weight, planner.prior = 0, [1.0] * 4
+    planner.observe_accepts([[1, 0] * 8])  # half the requests kept slot 0, none slot 1
+    priced = planner.priced_prior
+    assert priced[0] == pytest.approx(0.5) and priced[1] == pytest.approx(0.0)
