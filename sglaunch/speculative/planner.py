@@ -30,9 +30,10 @@ paper's Theta = tau * SPS(B).
   predicted for the slots it verified are compared, slot by slot, with what the target accepted,
   and every price (lagged rows, the prior, a burst's accept estimate) uses the survivals scaled by
   that running ratio, once it is clearly off 1 (`CALIBRATION_TOLERANCE`: the verified drafts are
-  the ones the drafter was surest of, so a sound drafter reads a little under 1 there). A drafter whose confidences do not know this target or this traffic (session
-  18: the bundled drafter on random target weights, accept 1.00, drafted 22% of its steps at 64
-  requests and served 0.87x of plain) is then priced at what it really commits. While it steps
+  the ones the drafter was surest of, so a sound drafter reads a little under 1 there). A drafter
+  whose confidences do not know this target or this traffic (session 18: the bundled drafter on
+  random target weights, accept 1.00, drafted 22% of its steps at 64 requests and served 0.87x of
+  plain) is then priced at what it really commits. While it steps
   aside nothing is learnt, so the ratio drifts back toward 1 (`EXPLORE_DRIFT`): a bad patch cannot
   keep a good drafter aside for good.
 - Graph tiers (`align_to_tier`, --speculative-dspark-align-verify-tokens-to-graph-tier): the
