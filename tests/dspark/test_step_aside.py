@@ -355,7 +355,7 @@ def overconfident_drafter(folder, seed: int = 5):
 
 def test_a_drafter_whose_confidence_the_target_does_not_bear_out_is_stepped_around(dspark_files, tmp_path):
     """Drafting pays by the table and by the drafter's own word (survival ~0.98 a slot; a draft
-    stage at 30% of a plain step), but the target accepts next to nothing: the planner checks the survivals against what was accepted
+    stage at 60% of a plain step), but the target accepts next to nothing: the planner checks the survivals against what was accepted
     (AcceptCalibration) and steps aside for most of the run, with plain decoding's output.
     Without the check it drafted every step (session 18 on the H200: 22% of its steps at 64
     requests, where the table leaves less room, and 0.87x of plain)."""
@@ -369,8 +369,11 @@ def test_a_drafter_whose_confidence_the_target_does_not_bear_out_is_stepped_arou
     finally:
         cluster.stop(plain_engine)
     config = engine_config(dspark_files["target"], overconfident_drafter(tmp_path / "overconfident"), "compact",
-                           disable_radix_cache=True, sps=write(tmp_path, "dear.json", table({1: 0.003})))
+                           disable_radix_cache=True, sps=write(tmp_path, "dear.json", table({1: 0.006})))
     engine, cluster = create_engine(config)
+    # NOTE: the table's step costs as they are: measured step times (StepCostCalibration) vary with
+    # the machine's load and would make the decision the machine's, not the check's
+    engine.spec.planner.calibration = None
     try:
         out = run(engine, requests("s"))
         stats, factors = engine.spec.stats.to_dict(), engine.spec.planner.accepts.factors()
