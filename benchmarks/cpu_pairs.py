@@ -1,6 +1,7 @@
-"""Which logical CPUs of this machine share a physical core, measured rather than read from sysfs.
+"""Which logical CPUs of this machine slow each other down, measured rather than read from sysfs.
 
-    python benchmarks/cpu_pairs.py [--seconds 0.2] [--json out.json]
+    python benchmarks/cpu_pairs.py [--seconds 0.2] [--threshold 0.85] [--json out.json]
+    python benchmarks/cpu_pairs.py --scaling [--seconds 0.5]
 
 A virtual machine may report every vCPU as its own core while the host runs two of them on one
 core's hyperthreads; two busy processes placed there each run about a third slower. Issue 15's
@@ -14,9 +15,11 @@ about 35% more CPU time per token in the slow runs), which fits that. This scrip
 3. prints the pairs that slow each other down (rate below --threshold of solo) beside what the
    kernel reports in /sys/devices/system/cpu/cpu*/topology/thread_siblings_list.
 
-The last line is `SUGGEST engine=LIST server=LIST rest=LIST`: two CPUs that were measured to share
-no core with each other or with the rest's CPUs picked first, for SGLAUNCH_ENGINE_CPUS /
-SGLAUNCH_SERVER_CPUS (docs/gpu.md) and `taskset -c` of the clients.
+--scaling instead spins k processes pinned to CPUs 0..k-1 (k = 1, 2, 3, 4, 6, 8, 12, 16 up to the
+CPUs allowed, two repeats each), then 2, 4 and 8 spread evenly, and prints every process's rate
+(millions of loop iterations a second): which CPUs run slowly with no neighbour of ours at all.
+On the H200 host (session 18, benchmarks/gpu18/run2/cpu_scaling.txt) every vCPU ran at either
+about 33-36 or about 18 M/s, changing between repeats: the host's other tenants, not our pairing.
 """
 
 from __future__ import annotations
@@ -65,14 +68,17 @@ def kernel_siblings(cpus: list[int]) -> list[str]:
     return sorted(groups)
 
 
-def suggest(cpus: list[int], shared: set[frozenset[int]]) -> tuple[list[int], list[int], list[int]]:
-    """engine CPU, server CPU, and the rest: the first two share a core with nothing else used."""
-    partner = {c: {d for pair in shared if c in pair for d in pair if d != c} for c in cpus}
-    engine = cpus[-1]
-    server = next((c for c in reversed(cpus[:-1]) if c not in partner[engine]), cpus[0])
-    taken = {engine, server} | partner[engine] | partner[server]
-    rest = [c for c in cpus if c not in taken] or [c for c in cpus if c not in (engine, server)] or cpus
-    return [engine], [server], rest
+def scaling(cpus: list[int], seconds: float) -> None:
+    """k pinned spinning processes at once, on the first k allowed CPUs, then spread evenly."""
+    def show(label: str, rates: dict[int, float]) -> None:
+        print(f"{label} total {sum(rates.values()) / 1e6:.2f}: "
+              + " ".join(f"{c}:{rates[c] / 1e6:.2f}" for c in sorted(rates)))
+
+    for k in [k for k in (1, 2, 3, 4, 6, 8, 12, 16) if k <= len(cpus)]:
+        for repeat in range(2):
+            show(f"{k} first, repeat {repeat}", run_together(tuple(cpus[:k]), seconds))
+    for k in [k for k in (2, 4, 8) if k <= len(cpus)]:
+        show(f"{k} spread", run_together(tuple(cpus[:: len(cpus) // k][:k]), seconds))
 
 
 def cpulist(cpus: list[int]) -> str:
@@ -85,8 +91,12 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.85,
                         help="a pair whose rates fall below this fraction of solo shares a core")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scaling", action="store_true", help="k processes at once instead of pairs")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
+    if args.scaling:
+        scaling(cpus, args.seconds)
+        return
     print(f"{len(cpus)} CPUs allowed: {cpulist(cpus)}; kernel's thread siblings: {kernel_siblings(cpus)}")
     solo: dict[int, list[float]] = {c: [] for c in cpus}
     for _ in range(3):
@@ -108,12 +118,10 @@ def main() -> None:
         f"{min(p)}+{max(p)}:{pairs[f'{min(p)},{max(p)}']:.2f}" for p in sorted(shared, key=min)) or "none"))
     ratios = sorted(pairs.values())
     print(f"pair ratios: min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, max {ratios[-1]:.2f}")
-    engine, server, rest = suggest(cpus, shared)
     if args.json:
         args.json.write_text(json.dumps({"cpus": cpus, "solo": solo, "pairs": pairs,
                                          "shared": sorted(sorted(p) for p in shared),
                                          "kernel_siblings": kernel_siblings(cpus)}, indent=1))
-    print(f"SUGGEST engine={cpulist(engine)} server={cpulist(server)} rest={cpulist(rest)}")
 
 
 if __name__ == "__main__":

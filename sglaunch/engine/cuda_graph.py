@@ -138,8 +138,8 @@ class GraphPlan:
               mixed_max_query: int = MIXED_MAX_QUERY) -> GraphPlan:
         """mixed: ragged graphs also take a prefill chunk of up to mixed_max_query tokens (0: up to
         the largest tier) beside decodes (verify windows beside it with DSpark); without DSpark
-        they exist for that alone. contextless: each decode size also without the draft context write, for the steps that
-        skip it (DSpark with the write in its graphs)."""
+        they exist for that alone. contextless: each decode size also without the draft context
+        write, for the steps that skip it (DSpark with the write in its graphs)."""
         sizes = capture_batch_sizes(max_bs)
         width = window or (MIXED_WIDTH if mixed else 0)
         tiers = verify_token_tiers(sizes, width, extra_tiers) if width else []

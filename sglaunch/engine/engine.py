@@ -44,7 +44,7 @@ def graph_step_cap(runner: ModelRunner) -> int | None:
     6 ms of kernels on the H200 at 64 prompts of 64 tokens, session 17). Prompts over the cap are
     chunked to it; a chunk replays a graph within SGLAUNCH_MIXED_MAX_QUERY (unset: the largest tier).
     Session 18 (H200, random SmolLM2 weights, one run): the in-process closed loop at c=64 1.11x
-    (2.53-2.57 s against 2.85-3.44 for 131,072 tokens), HTTP 1.10x, and `sglaunch bench` with 1,024-token
+    (2.53-2.57 s against 2.85-3.44 for 131,072 tokens), HTTP 1.11x, and `sglaunch bench` with 1,024-token
     prompts at c=64 1.37x, each against the uncapped engine."""
     if not env_switch(GRAPH_SIZED_STEPS_ENV, True) or runner.draft is not None or runner.graphs is None:
         return None

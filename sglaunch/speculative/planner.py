@@ -361,7 +361,7 @@ class AcceptCalibration:
     def factors(self) -> list[float] | None:
         return self._factors
 
-    def apply(self, values, block_size: int):
+    def apply(self, values):
         """Survivals (flat [R * G], a list or a numpy array, or one row) scaled by the factors,
         capped at 1 and kept non-increasing along each row; `values` itself when nothing to do."""
         f = self._factors
@@ -369,7 +369,7 @@ class AcceptCalibration:
             return values
         import numpy as np
 
-        arr = np.minimum(np.asarray(values, dtype=np.float64).reshape(-1, block_size) * np.asarray(f), 1.0)
+        arr = np.minimum(np.asarray(values, dtype=np.float64).reshape(-1, self.block_size) * np.asarray(f), 1.0)
         arr = np.minimum.accumulate(arr, axis=1).reshape(-1)
         return arr if isinstance(values, np.ndarray) else arr.tolist()
 
@@ -502,7 +502,7 @@ class DSparkPlanner:
 
     def _priced(self, values):
         """Survivals as the prices see them: scaled by what the target really accepted."""
-        return self.accepts.apply(values, self.block_size)
+        return self.accepts.apply(values)
 
     @property
     def priced_prior(self) -> list[float]:

@@ -300,7 +300,7 @@ def test_only_verified_slots_count_and_ids_must_match():
     f = cal.factors()
     assert f[0] == pytest.approx(2.0) and f[1] == pytest.approx(2.0)  # underconfident (4x), capped at 2
     assert f[2] == 1.0 and f[3] == 1.0
-    out = cal.apply([0.5, 0.5, 0.5, 0.5, 0.3, 0.2, 0.1, 0.0], 4)
+    out = cal.apply([0.5, 0.5, 0.5, 0.5, 0.3, 0.2, 0.1, 0.0])
     assert out == [1.0, 1.0, 0.5, 0.5, 0.6, 0.4, 0.1, 0.0]
     planner = DSparkPlanner(4, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True)
     planner.observe(["a", "b"], [[0.9] * 4] * 2)
