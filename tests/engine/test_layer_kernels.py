@@ -127,6 +127,45 @@ def test_rotary_store_writes_the_pool_rows(dtype, n, hq, hk, d):
                                rtol=0.0 if DEVICE.type == "cpu" else 2 ** -7)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,hq,hk,d", [(1, 9, 3, 64), (5, 8, 2, 128)])
+def test_rotary_store_with_the_qk_norm_is_the_norm_then_the_rotation(dtype, n, hq, hk, d):
+    """Qwen3's q/k RMSNorm folded into the rotary-store kernel: the same values as the separate
+    norm kernels followed by the rotary store, and as the torch reference, on strided q/k views."""
+    qkv = rand(n, (hq + 2 * hk) * d, dtype=dtype, seed=n + d + 1, scale=3)
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q, k, v = q.view(n, hq, d), k.view(n, hk, d), v.view(n, hk, d)
+    qw, kw = rand(d, dtype=dtype, seed=21, scale=0.5), rand(d, dtype=dtype, seed=22, scale=0.5)
+    positions = torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    slots = torch.randperm(40, generator=torch.Generator().manual_seed(6))[:n].to(DEVICE)
+    inv_freq = 1.0 / (1000000 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.arange(512).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([emb, emb], dim=-1)
+    cos, sin = emb.cos().to(DEVICE), emb.sin().to(DEVICE)
+    caches = {kind: [rand(40, hk, d, dtype=dtype, seed=11), rand(40, hk, d, dtype=dtype, seed=12)]
+              for kind in ("fused", "separate", "torch")}
+    got = layer_ops.rotary_store_triton(positions, q, k, v, cos, sin, *caches["fused"], slots,
+                                        q_weight=qw, k_weight=kw, eps=1e-6)
+    separate = layer_ops.rotary_store_triton(positions, layer_ops.rms_norm_triton(q, qw, 1e-6),
+                                             layer_ops.rms_norm_triton(k, kw, 1e-6), v, cos, sin,
+                                             *caches["separate"], slots)
+    ref = layer_ops.rotary_store_reference(positions, q, k, v, cos, sin, *caches["torch"], slots,
+                                           q_weight=qw, k_weight=kw, eps=1e-6)
+    plain = layer_ops.rotary_store_triton(positions, q, k, v, cos, sin, *[c.clone() for c in caches["torch"]],
+                                          slots)
+    assert not torch.allclose(plain.float(), ref.float(), atol=0.1)  # the norm changes q
+    # the norm's float32 row sum runs over two halves here, over the whole head in its own
+    # kernel: a rare last-bit difference at most
+    assert_close_bits(got, separate, dtype, max_mismatch=0.01)
+    for a, b in zip(caches["fused"], caches["separate"]):
+        assert_close_bits(a, b, dtype, max_mismatch=0.01)
+    torch.testing.assert_close(got, ref, atol=0.05, rtol=2 ** -6)
+    for a, b in zip(caches["fused"], caches["torch"]):
+        torch.testing.assert_close(a, b, atol=0.05, rtol=2 ** -6)
+    with pytest.raises(ValueError, match="both weights"):
+        layer_ops.rotary_store_triton(positions, q, k, v, cos, sin, *caches["fused"], slots, q_weight=qw)
+
+
 def test_empty_batches():
     x = torch.empty(0, 64, dtype=torch.float32, device=DEVICE)
     w = torch.ones(64, device=DEVICE)
