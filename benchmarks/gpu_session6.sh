@@ -690,7 +690,7 @@ pipeline38() {  # session 19, run 1 (`fg pipeline38 S`, random weights, a fresh 
   part cpupairs 60 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
   part layerk 120 python3 -m pytest -q -p no:cacheprovider -rfEsxX tests/engine/test_layer_kernels.py
   part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
-  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a .out/prefuse/sglaunch/. /tmp/old/sglaunch/
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .out/prefuse/sglaunch/. /tmp/old/sglaunch/
   local T="--shape 8b --tp-sizes 1 --dspark off --concurrency 1 --time-budget 200"
   part tp8b_old 220 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/tp_scaling.py --out "$W/tp8b_old" $T
   part tp8b 220 python3 benchmarks/tp_scaling.py --out "$W/tp8b" $T
@@ -701,6 +701,17 @@ pipeline40() {  # session 19 (if device time is left): the Qwen3-8B shape's comp
   # the engine's own decode and 8-token verify step, in one run
   part floor8b 280 python3 benchmarks/graph_floor.py --shape qwen3-8b --out "$W/floor8b" --attention-backend flashinfer \
     --time-budget 260
+  touch "$W/all.done"
+}
+
+pipeline41() {  # session 19, run 2 (a fresh machine): run 1's failed graph test with what its planner saw,
+  # then the Qwen3-8B shape's batch-1 step before and after the q/k-norm fold (run 1: the old tree lacked
+  # tests/, and tp_scaling's check read logits an all-greedy graph step no longer computes; both fixed)
+  part pytest2 120 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "ended_early or bursts_with"
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .out/prefuse/sglaunch/. /tmp/old/sglaunch/
+  local T="--shape 8b --tp-sizes 1 --dspark off --concurrency 1 --time-budget 200"
+  part tp8b_old 220 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/tp_scaling.py --out "$W/tp8b_old" $T
+  part tp8b 220 python3 benchmarks/tp_scaling.py --out "$W/tp8b" $T
   touch "$W/all.done"
 }
 
@@ -784,7 +795,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

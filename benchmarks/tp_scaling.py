@@ -278,9 +278,15 @@ def greedy_check(engine, prompts: list[list[int]], new_tokens: int, keep_top_k: 
                           torch.topk(logits[0], TOP_K) if keep_top_k and logits.shape[0] == 1 else None))
         return logits
 
+    run_on_all_ranks = engine._run_on_all_ranks
+
+    def with_logits(step):  # NOTE: an all-greedy step may skip its logits (a graph gives only the choices);
+        step.logits = True  # set before the step reaches the other ranks, so every rank computes them
+        return run_on_all_ranks(step)
+
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     tokens, top_k, first = [], [], []
-    runner.forward = capture
+    runner.forward, engine._run_on_all_ranks = capture, with_logits
     try:
         for i, prompt in enumerate(prompts):
             calls.clear()
@@ -289,7 +295,7 @@ def greedy_check(engine, prompts: list[list[int]], new_tokens: int, keep_top_k: 
             first.append(calls[0][0])
             top_k.append([[t.indices.tolist(), t.values.tolist()] for _, t in calls if t is not None])
     finally:
-        del runner.forward  # the class's method again
+        del runner.forward, engine._run_on_all_ranks  # the classes' methods again
     return {"tokens": tokens, "top_k": top_k if keep_top_k else None}, torch.stack(first)
 
 
@@ -320,8 +326,14 @@ def forced_check(engine, prompts: list[list[int]], reference: dict, tol: float) 
             if sampled[i] is not None and tokens:
                 sampled[i] = tokens.pop(0)
 
+    run_on_all_ranks = engine._run_on_all_ranks
+
+    def with_logits(step):  # as in greedy_check: every rank computes this step's logits
+        step.logits = True
+        return run_on_all_ranks(step)
+
     steps, worst, beyond, agree = 0, 0.0, [], 0
-    runner.forward, engine._sample = capture, forced_sample
+    runner.forward, engine._sample, engine._run_on_all_ranks = capture, forced_sample, with_logits
     try:
         for i, prompt in enumerate(prompts):
             ref_tokens, ref_top = reference["tokens"][i], reference["top_k"][i]
@@ -338,7 +350,7 @@ def forced_check(engine, prompts: list[list[int]], reference: dict, tol: float) 
                 elif values[0] - values[1] > tol:
                     beyond.append({"prompt": i, "token_index": k, "margin": values[0] - values[1]})
     finally:
-        del runner.forward, engine._sample  # the classes' methods again
+        del runner.forward, engine._sample, engine._run_on_all_ranks  # the classes' methods again
     return {"steps": steps, "argmax_agree": agree, "max_abs_diff_top_k": worst,
             "mismatches_beyond_tol": beyond, "passed": steps > 0 and not beyond}
 

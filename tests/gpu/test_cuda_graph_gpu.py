@@ -413,15 +413,19 @@ def test_dspark_bursts_ended_early_equal_plain_greedy(files, monkeypatch):
     plain, _ = greedy_outputs(cuda_config(files), batch, 48)
     config = cuda_config(files, drafter="oracle")
     config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode="static"))
-    looks, stopped = [], []
+    looks, stopped, engines = [], [], []
 
     def prepare(engine):
         assert engine.burst_early_stop
         engine.input_waiting = lambda: bool(looks.append(1) or len(looks) % 2)
         stopped.append(engine.burst)
+        engines.append(engine)
 
     spec, replays = greedy_outputs(config, batch, 48, prepare=prepare)
-    assert replays["bursts"] > 0 and stopped[0].stopped > 0, (replays, stopped[0].stopped)
+    policy = stopped[0]
+    assert replays["bursts"] > 0 and policy.stopped > 0, (replays, policy.stopped, dict(policy.skipped),
+                                                           policy.accept, policy.scale, engines[0]._burst_log(),
+                                                           engines[0].spec.stats() if hasattr(engines[0].spec, "stats") else None)
     assert_same_greedy(spec, plain, "DSpark bursts ended early (graphs on) vs plain greedy", max_diverged=2)
 
 
