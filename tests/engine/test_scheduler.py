@@ -528,21 +528,30 @@ def test_graph_sized_steps_always_leave_a_prompt_row():
 
 def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
     """SGLAUNCH_GRAPH_SIZED_STEPS: on by default, the largest ragged tier of the runner's graphs, and
-    nothing for a DSpark engine, an engine without graphs or without ragged tiers; 0 turns it off."""
+    nothing for a DSpark engine (unless SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1), an engine without graphs or
+    without ragged tiers; 0 turns it off."""
     from types import SimpleNamespace
 
-    from sglaunch.engine.engine import GRAPH_SIZED_STEPS_ENV, graph_step_cap
+    from sglaunch.engine.engine import DSPARK_GRAPH_SIZED_STEPS_ENV, GRAPH_SIZED_STEPS_ENV, graph_step_cap
 
     def runner(tiers=(64, 128, 2048), draft=None, graphs=True):
         plan = SimpleNamespace(verify_tiers=tuple(tiers))
         return SimpleNamespace(draft=draft, graphs=SimpleNamespace(plan=plan) if graphs else None)
 
     monkeypatch.delenv(GRAPH_SIZED_STEPS_ENV, raising=False)
+    monkeypatch.delenv(DSPARK_GRAPH_SIZED_STEPS_ENV, raising=False)
     assert graph_step_cap(runner()) == 2048
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "0")
     assert graph_step_cap(runner()) is None
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
     assert graph_step_cap(runner()) == 2048
+    assert graph_step_cap(runner(draft=object())) is None
+    monkeypatch.setenv(DSPARK_GRAPH_SIZED_STEPS_ENV, "1")  # the DSpark opt-in
+    assert graph_step_cap(runner(draft=object())) == 2048
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "0")  # the general switch still wins
+    assert graph_step_cap(runner(draft=object())) is None
+    monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
+    monkeypatch.setenv(DSPARK_GRAPH_SIZED_STEPS_ENV, "0")
     assert graph_step_cap(runner(draft=object())) is None
     assert graph_step_cap(runner(graphs=False)) is None
     assert graph_step_cap(runner(tiers=())) is None
