@@ -754,7 +754,8 @@ pipeline43() {  # session 20, run 1 (warm, after pipeline42): DSpark's default a
 pipeline44() {  # session 20 (warm, if device time is left): the decode rows of issue 15's table in one run:
   # SmolLM2 (real weights) and the Qwen3-1.7B shape at batch 1 and 64 against transformers, the Qwen3-8B shape's
   # batch-1 step, and SmolLM2's compiled one-graph floor beside the engine's decode and 8-token verify
-  part decode 170 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 --time-budget 160
+  part decode 170 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 --time-budget 160 \
+    --attention-backend flashinfer  # NOTE: session 20 ran it without (the torch backend, eager): not valid
   part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 --time-budget 130
   part floor 150 python3 benchmarks/graph_floor.py --model "$SMOL" --out "$W/floor" --attention-backend flashinfer --time-budget 130
   touch "$W/all.done"

@@ -38,7 +38,10 @@ def test_decode_child_argv_round_trips(tmp_path):
     for field in ("model", "batch_sizes", "repeats", "new_tokens", "dtype", "device", "attention_backend",
                   "disable_cuda_graph", "cuda_graph_max_bs", "copy_bytes"):
         assert getattr(child, field) == getattr(args, field), field
-    assert gpu_decode.engine_options(gpu_decode.parse_args(["--out", "o"])) == {}
+    # NOTE: on CUDA the backend defaults to flashinfer (EngineConfig's torch runs eagerly there); on
+    # the CPU nothing is passed, so the engine's defaults stay
+    assert gpu_decode.engine_options(gpu_decode.parse_args(["--out", "o"])) == {"attention_backend": "flashinfer"}
+    assert gpu_decode.engine_options(gpu_decode.parse_args(["--out", "o", "--device", "cpu"])) == {}
     with pytest.raises(SystemExit):
         gpu_decode.parse_args(["--out", "o", "--models", "llama-70b"])
 
