@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import uuid
+import os
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -53,7 +53,32 @@ class TextDelta:
 
 
 def new_request_id(prefix: str = "") -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
+    """32 random hex digits (128 bits from os.urandom, as unguessable as uuid4's 122, at a third
+    of its cost: two ids a request)."""
+    return f"{prefix}{os.urandom(16).hex()}"
+
+
+# NOTE: texts up to this many characters are tokenized (and chat messages up to it rendered) on
+# the event loop: a hop to a worker thread costs the loop more than they do (session 20, dev CPU,
+# benchmarks/http_frontend_ceiling.py); longer ones go to a thread so that other clients keep
+# being served (tests/server/test_robustness.py)
+INLINE_TEXT_CHARS = 2048
+INLINE_MESSAGES = 32  # ...and chats of at most this many messages (a template loops over them)
+
+
+def message_chars(messages: list[dict]) -> int:
+    """About how many characters a chat's messages hold (text parts and string fields)."""
+    total = 0
+    for message in messages:
+        for value in message.values():
+            if isinstance(value, str):
+                total += len(value)
+            elif isinstance(value, list):
+                total += sum(len(part.get("text") or "") if isinstance(part, dict) else len(str(part))
+                             for part in value)
+            elif value is not None:
+                total += len(str(value))
+    return total
 
 
 @dataclass
@@ -72,9 +97,14 @@ class ServerContext:
 
     # ---- off the event loop: tokenizing a long prompt must not stall other clients
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) <= INLINE_TEXT_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
 
     async def render_chat(self, messages: list[dict], **kwargs) -> str:
+        if len(messages) <= INLINE_MESSAGES and \
+                message_chars(messages) + sum(len(str(v)) for v in kwargs.values() if v) <= INLINE_TEXT_CHARS:
+            return self.tokenizer.render_chat(messages, **kwargs)
         return await asyncio.to_thread(self.tokenizer.render_chat, messages, **kwargs)
 
     # ---- requests in flight
