@@ -84,9 +84,11 @@ def log(message: str) -> None:
     print(f"[http_frontend_ceiling] {message}", file=sys.stderr, flush=True)
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of process `pid` (all its threads), or of its thread `thread` alone."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
@@ -208,6 +210,8 @@ def run_side(label: str, tree: Path, hide: list[str], args, corpus: Path, tmp: P
                                     "raw", "-o", str(args.py_spy / f"{args.py_spy_target}-{label}-{repeat}.txt")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         server_cpu0 = cpu_seconds(server.process.pid)
+        # NOTE: the event loop's thread (the process's main thread): a saturated server is held by it
+        loop_cpu0 = cpu_seconds(server.process.pid, server.process.pid)
         engine_cpu0 = sum(cpu_seconds(p) for p in engine_pids)
         if clients == 1:
             parts = [client_part(*shares[0])]
@@ -217,6 +221,7 @@ def run_side(label: str, tree: Path, hide: list[str], args, corpus: Path, tmp: P
             with multiprocessing.get_context("spawn").Pool(clients) as pool:
                 parts = pool.starmap(client_part, shares)
         server_cpu = cpu_seconds(server.process.pid) - server_cpu0
+        loop_cpu = cpu_seconds(server.process.pid, server.process.pid) - loop_cpu0
         engine_cpu = sum(cpu_seconds(p) for p in engine_pids) - engine_cpu0
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -231,6 +236,7 @@ def run_side(label: str, tree: Path, hide: list[str], args, corpus: Path, tmp: P
     seconds = max(p["end"] for p in parts) - min(p["start"] for p in parts)
     result = {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
               "server_cpu_us_per_token": 1e6 * server_cpu / tokens,
+              "server_loop_cpu_us_per_token": 1e6 * loop_cpu / tokens,
               "engine_cpu_us_per_token": 1e6 * engine_cpu / tokens,
               "client_cpu_us_per_token": 1e6 * sum(p["cpu"] for p in parts) / tokens,
               "chunks_per_token": sum(p["chunks"] for p in parts) / tokens,
@@ -238,6 +244,7 @@ def run_side(label: str, tree: Path, hide: list[str], args, corpus: Path, tmp: P
               "client_cpu_us_per_chunk": 1e6 * sum(p["cpu"] for p in parts) / sum(p["chunks"] for p in parts),
               "server_cpu_busy": server_cpu / seconds}
     log(f"{label} #{repeat}: {result['tok_s']:.0f} tok/s; CPU us/token server {result['server_cpu_us_per_token']:.1f}"
+        f" (its event loop's thread {result['server_loop_cpu_us_per_token']:.1f})"
         f" engine {result['engine_cpu_us_per_token']:.1f} client {result['client_cpu_us_per_token']:.1f};"
         f" chunks/token {result['chunks_per_token']:.3f}; server busy {result['server_cpu_busy']:.2f}")
     return result

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import hmac
 import inspect
+import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sglaunch
 from sglaunch.server import native_api, openai_api
 from sglaunch.server.errors import ApiError, error_response, install_error_handlers
+from sglaunch.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglaunch.server.state import ServerState, server_state
 from sglaunch.server.streaming import RAW_SEND_KEY
 
@@ -25,15 +29,21 @@ DISCARD_FACTOR, DISCARD_MIN_BYTES = 8, 64 * 2**20
 SECRET_CONFIG_KEYS = frozenset({"api_key"})
 
 
-def create_app(state: ServerState) -> FastAPI:
-    """Build the app; routes answer 503 until `state.ctx` is set (engine ready)."""
+def create_app(state: ServerState, fast_routes: bool = True) -> FastAPI:
+    """Build the app; routes answer 503 until `state.ctx` is set (engine ready). fast_routes=False:
+    every request through FastAPI's own handling (the reference FastPostRoutes is tested against)."""
     app = SglaunchApp(title="sglaunch", version=sglaunch.__version__, **_lenient_json_bodies())
     app.state.sglaunch = state
     install_error_handlers(app)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
     _add_info_routes(app)
-    # NOTE: the last middleware added runs first: the key is checked before any body is read
+    # NOTE: the last middleware added runs first: the key is checked before any body is read, and
+    # the fast routes (added first: innermost) see a body already within the limit
+    app.add_middleware(FastPostRoutes, routes={
+        "/v1/chat/completions": (ChatCompletionRequest, openai_api.create_chat_completion),
+        "/v1/completions": (CompletionRequest, openai_api.create_completion),
+    } if fast_routes else {})
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes)
     if state.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
@@ -77,6 +87,80 @@ def _lenient_json_bodies() -> dict[str, Any]:
     if "strict_content_type" in inspect.signature(FastAPI.__init__).parameters:
         return {"strict_content_type": False}
     return {}
+
+
+class FastPostRoutes:
+    """POST routes answered here, past Starlette's router and FastAPI's request handling, when the
+    request is an ordinary one: a JSON body (Content-Type application/json) that parses and
+    validates against the route's model. The endpoint then runs as FastAPI would run it (the same
+    function, the validated model and a Request; an ApiError it raises answered by the same error
+    response, any other exception left to the server-error handler). Anything else (another
+    content type, a body that does not parse or validate, every other route) goes the normal way
+    with the same body, so each refusal is FastAPI's own answer, byte for byte.
+
+    Why: on a streaming request FastAPI's routing, dependency solving and exit stack cost the
+    server's single event loop about a tenth of its work (py-spy, benchmarks/http_frontend_ceiling.py,
+    session 20), and the server's CPU is what holds the HTTP row of issue 15 on a slow host."""
+
+    def __init__(self, app: ASGIApp, routes: dict[str, tuple[type, Any]]):
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None or not _is_json(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:  # NOTE: BodyLimitMiddleware (outside) hands the body over as one message
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the normal path sees it too
+                await self.app(scope, _replay(b"".join(chunks), receive, message), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        model, endpoint = route
+        try:
+            data = json.loads(body)
+            parsed = model.model_validate(data) if isinstance(data, dict) else None
+        except (ValueError, ValidationError):  # NOTE: json's errors are ValueErrors
+            parsed = None
+        after = _replay(body, receive, None, done=True)
+        if parsed is None:
+            await self.app(scope, _replay(body, receive, None), send)
+            return
+        request = Request(scope, after)
+        try:
+            result = await endpoint(parsed, request)
+        except ApiError as exc:
+            result = error_response(exc)
+        if not isinstance(result, Response):
+            result = JSONResponse(jsonable_encoder(result))
+        await result(scope, after, send)
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers") or ():
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+def _replay(body: bytes, receive: Receive, last: Message | None, done: bool = False) -> Receive:
+    """A receive that gives `body` as the one request message (unless `done`: it was consumed),
+    then `last` if given, then whatever the client sends next (its disconnect)."""
+    pending: list[Message] = [] if done else [{"type": "http.request", "body": body, "more_body": False}]
+    if last is not None:
+        pending.append(last)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
 
 
 class ApiKeyMiddleware:

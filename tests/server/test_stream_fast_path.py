@@ -240,3 +240,80 @@ def test_short_prompts_are_tokenized_on_the_loop_and_long_ones_in_a_thread(token
         ("encode", True), ("encode", False), ("render", True), ("render", False), ("render", False)]
     assert results[0] == tokenizer.encode(short) and results[1] == tokenizer.encode(long)
     assert results[2] == tokenizer.render_chat(chat)
+
+
+def test_fast_post_routes_answer_as_fastapi_does_and_skip_its_router(tokenizer):
+    """app.FastPostRoutes: for every body (valid streaming and non-streaming requests of both
+    OpenAI routes, ApiErrors raised by the endpoint, bad JSON, bodies that fail validation, other
+    content types) the server answers with the same status, content type and body (ids and
+    timestamps aside) as FastAPI's own handling; the valid ones never reach the router, every
+    refused body does (its error is FastAPI's own)."""
+    import re
+
+    import httpx
+
+    from sglaunch.server.app import create_app
+    from sglaunch.server.state import ServerState
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)[:12]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12}
+    cases = [
+        ("/v1/chat/completions", {**chat, "stream": True}, "application/json"),
+        ("/v1/chat/completions", chat, "application/json"),
+        ("/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 12, "stream": True,
+                             "logprobs": 0}, "application/json; charset=utf-8"),
+        ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 12}, "application/json"),
+        ("/v1/completions", {"model": "other", "prompt": "hello"}, "application/json"),  # 404 from the endpoint
+        ("/v1/completions", {"prompt": ""}, "application/json"),  # 400 from the endpoint
+        ("/v1/chat/completions", {**chat, "n": 2}, "application/json"),  # validation
+        ("/v1/chat/completions", {**chat, "temperature": "hot"}, "application/json"),
+        ("/v1/chat/completions", {"messages": "hi"}, "application/json"),
+        ("/v1/completions", b"{not json", "application/json"),
+        ("/v1/completions", b"[1, 2]", "application/json"),
+        ("/v1/completions", b"", "application/json"),
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 4}, "text/plain"),
+        ("/v1/completions", {"prompt": "hello", "max_tokens": 4}, None),
+    ]
+
+    def answers(fast: bool):
+        state = ServerState(served_model_name="m", model_path="/models/m")
+        state.ctx = ServerContext(ScriptedEngine(per_token(ids)), tokenizer, 4096, ServerMetrics(),
+                                  tokenizer.vocab_size)
+        app = create_app(state, fast_routes=fast)
+        routed = []
+        router = app.router
+
+        class Counting:  # NOTE: the middleware stack is built at the first request, from app.router
+            def __getattr__(self, name):
+                return getattr(router, name)
+
+            async def __call__(self, scope, receive, send):
+                routed.append(scope["path"])
+                await router(scope, receive, send)
+
+        app.router = Counting()
+        out = []
+
+        async def run():
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                for path, body, ctype in cases:
+                    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                    headers = {"content-type": ctype} if ctype else {}
+                    before = len(routed)
+                    reply = await client.post(path, content=content, headers=headers)
+                    text = re.sub(r'"(id|created)":\s*("[^"]*"|\d+)', '"\\1":"-"', reply.text)
+                    out.append((reply.status_code, reply.headers.get("content-type"), text, len(routed) > before))
+
+        asyncio.run(run())
+        return out
+
+    fast, slow = answers(True), answers(False)
+    assert [a[:3] for a in fast] == [a[:3] for a in slow]
+    statuses = [a[0] for a in fast]
+    assert statuses[:4] == [200, 200, 200, 200] and statuses[4] == 404 and all(s == 400 for s in statuses[5:12])
+    assert "data: [DONE]" in fast[0][2] and '"logprobs"' in fast[2][2]
+    routed_fast = [a[3] for a in fast]
+    assert routed_fast[:6] == [False] * 6  # valid bodies (the endpoint's own refusals too): past the router
+    assert all(routed_fast[6:])  # refused bodies, other content types: FastAPI's handling
+    assert all(a[3] for a in slow)
