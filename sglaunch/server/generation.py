@@ -58,29 +58,6 @@ def new_request_id(prefix: str = "") -> str:
     return f"{prefix}{os.urandom(16).hex()}"
 
 
-# NOTE: texts up to this many characters are tokenized (and chat messages up to it rendered) on
-# the event loop: a hop to a worker thread costs the loop more than they do (session 20, dev CPU,
-# benchmarks/http_frontend_ceiling.py); longer ones go to a thread so that other clients keep
-# being served (tests/server/test_robustness.py)
-INLINE_TEXT_CHARS = 2048
-INLINE_MESSAGES = 32  # ...and chats of at most this many messages (a template loops over them)
-
-
-def message_chars(messages: list[dict]) -> int:
-    """About how many characters a chat's messages hold (text parts and string fields)."""
-    total = 0
-    for message in messages:
-        for value in message.values():
-            if isinstance(value, str):
-                total += len(value)
-            elif isinstance(value, list):
-                total += sum(len(part.get("text") or "") if isinstance(part, dict) else len(str(part))
-                             for part in value)
-            elif value is not None:
-                total += len(str(value))
-    return total
-
-
 @dataclass
 class ServerContext:
     """What routes need to run a request: engine, tokenizer, limits, metrics, and the engine
@@ -97,14 +74,13 @@ class ServerContext:
 
     # ---- off the event loop: tokenizing a long prompt must not stall other clients
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if len(text) <= INLINE_TEXT_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens)
+        # NOTE: always on a worker thread, short texts too: the backend's encode_batch releases the
+        # GIL, so the event loop's thread (what a saturated server is held by) keeps serving; on
+        # the loop, prompts of up to 2,048 characters cost that thread 23.7 -> 30.0 us a streamed
+        # token (session 20, http_frontend_ceiling.py, held-out code prompts, 3 pairs)
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
 
     async def render_chat(self, messages: list[dict], **kwargs) -> str:
-        if len(messages) <= INLINE_MESSAGES and \
-                message_chars(messages) + sum(len(str(v)) for v in kwargs.values() if v) <= INLINE_TEXT_CHARS:
-            return self.tokenizer.render_chat(messages, **kwargs)
         return await asyncio.to_thread(self.tokenizer.render_chat, messages, **kwargs)
 
     # ---- requests in flight

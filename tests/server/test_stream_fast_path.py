@@ -202,46 +202,6 @@ def test_an_event_stays_one_line_for_readers_that_split_on_unicode_line_breaks(t
         assert (payload.get("text") or payload["choices"][0]["text"]) == text
 
 
-def test_short_prompts_are_tokenized_on_the_loop_and_long_ones_in_a_thread(tokenizer):
-    """ServerContext.encode / render_chat: a short text (or chat) is handled on the event loop's own
-    thread (a worker-thread hop costs more than it does), a long one, or a chat of many messages, in
-    a worker thread (so the loop keeps serving other clients); both give the tokenizer's result."""
-    import threading
-
-    from sglaunch.server.generation import INLINE_MESSAGES, INLINE_TEXT_CHARS
-
-    seen = []
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(tokenizer, name)
-
-        def encode(self, text, add_special_tokens=True):
-            seen.append(("encode", threading.get_ident()))
-            return tokenizer.encode(text, add_special_tokens)
-
-        def render_chat(self, messages, **kwargs):
-            seen.append(("render", threading.get_ident()))
-            return tokenizer.render_chat(messages, **kwargs)
-
-    ctx = ServerContext(ScriptedEngine([]), Recording(), 4096, ServerMetrics(), tokenizer.vocab_size)
-    short, long = "hello there", "word " * (INLINE_TEXT_CHARS // 5 + 1)
-    chat = [{"role": "user", "content": "hi"}]
-    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(INLINE_MESSAGES + 1)]
-
-    async def run():
-        loop_thread = threading.get_ident()
-        results = [await ctx.encode(short), await ctx.encode(long), await ctx.render_chat(chat),
-                   await ctx.render_chat([{"role": "user", "content": long}]), await ctx.render_chat(many)]
-        return loop_thread, results
-
-    loop_thread, results = asyncio.run(run())
-    assert [(kind, ident == loop_thread) for kind, ident in seen] == [
-        ("encode", True), ("encode", False), ("render", True), ("render", False), ("render", False)]
-    assert results[0] == tokenizer.encode(short) and results[1] == tokenizer.encode(long)
-    assert results[2] == tokenizer.render_chat(chat)
-
-
 def test_fast_post_routes_answer_as_fastapi_does_and_skip_its_router(tokenizer):
     """app.FastPostRoutes: for every body (valid streaming and non-streaming requests of both
     OpenAI routes, ApiErrors raised by the endpoint, bad JSON, bodies that fail validation, other
