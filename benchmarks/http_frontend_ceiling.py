@@ -206,7 +206,7 @@ def run_side(label: str, tree: Path, hide: list[str], args, corpus: Path, tmp: P
         if args.py_spy:
             args.py_spy.mkdir(parents=True, exist_ok=True)
             target = server.process.pid if args.py_spy_target == "server" else os.getpid()
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(target), "--rate", "250", "--format",
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(target), "--rate", "250", "--gil", "--format",
                                     "raw", "-o", str(args.py_spy / f"{args.py_spy_target}-{label}-{repeat}.txt")],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         server_cpu0 = cpu_seconds(server.process.pid)
