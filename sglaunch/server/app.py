@@ -40,10 +40,11 @@ def create_app(state: ServerState, fast_routes: bool = True) -> FastAPI:
     _add_info_routes(app)
     # NOTE: the last middleware added runs first: the key is checked before any body is read, and
     # the fast routes (added first: innermost) see a body already within the limit
-    app.add_middleware(FastPostRoutes, routes={
-        "/v1/chat/completions": (ChatCompletionRequest, openai_api.create_chat_completion),
-        "/v1/completions": (CompletionRequest, openai_api.create_completion),
-    } if fast_routes else {})
+    if fast_routes:
+        app.add_middleware(FastPostRoutes, routes={
+            "/v1/chat/completions": (ChatCompletionRequest, openai_api.create_chat_completion),
+            "/v1/completions": (CompletionRequest, openai_api.create_completion),
+        })
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes)
     if state.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.api_key)
@@ -98,9 +99,10 @@ class FastPostRoutes:
     content type, a body that does not parse or validate, every other route) goes the normal way
     with the same body, so each refusal is FastAPI's own answer, byte for byte.
 
-    Why: on a streaming request FastAPI's routing, dependency solving and exit stack cost the
-    server's single event loop about a tenth of its work (py-spy, benchmarks/http_frontend_ceiling.py,
-    session 20), and the server's CPU is what holds the HTTP row of issue 15 on a slow host."""
+    Why: on a streaming request FastAPI's routing, dependency solving and exit stack took about a
+    tenth of the event loop's samples (py-spy, benchmarks/http_frontend_ceiling.py, session 20);
+    skipping them saved about 2% of the server's CPU a token there, and the server's CPU is what
+    holds the HTTP row of issue 15 on a slow host."""
 
     def __init__(self, app: ASGIApp, routes: dict[str, tuple[type, Any]]):
         self.app = app
@@ -114,8 +116,7 @@ class FastPostRoutes:
         chunks = []
         while True:  # NOTE: BodyLimitMiddleware (outside) hands the body over as one message
             message = await receive()
-            if message["type"] != "http.request":  # the client went away: the normal path sees it too
-                await self.app(scope, _replay(b"".join(chunks), receive, message), send)
+            if message["type"] != "http.request":  # the client went away before sending it all
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
@@ -127,18 +128,16 @@ class FastPostRoutes:
             parsed = model.model_validate(data) if isinstance(data, dict) else None
         except (ValueError, ValidationError):  # NOTE: json's errors are ValueErrors
             parsed = None
-        after = _replay(body, receive, None, done=True)
         if parsed is None:
-            await self.app(scope, _replay(body, receive, None), send)
+            await self.app(scope, _replay(body, receive), send)
             return
-        request = Request(scope, after)
         try:
-            result = await endpoint(parsed, request)
+            result = await endpoint(parsed, Request(scope, receive))
         except ApiError as exc:
             result = error_response(exc)
         if not isinstance(result, Response):
             result = JSONResponse(jsonable_encoder(result))
-        await result(scope, after, send)
+        await result(scope, receive, send)
 
 
 def _is_json(scope: Scope) -> bool:
@@ -148,17 +147,17 @@ def _is_json(scope: Scope) -> bool:
     return False
 
 
-def _replay(body: bytes, receive: Receive, last: Message | None, done: bool = False) -> Receive:
-    """A receive that gives `body` as the one request message (unless `done`: it was consumed),
-    then `last` if given, then whatever the client sends next (its disconnect)."""
-    pending: list[Message] = [] if done else [{"type": "http.request", "body": body, "more_body": False}]
-    if last is not None:
-        pending.append(last)
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives `body` (already read) as the one request message, then whatever the
+    client sends next (only http.disconnect from then on)."""
+    replayed = False
 
     async def replay() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
 
@@ -225,16 +224,7 @@ class BodyLimitMiddleware:
                 return
             if not message.get("more_body", False):
                 break
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()  # from here on: only http.disconnect
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
 
     async def _discard_rest(self, receive: Receive, size: int, declared: int | None) -> None:
         """Read (and drop) what the client is still sending, so it gets to read the 413 instead of
