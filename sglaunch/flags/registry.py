@@ -383,15 +383,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
-    EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (engines without a drafter, with CUDA graphs): "
+    EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (engines with CUDA graphs; a DSpark engine also "
+           "reads SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS): "
            "a step's rows (decodes and prompt chunks together) are capped at the largest ragged CUDA graph, so a "
            "wave of arrivals is admitted over several graph replays instead of one eager step: on unless 0.",
            choices=("0", "1"),
            sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS", "Graph-sized steps for a DSpark engine too (experimental): 1 "
-           "caps its steps' decodes and prompt chunks at the largest ragged CUDA graph as "
-           "SGLAUNCH_GRAPH_SIZED_STEPS does without a drafter (each decode one row); 0 (default) leaves them "
-           "uncapped.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS", "Graph-sized steps for a DSpark engine too: its steps' "
+           "decodes and prompt chunks are capped at the largest ragged CUDA graph as SGLAUNCH_GRAPH_SIZED_STEPS "
+           "does without a drafter (each decode one row): on unless 0 (0 leaves them uncapped).",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
            "(or as many as the batch has room for); default 8.", sglaunch_only=True),
     EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "

@@ -527,9 +527,9 @@ def test_graph_sized_steps_always_leave_a_prompt_row():
 
 
 def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
-    """SGLAUNCH_GRAPH_SIZED_STEPS: on by default, the largest ragged tier of the runner's graphs, and
-    nothing for a DSpark engine (unless SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1), an engine without graphs or
-    without ragged tiers; 0 turns it off."""
+    """SGLAUNCH_GRAPH_SIZED_STEPS: on by default, the largest ragged tier of the runner's graphs, for a
+    DSpark engine too (unless SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=0), nothing for an engine without graphs
+    or without ragged tiers; 0 turns it off."""
     from types import SimpleNamespace
 
     from sglaunch.engine.engine import DSPARK_GRAPH_SIZED_STEPS_ENV, GRAPH_SIZED_STEPS_ENV, graph_step_cap
@@ -545,8 +545,8 @@ def test_graph_step_cap_reads_its_switch_and_the_largest_tier(monkeypatch):
     assert graph_step_cap(runner()) is None
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "1")
     assert graph_step_cap(runner()) == 2048
-    assert graph_step_cap(runner(draft=object())) is None
-    monkeypatch.setenv(DSPARK_GRAPH_SIZED_STEPS_ENV, "1")  # the DSpark opt-in
+    assert graph_step_cap(runner(draft=object())) == 2048  # a DSpark engine: on by default (session 21)
+    monkeypatch.setenv(DSPARK_GRAPH_SIZED_STEPS_ENV, "1")
     assert graph_step_cap(runner(draft=object())) == 2048
     monkeypatch.setenv(GRAPH_SIZED_STEPS_ENV, "0")  # the general switch still wins
     assert graph_step_cap(runner(draft=object())) is None
