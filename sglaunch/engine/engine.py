@@ -629,16 +629,21 @@ class LLMEngine:
 
     def _draft_context(self, chunks: list[Chunk], drafting: bool) -> bool:
         """Whether a step writes the draft context (StepInput.draft_context). Not for a plain step
-        of decodes only, more of them than a burst holds, after the planner has stepped aside
-        `context_skip_streak` times in a row (SGLAUNCH_DSPARK_SKIP_CONTEXT): at such loads a stepped
-        aside step wrote the drafter's context K/V of every row for drafts that never came (H200,
-        session 13: 5-13% over a plain engine's step in-process at 64 and 256 requests). Its
-        requests get a context gap and never draft again; requests admitted later draft as before.
+        of decodes only after the planner has stepped aside `context_skip_streak` times in a row
+        (SGLAUNCH_DSPARK_SKIP_CONTEXT), when it holds more requests than a burst does, or any number
+        once the confidence check finds the drafter failing this traffic (planner.drafter_failing:
+        at small batches the context stays for bursts, unless the drafts are not accepted anyway).
+        At such loads a stepped aside step wrote the drafter's context K/V of every row for drafts
+        that never came (H200, session 13: 5-13% over a plain engine's step in-process at 64 and 256
+        requests; session 18's drafter on random target weights served 0.961x of plain at c=8, where
+        every stepped-aside step still wrote it: the case drafter_failing covers, not measured since).
+        Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
-        if (drafting or not self.context_skip or len(chunks) < self.context_skip_min_batch
+        if (drafting or not self.context_skip
                 or self._aside_streak < self.context_skip_streak
-                or any(c.end - c.start != 1 for c in chunks)):
+                or any(c.end - c.start != 1 for c in chunks)
+                or (len(chunks) < self.context_skip_min_batch and not self.spec.planner.drafter_failing())):
             return True
         for chunk in chunks:
             chunk.req.context_gap = True

@@ -77,6 +77,10 @@ CALIBRATION_TOLERANCE = 0.75
 # (a quarter of the gap: from 0 to 0.5 of the way in about 2.4 x 256 steps, under a second on an H200)
 EXPLORE_EVERY = 256
 EXPLORE_DRIFT = 0.25
+# a drafter whose first slot the target accepts at under this fraction of what its confidences
+# predict is failing this traffic (drafter_failing): stepped-aside steps may then skip its context
+# at any batch size, not only past a burst's (the engine's context skip)
+FAILING_FACTOR = 0.5
 
 
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
@@ -569,6 +573,13 @@ class DSparkPlanner:
 
     def release(self, request_id: Any) -> None:
         self.relay.forget(request_id)
+
+    def drafter_failing(self) -> bool:
+        """Whether the confidence check has found the drafter far off this target or traffic: its
+        first slot accepted at under FAILING_FACTOR of what it predicted (a factor the drift back
+        toward 1 lifts past that within a few EXPLORE_EVERY periods, so it is tried again)."""
+        factors = self.accepts.factors()
+        return factors is not None and factors[0] < FAILING_FACTOR
 
     def reset_prior(self) -> None:
         """Back to the starting prior (after a profile's synthetic steps): the drafter's measured

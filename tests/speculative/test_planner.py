@@ -256,10 +256,12 @@ def test_overconfident_drafter_is_priced_at_what_the_target_accepts_and_steps_as
     planner.observe(rids, rows)
     planner.observe(rids, rows)
     assert planner.plan_drafts(rids, 0) is not None  # its word alone: drafting pays
+    assert not planner.drafter_failing()
     for _ in range(10):
         _drafting_step(planner, rids, rows, [0] * 64)
     f = planner.accepts.factors()
     assert f is not None and max(f) < 0.1
+    assert planner.drafter_failing()  # the engine may skip its context at any batch size
     assert planner.plan_drafts(rids, 0) is None  # its outcomes: step aside
     priced = planner.priced_prior
     assert 1.0 + sum(priced) < 1.5 < 1.0 + sum(planner.prior)  # the burst's accept estimate follows
@@ -286,6 +288,7 @@ def test_a_calibrated_drafter_is_left_as_it_is():
         _drafting_step(planner, rids, [surv] * len(rids), accepted)
     f = planner.accepts.factors() or [1.0] * 7
     assert all(abs(x - 1.0) < 0.12 for x in f), f
+    assert not planner.drafter_failing()
     assert sum(planner.priced_prior) == pytest.approx(sum(planner.prior), rel=0.1)
 
 
@@ -331,6 +334,11 @@ def test_stepping_aside_drifts_the_calibration_back_so_a_bad_patch_does_not_last
         steps += 1
         assert steps < 40 * EXPLORE_EVERY, "stuck aside"
     assert steps >= EXPLORE_EVERY and planner.accepts.factors()[0] > low
+    assert planner.drafter_failing()  # drafting pays again before the factor is back over FAILING_FACTOR
+    while planner.drafter_failing():  # ...and it gets there: a stepped-aside step writes the context again
+        planner.skip_step()
+        steps += 1
+        assert steps < 40 * EXPLORE_EVERY, "failing for good"
     planner.reset_prior()
     assert planner.accepts.factors() is None and planner.accepts.outcomes == 0
 
