@@ -19,6 +19,8 @@ from sglaunch.errors import SglaunchError
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 STOP_TIMEOUT_S = 30
 LOG_TAIL_LINES = 15
+# a server that found no GPU memory for itself (the engine's KV planning, or torch's allocator)
+OUT_OF_GPU_MEMORY = ("no GPU memory left for the KV cache", "CUDA out of memory")
 
 
 @dataclass
@@ -116,17 +118,25 @@ class LaunchedServer:
             return ""
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
-    def wait_ready(self, timeout: float) -> None:
-        """Poll /health until 200; fail with the log tail when the process exits or time runs out."""
+    def wait_ready(self, timeout: float, beside: int = 0) -> None:
+        """Poll /health until 200; fail with the log tail when the process exits or time runs out.
+        beside: servers of the same bench already running (they hold their share of the GPUs)."""
         import httpx
 
         deadline = self.started_at + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                tail = self.log_tail()
+                hint = "run the launch line by hand to see the whole error"
+                if beside and any(marker in tail for marker in OUT_OF_GPU_MEMORY):
+                    hint = (f"bench runs its launch lines' servers side by side, and {beside} already held the "
+                            "GPU memory this one needed: give each launch line a share, e.g. --max-total-tokens N "
+                            "(KV tokens per server) on each, or a --mem-fraction-static that counts the servers "
+                            "before it (it is the card's memory in use after this server starts, as in SGLang: "
+                            "0.4 for the first of two, 0.8 for the second)")
                 raise SglaunchError(
                     f"the server of {self.line.text!r} exited with {self.process.returncode} before "
-                    f"it was ready; last lines of {self.log_path}:\n{self.log_tail()}",
-                    "run the launch line by hand to see the whole error", exit_code=1)
+                    f"it was ready; last lines of {self.log_path}:\n{tail}", hint, exit_code=1)
             try:
                 if httpx.get(f"{self.line.url}/health", timeout=2).status_code == 200:
                     return

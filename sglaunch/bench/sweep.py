@@ -123,12 +123,14 @@ def start_servers(run: BenchRun, log_dir: Path) -> None:
     the machine's step costs at start-up) must not share the machine with another server's
     loading. Started together on a 2-core CPU, a start-up profile read 1.3 s for a 20 ms step.
     """
+    started = 0
     for target in run.spec.targets:
         if target.launch:
             target.server = LaunchedServer(target.launch, log_dir / f"bench-server-{target.label}.log")
             run.config(target.label)["log"] = str(target.server.log_path)
             target.server.start()
-            target.server.wait_ready(run.spec.launch_timeout)
+            target.server.wait_ready(run.spec.launch_timeout, beside=started)
+            started += 1
 
 
 def stop_servers(targets: list[Target]) -> None:

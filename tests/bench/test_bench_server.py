@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 import matplotlib.image
 
 SERVE = "sglaunch serve --model-path {model} --device cpu --dtype float32 --max-total-tokens 8192"
@@ -60,3 +61,28 @@ def test_launch_line_that_fails_shows_the_log(run_bench, tmp_path):
     out = run_bench("--launch", f"sglaunch serve --model-path {tmp_path}/no-such-model --device cpu", *SHORT)
     assert out.exit_code == 1
     assert "exited with 2 before it was ready" in out.stderr and "Hint:" in out.stderr
+
+
+def test_a_server_starved_of_gpu_memory_by_the_one_beside_it_gets_a_hint(tmp_path):
+    """bench --compare runs its servers side by side: when a later one exits for want of GPU memory,
+    the hint says why and what to give each launch line; alone, or failing otherwise, the usual hint."""
+    import shlex
+
+    from sglaunch.bench.launch import LaunchedServer, parse_launch_line
+    from sglaunch.errors import SglaunchError
+
+    def failing(message: str, beside: int) -> str:
+        script = f"import sys; print({message!r}); sys.exit(2)"
+        server = LaunchedServer(parse_launch_line(f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"),
+                                tmp_path / f"server-{beside}-{len(message)}.log")
+        server.start()
+        with pytest.raises(SglaunchError) as raised:
+            server.wait_ready(30, beside=beside)
+        assert "exited with 2 before it was ready" in str(raised.value) and message in str(raised.value)
+        return raised.value.hint
+
+    starved = "Error: The engine cannot start: no GPU memory left for the KV cache (budget -2.31 GiB)"
+    hint = failing(starved, beside=1)
+    assert "side by side" in hint and "--max-total-tokens" in hint and "--mem-fraction-static" in hint
+    assert "by hand" in failing(starved, beside=0)
+    assert "by hand" in failing("Error: no such model", beside=1)
