@@ -58,6 +58,11 @@ def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_
         # pays is the step-aside's call from measured step times (tests/dspark/test_step_aside.py),
         # and on a loaded CI machine it may rightly decode every step plainly
         env["SGLAUNCH_DSPARK_STEP_ASIDE"] = "0"
+        # NOTE: compact mode profiles step costs at start-up up to max-running-requests (64 on a CPU:
+        # verify steps of up to 256 tokens through the full LM head, drafts for 64 requests, in bf16),
+        # which outlasted the 240 s below on a 2-core machine (session 21: about 5 minutes, the linear
+        # layers' bf16 GEMMs); this one-request test needs no more than 8
+        model += ["--max-running-requests", "8"]
     with open(log, "wb") as handle:
         proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", *model,
                                  "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2"],
