@@ -214,10 +214,11 @@ dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure,
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
-  # environments (ENV: VAR=VALUE ... before `sglaunch serve`, may be empty), the held-out set, 128 tokens, T=0
+  # environments (ENV: VAR=VALUE ... before `sglaunch serve`, may be empty), the held-out set, 128 tokens, T=0;
+  # KVCAP as for dspark_vs_plain
   python3 -m sglaunch bench \
-    --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
-    --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
     --concurrency "$5" --temperature 0 --output "$7" --no-plot
 }

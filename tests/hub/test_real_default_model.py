@@ -60,8 +60,8 @@ def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_
         env["SGLAUNCH_DSPARK_STEP_ASIDE"] = "0"
         # NOTE: compact mode profiles step costs at start-up up to max-running-requests (64 on a CPU:
         # verify steps of up to 256 tokens through the full LM head, drafts for 64 requests, in bf16),
-        # which outlasted the 240 s below on a 2-core machine (session 21: about 5 minutes, the linear
-        # layers' bf16 GEMMs); this one-request test needs no more than 8
+        # which outlasted the 240 s below on a 2-core machine (session 21: its verify part alone took 3
+        # minutes, the linear layers' bf16 GEMMs); this one-request test needs no more than 8
         model += ["--max-running-requests", "8"]
     with open(log, "wb") as handle:
         proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", *model,
