@@ -477,11 +477,11 @@ class LLMEngine:
             return policy.skip("context", count)
         if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
             return policy.skip("no graph", count)
-        plain = None
+        plain, scale = None, 1.0
         if planner.sps is not None:
             scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
-            plain = planner.sps.plain_step_seconds(R) * scale
-        if not policy.worth(R, plain, prior, n, count=count):
+            plain = planner.sps.plain_step_seconds(R)
+        if not policy.worth(R, plain, prior, n, count=count, plain_scale=scale):
             return policy.skip("not worth", count)
         if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
             return policy.skip("kv", count)

@@ -81,6 +81,10 @@ EXPLORE_DRIFT = 0.25
 # predict is failing this traffic (drafter_failing): stepped-aside steps may then skip its context
 # at any batch size, not only past a burst's (the engine's context skip)
 FAILING_FACTOR = 0.5
+# ... or whose own confidences, as priced, expect under this accept length (bonus included) once
+# they have been observed: its planner steps aside everywhere, so no outcome ever calibrates it
+# (H100, session 22: the bundled drafter on random target weights priced 1.00 with every factor at 1)
+FAILING_ACCEPT = 1.2
 
 
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
@@ -543,6 +547,7 @@ class DSparkPlanner:
         share = rows / total
         self.prior = [p + share * (m - p) for p, m in zip(self.prior, mean)]
         self._prior_weight = min(total, PRIOR_WINDOW)
+        self._observed_prior = True
         self._prior_memo.clear()
 
     def observe_accepts(self, accepted: Sequence[Sequence[int]]) -> None:
@@ -575,11 +580,15 @@ class DSparkPlanner:
         self.relay.forget(request_id)
 
     def drafter_failing(self) -> bool:
-        """Whether the confidence check has found the drafter far off this target or traffic: its
+        """Whether the drafter is far off this target or traffic: the confidence check found its
         first slot accepted at under FAILING_FACTOR of what it predicted (a factor the drift back
-        toward 1 lifts past that within a few EXPLORE_EVERY periods, so it is tried again)."""
+        toward 1 lifts past that within a few EXPLORE_EVERY periods, so it is tried again), or
+        the prior learned from its observed confidences (not the starting guess) prices an accept
+        length under FAILING_ACCEPT: the planner would step aside for such drafts anyway."""
         factors = self.accepts.factors()
-        return factors is not None and factors[0] < FAILING_FACTOR
+        if factors is not None and factors[0] < FAILING_FACTOR:
+            return True
+        return self._observed_prior and 1.0 + sum(self.priced_prior) < FAILING_ACCEPT
 
     def reset_prior(self) -> None:
         """Back to the starting prior (after a profile's synthetic steps): the drafter's measured
@@ -588,6 +597,7 @@ class DSparkPlanner:
         self.accepts = AcceptCalibration(self.block_size)
         self._pending: tuple[list, list] | None = None  # the last drafting step's (ids, raw survival rows)
         self._aside_streak = 0
+        self._observed_prior = False  # whether any observed survival or burst outcome is in the prior
         if self.start_prior is not None:
             self.prior, self._prior_weight = list(self.start_prior), PRIOR_START_WEIGHT
         else:

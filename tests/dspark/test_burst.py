@@ -417,6 +417,23 @@ def test_policy_prices_bursts_against_plain():
     assert fixed.worth(1, 1.0e-3, prior=8.0, iterations=4)
 
 
+def test_a_high_plain_scale_cannot_carry_a_burst_of_rejected_drafts():
+    """Session 22 (H100, random target weights): accept 1.00, a plain scale learned at 1.26-1.38
+    and never corrected while the batch burst; bursts at 1.35 ms a token against plain's 0.99 made
+    DSpark 0.82x of plain at c=1. A plain scale over 1 is not counted; one under 1 still is."""
+    policy = BurstPolicy(gamma=7, max_iterations=8, costs={1: 1.44e-3}, fixed={1: 0.19e-3}, accept=1.0)
+    plain = 1.2e-3  # the profile's plain decode step at 1 request
+    assert policy.worth(1, plain * 1.38, prior=1.0, iterations=8)  # what the scale used to buy
+    assert not policy.worth(1, plain, prior=1.0, iterations=8, plain_scale=1.38)
+    policy.accept = 2.6  # a drafter that is accepted still bursts at the same costs
+    assert policy.worth(1, plain, prior=2.6, iterations=8, plain_scale=1.38)
+    assert policy.worth(1, plain, prior=2.6, iterations=8, plain_scale=0.9)
+    # a scale under 1 (plain measured cheaper than profiled) still counts
+    policy.accept = 1.6
+    assert not policy.worth(1, plain, prior=1.6, iterations=8, plain_scale=0.5)
+    assert policy.worth(1, plain, prior=1.6, iterations=8, plain_scale=1.0)
+
+
 def test_wide_batches_burst_fewer_iterations(monkeypatch):
     from sglaunch.speculative.burst import WIDE_BATCH, wide_cap_from_env
 

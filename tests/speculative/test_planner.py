@@ -270,6 +270,30 @@ def test_overconfident_drafter_is_priced_at_what_the_target_accepts_and_steps_as
     assert planner.plan_drafts([f"n{i}" for i in range(64)], 0) is None
 
 
+def test_a_drafter_that_says_it_fails_is_failing():
+    """H100, session 22: the bundled drafter on random target weights stated survivals near 0, so
+    its planner stepped aside everywhere and no outcome ever moved a factor off 1. Its observed
+    prior, priced under FAILING_ACCEPT, makes it failing too; the starting guess alone never does,
+    and a prior back over the line clears it."""
+    from sglaunch.speculative.planner import FAILING_ACCEPT
+
+    rids = [f"r{i}" for i in range(8)]
+    planner = DSparkPlanner(7, "compact", STEP_ASIDE_TABLE, None, 2, has_confidence_head=True, step_aside=True,
+                            start_prior=[0.01] * 7)
+    planner.calibration = None
+    assert 1.0 + sum(planner.prior) < FAILING_ACCEPT
+    assert not planner.drafter_failing()  # a starting guess is no observation
+    planner.observe(rids, [[0.01] * 7 for _ in rids])
+    assert planner.accepts.factors() is None  # nothing verified: the confidence check sees nothing
+    assert planner.drafter_failing()
+    assert planner.plan_drafts(rids, 0) is None  # and the planner steps aside for it anyway
+    for _ in range(40):  # confident drafts again: the prior climbs back over the line
+        planner.observe(rids, [[0.9 ** (j + 1) for j in range(7)] for _ in rids])
+    assert 1.0 + sum(planner.priced_prior) > FAILING_ACCEPT and not planner.drafter_failing()
+    planner.reset_prior()
+    assert not planner.drafter_failing()
+
+
 def test_a_calibrated_drafter_is_left_as_it_is():
     """Outcomes drawn from the stated survivals keep every factor near 1, and the prices with them."""
     import random
