@@ -909,6 +909,38 @@ sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(ra
   touch "$W/all.done"
 }
 
+pipeline52() {  # session 22, run 3b (warm, after pipeline51, whose first bench ran past its part's 150 s with the
+  # servers' start-up and left them holding the card, so every later bench failed): the servers killed, the
+  # random-weight case at c=1 and 8 (192 prompts), then the real target at c=1 (96 prompts)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  pkill -f "sglaunch serve" ; pkill -f "sglaunch.engine" ; sleep 3
+  local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
+  part bench4 240 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP --model-path $M" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 192 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --no-plot --output "$W/bench4/bench.json"
+  pkill -f "sglaunch serve" ; sleep 2
+  part bench1 150 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
+  touch "$W/all.done"
+}
+
+pipeline53() {  # session 22, run 4 (a fresh machine after the three installs; .gpu6/smolcfg carried: SmolLM2's config
+  # and tokenizer, no weights): the small-batch context skip once bursts are declined BURST_DECLINED_STREAK steps
+  # in a row, on the bundled drafter over random SmolLM2 weights: plain against DSpark at c=1 and 8 (192 prompts;
+  # run 3b, before it: 0.921 and 0.953)
+  local KVCAP="--max-total-tokens 1000000"
+  part randmodel 60 python3 -c "import sys; from pathlib import Path; \
+sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
+  part bench4 220 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP --model-path $M" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
+    --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 192 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --no-plot --output "$W/bench4/bench.json"
+  pkill -f "sglaunch serve"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
@@ -975,7 +1007,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48 pipeline49 pipeline50 pipeline51
+    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48 pipeline49 pipeline50 pipeline51 pipeline52 pipeline53
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

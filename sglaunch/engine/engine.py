@@ -32,6 +32,9 @@ from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: tor
 logger = logging.getLogger(__name__)
 
 CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may skip the draft context
+# steps in a row whose burst was declined as not worth it (no burst between) before a plain step of a
+# batch small enough to burst may skip the draft context too: bursts are what it is kept for there
+BURST_DECLINED_STREAK = 256
 
 
 GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped at the largest ragged graph
@@ -142,7 +145,9 @@ class LLMEngine:
         self.context_skip = self.spec is not None and context_skip_from_env()
         self.context_skip_min_batch = 1 + BURST_MAX_BATCH  # NOTE: tests lower them
         self.context_skip_streak = CONTEXT_SKIP_STREAK
+        self.burst_declined_streak = BURST_DECLINED_STREAK
         self.context_skipped_steps = 0
+        self._burst_declined = 0  # steps in a row a burst was declined as not worth it (_burst_plan)
         self._aside_streak = 0  # steps in a row the planner stepped aside (_decide)
         if self.spec is not None and getattr(runner, "burst", None) is not None:
             from sglaunch.speculative.burst import BurstPolicy, chain_from_env, early_stop_from_env, wide_cap_from_env
@@ -482,9 +487,11 @@ class LLMEngine:
             scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
             plain = planner.sps.plain_step_seconds(R)
         if not policy.worth(R, plain, prior, n, count=count, plain_scale=scale):
+            self._burst_declined += count
             return policy.skip("not worth", count)
         if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
             return policy.skip("kv", count)
+        self._burst_declined = 0
         return n
 
     def _chain_plan(self) -> tuple[list[Chunk], int] | None:
@@ -637,13 +644,18 @@ class LLMEngine:
         that never came (H200, session 13: 5-13% over a plain engine's step in-process at 64 and 256
         requests; session 18's drafter on random target weights served 0.961x of plain at c=8, where
         every stepped-aside step still wrote it: the case drafter_failing covers, not measured since).
+        At small batches the context also goes once bursts have been declined as not worth it for
+        burst_declined_streak steps in a row (H100, session 22: the bundled drafter on random target
+        weights, priced at 1.3 by its own confidences, stepped aside on 97% of c=1's steps and 100%
+        of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain).
         Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
         if (drafting or not self.context_skip
                 or self._aside_streak < self.context_skip_streak
                 or any(c.end - c.start != 1 for c in chunks)
-                or (len(chunks) < self.context_skip_min_batch and not self.spec.planner.drafter_failing())):
+                or (len(chunks) < self.context_skip_min_batch and not self.spec.planner.drafter_failing()
+                    and self._burst_declined < self.burst_declined_streak)):
             return True
         for chunk in chunks:
             chunk.req.context_gap = True

@@ -434,6 +434,42 @@ def test_a_high_plain_scale_cannot_carry_a_burst_of_rejected_drafts():
     assert policy.worth(1, plain, prior=1.6, iterations=8, plain_scale=1.0)
 
 
+@pytest.mark.parametrize("streak", [6, 10**9])
+def test_declined_bursts_let_a_small_batch_skip_the_draft_context(dspark_files, bursts, tmp_path, streak):
+    """Session 22 (H100, random target weights): a drafter priced at 1.3 by its own confidences,
+    so not failing by the confidence check, stepped aside on nearly every step at c=1 and c=8 and
+    declined every burst, yet each step still wrote its context (0.92x and 0.95x of plain). Here
+    drafting never pays by the table and no burst pays by its costs: once bursts have been declined
+    burst_declined_streak steps in a row, stepped-aside steps of 3 requests (fewer than a burst
+    takes) skip the context; out of reach (10**9), none does. Output is plain greedy either way."""
+    from test_engine_dspark import greedy
+    from test_step_aside import assert_plain, table, write
+
+    batch = prompts(3, seed=22)
+    requests = [GenerateRequest(f"s-{i}", tuple(p), greedy(60)) for i, p in enumerate(batch)]
+    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
+    try:
+        plain = run(plain_engine, requests)
+    finally:
+        cluster.stop(plain_engine)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "dear.json", table({1: 10.0})))
+    engine, cluster = create_engine(config)
+    try:
+        assert engine.burst is not None and len(batch) < engine.context_skip_min_batch
+        engine.spec.planner.calibration = None  # the table's costs as they are (see test_step_aside)
+        engine.burst.costs, engine.burst.fixed = {1: 1.0, 32: 1.0}, {1: 1.0, 32: 1.0}  # a burst never pays
+        engine.context_skip_streak, engine.burst_declined_streak = 2, streak
+        out = run(engine, requests)
+        failing, skipped = engine.spec.planner.drafter_failing(), engine.context_skipped_steps
+        declined, bursts = engine.burst.skipped["not worth"], engine.burst.bursts
+    finally:
+        cluster.stop(engine)
+    assert_plain(out, plain)
+    assert not failing and bursts == 0 and declined >= 6  # the oracle drafter: only the bursts decline
+    assert (skipped > 0) is (streak == 6), (skipped, declined)
+
+
 def test_wide_batches_burst_fewer_iterations(monkeypatch):
     from sglaunch.speculative.burst import WIDE_BATCH, wide_cap_from_env
 
