@@ -356,7 +356,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SKIP_CONTEXT", "DSpark at load (experimental): once the planner has stepped aside 16 "
            "steps in a row, a plain decode step of more requests than a burst holds writes no draft context "
-           "(its requests decode plainly from then on; requests admitted later draft as before): on unless 0 "
+           "(its requests decode plainly from then on; requests admitted later draft as before), and so does "
+           "one of fewer once the drafter is failing or bursts have been declined 256 steps in a row: on unless 0 "
            "(on an H200 it served 1.13x of the same server without it at 64 concurrent requests).",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_COMBINE", "DSpark bursts: how the verify attention's split-K partials are "
