@@ -150,6 +150,11 @@ class LaunchedServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def interrupt(self) -> None:
+        """SIGINT (a graceful stop) without waiting for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
     def stop(self) -> int | None:
         """SIGINT (graceful), then SIGKILL of its process group after STOP_TIMEOUT_S."""
         if self.process is None:

@@ -134,9 +134,13 @@ def start_servers(run: BenchRun, log_dir: Path) -> None:
 
 
 def stop_servers(targets: list[Target]) -> None:
-    for target in targets:
-        if target.server:
-            target.server.stop()
+    """Ask every server to stop at once, then wait for each (a SIGKILL after STOP_TIMEOUT_S): one
+    wait for all, not one per server, since whoever stops bench may not wait long."""
+    servers = [t.server for t in targets if t.server]
+    for server in servers:
+        server.interrupt()
+    for server in servers:
+        server.stop()
 
 
 def headers(spec: BenchSpec) -> dict[str, str]:

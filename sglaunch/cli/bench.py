@@ -4,7 +4,9 @@ Progress goes to stderr (a live table on a terminal, one line per event otherwis
 tables (or `--json`) go to stdout; the JSON result file and the PNG plot are always written once
 measuring has begun, partial results included. Exit codes: 0 every request succeeded, 1 requests
 failed or the run stopped early (results marked partial), 2 usage error or malformed workload,
-130 interrupted. httpx, rich's live display and matplotlib are imported only when it runs.
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM, as `timeout` or a CI job's cancel sends): either
+way the servers bench started are stopped and the results so far written. httpx, rich's live
+display and matplotlib are imported only when it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from sglaunch.cli.common import JsonOption, funnel, stderr_console, stdout_conso
 from sglaunch.errors import SglaunchError
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class Terminated(BaseException):
+    """SIGTERM while bench runs: unwinds like Ctrl-C, so the servers it started are stopped.
+    NOTE: they run in sessions of their own (a Ctrl-C on the terminal must not reach them before
+    bench has written its results), so nothing else stops them: a `timeout` around a bench once
+    left both of its servers holding the GPU, and every bench after it failed for memory."""
+
+
+def _terminate(signum, frame) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # NOTE: a second SIGTERM must not cut the servers' stop short
+    raise Terminated
 DEFAULT_CONCURRENCY = "1,4,16"
 
 
@@ -146,9 +163,14 @@ def execute(run, output: Path, plot_path: Path | None, as_json: bool) -> None:
     from sglaunch.bench import sweep
     from sglaunch.bench.report import LiveView
 
+    import signal
+    import threading
+
     console = stderr_console()
     view = LiveView(console)
     failure, status, measuring = None, "ok", False
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         sweep.start_servers(run, output.parent)
         for target in run.spec.targets:
@@ -163,12 +185,14 @@ def execute(run, output: Path, plot_path: Path | None, as_json: bool) -> None:
         failure, status = exc, "aborted"
     except KeyboardInterrupt:
         status = "interrupted"
+    except Terminated:
+        status = "terminated"
     finally:
         sweep.stop_servers(run.spec.targets)
     if not measuring:
         if failure:
             raise failure
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_TERMINATED if status == "terminated" else EXIT_INTERRUPTED)
     finish(run, status, failure)
     publish(run.doc, output, plot_path, as_json)
     raise_outcome(run.doc, failure, output)
@@ -179,7 +203,8 @@ def finish(run, status: str, failure: SglaunchError | None) -> None:
     if status == "ok" and failed:
         status = "errors"
     message = failure.message if failure else (f"{failed} requests failed" if failed else None)
-    run.finish(status, message if status != "interrupted" else "interrupted by the user")
+    stopped = {"interrupted": "interrupted by the user", "terminated": "terminated (SIGTERM)"}
+    run.finish(status, stopped.get(status, message))
 
 
 def publish(doc: dict, output: Path, plot_path: Path | None, as_json: bool) -> None:
@@ -217,6 +242,8 @@ def raise_outcome(doc: dict, failure: SglaunchError | None, output: Path) -> Non
         raise SglaunchError(failure.message, hint, failure.exit_code)
     if doc["status"] == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
+    if doc["status"] == "terminated":
+        raise typer.Exit(EXIT_TERMINATED)
     if doc["status"] == "errors":
         total = sum(lv.get("num_requests", 0) for c in doc["configs"] for lv in c["levels"])
         samples = {msg for c in doc["configs"] for lv in c["levels"] for msg in lv.get("error_samples", {})}

@@ -86,3 +86,86 @@ def test_a_server_starved_of_gpu_memory_by_the_one_beside_it_gets_a_hint(tmp_pat
     assert "side by side" in hint and "--max-total-tokens" in hint and "--mem-fraction-static" in hint
     assert "by hand" in failing(starved, beside=0)
     assert "by hand" in failing("Error: no such model", beside=1)
+
+
+HANGING_SERVER = r'''
+import http.server, json, os, sys, time
+from pathlib import Path
+
+mark = Path(sys.argv[2])
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _json(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json(200, {})
+        if self.path == "/v1/models":
+            return self._json(200, {"object": "list", "data": [{"id": "hang", "object": "model"}]})
+        return self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/v1/"):
+            mark.write_text(str(os.getpid()))  # a warm-up request came: bench is measuring
+            time.sleep(600)
+        return self._json(404, {"error": {"message": "not found"}})
+
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+'''
+
+
+def test_sigterm_stops_the_servers_bench_started(tiny_model, tmp_path):
+    """A `timeout` around a bench (SIGTERM) once left both of its launch-line servers running
+    (their own sessions), holding the GPU for every bench after it. Now bench stops them, writes
+    the results so far as `terminated` and exits 143."""
+    import os
+    import shlex
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script, mark = tmp_path / "hang.py", tmp_path / "measuring"
+    script.write_text(HANGING_SERVER)
+    line = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {port} {shlex.quote(str(mark))} --port {port}"
+    bench = subprocess.Popen([sys.executable, "-m", "sglaunch", "bench", "--launch", line, "--concurrency", "1",
+                              *SHORT, "--tokenizer", str(tiny_model), "--timeout", "300", "-o", str(tmp_path / "out.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not mark.exists() and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.1)
+        assert mark.exists(), bench.communicate(timeout=30)
+        server_pid = int(mark.read_text())
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 143, err
+    assert (tmp_path / "out.json").exists(), err
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["status"] == "terminated" and doc["partial"] and "SIGTERM" in doc["message"]
+    for _ in range(50):  # the server's process is gone (reaped once bench exited)
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(server_pid, signal.SIGKILL)
+        raise AssertionError("the launch-line server outlived bench")
