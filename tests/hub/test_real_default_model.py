@@ -61,8 +61,11 @@ def test_serve_answers_a_chat_completion(real_default_model, tmp_path, explicit_
         # NOTE: compact mode profiles step costs at start-up up to max-running-requests (64 on a CPU:
         # verify steps of up to 256 tokens through the full LM head, drafts for 64 requests, in bf16),
         # which outlasted the 240 s below on a 2-core machine (session 21: its verify part alone took 3
-        # minutes, the linear layers' bf16 GEMMs); this one-request test needs no more than 8
-        model += ["--max-running-requests", "8"]
+        # minutes, the linear layers' bf16 GEMMs). This test sends one request, so one running request
+        # is all it needs: the profile then times verify steps of 1-8 tokens (one request's window) and
+        # one request's draft and decode, instead of up to 64 tokens and 8 requests (with 8: a 69-93 s
+        # start-up on a 2-core host, most of it the 16-64 token verify sizes)
+        model += ["--max-running-requests", "1"]
     with open(log, "wb") as handle:
         proc = subprocess.Popen([sys.executable, "-m", "sglaunch", "serve", *model,
                                  "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "smollm2"],
