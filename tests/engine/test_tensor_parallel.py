@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -108,22 +109,33 @@ def test_killing_a_worker_ends_the_driver_naming_the_rank(checkpoints):
 
 
 def test_dead_node_or_dead_driver_ends_the_other_side(checkpoints):
-    """Node 1 dies: the driver exits naming rank 1. Driver dies: node 1 exits non-zero."""
+    """Node 1 dies: the driver exits naming rank 1. Driver dies: node 1 exits non-zero.
+
+    The two cases are independent clusters (each its own rendezvous port): both start at once and
+    both victims die at once, so their start-ups and their detection waits overlap."""
     path = checkpoints["llama"]
-    for victim in ("node1", "driver"):
-        two_nodes = dict(tp_size=2, nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
-        node1 = start_node1(path, node_rank=1, **two_nodes)
-        driver, _ = start_driver(path, node_rank=0, **two_nodes)
-        try:
-            time.sleep(0.5)
-            if victim == "node1":
-                node1.kill()  # its worker notices the orphaning and exits; rank 1 is gone
-                err = wait_for_failure(driver, within_s=15)
-                assert "TP rank 1" in err, err
-            else:
+    clusters = {}
+    try:
+        for victim in ("node1", "driver"):
+            two_nodes = dict(tp_size=2, nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
+            node1 = start_node1(path, node_rank=1, **two_nodes)
+            clusters[victim] = [node1, None]
+            clusters[victim][1] = python_subprocess(DRIVER.format(helpers=str(Path(__file__).parent), path=str(path),
+                                                                  overrides=dict(node_rank=0, **two_nodes)))
+        for victim, (node1, driver) in clusters.items():
+            line = driver.stdout.readline()
+            assert line.startswith("ready"), driver.stderr.read()
+        time.sleep(0.5)
+        clusters["node1"][0].kill()  # its worker notices the orphaning and exits; rank 1 is gone
+        clusters["driver"][1].kill()
+        survivors = {"node1": clusters["node1"][1], "driver": clusters["driver"][0]}
+        with ThreadPoolExecutor(2) as pool:
+            errs = dict(zip(survivors, pool.map(lambda proc: wait_for_failure(proc, within_s=15),
+                                                survivors.values())))
+        assert "TP rank 1" in errs["node1"], errs["node1"]
+        assert "TP rank 1" in errs["driver"], errs["driver"]
+    finally:
+        for node1, driver in clusters.values():
+            if driver is not None:
                 driver.kill()
-                err = wait_for_failure(node1, within_s=15)
-                assert "TP rank 1" in err, err
-        finally:
-            driver.kill()
             node1.kill()
