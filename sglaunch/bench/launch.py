@@ -98,6 +98,7 @@ class LaunchedServer:
     log_path: Path
     process: subprocess.Popen | None = None
     started_at: float = field(default=0.0)
+    interrupted: bool = False  # SIGINT sent
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,16 +152,17 @@ class LaunchedServer:
         return self.process is not None and self.process.poll() is None
 
     def interrupt(self) -> None:
-        """SIGINT (a graceful stop) without waiting for it."""
-        if self.process is not None and self.process.poll() is None:
+        """SIGINT (a graceful stop) without waiting for it; once (a second one ends a server's drain)."""
+        if self.process is not None and self.process.poll() is None and not self.interrupted:
             self.process.send_signal(signal.SIGINT)
+            self.interrupted = True
 
     def stop(self) -> int | None:
-        """SIGINT (graceful), then SIGKILL of its process group after STOP_TIMEOUT_S."""
+        """SIGINT (graceful) unless sent already, then SIGKILL of its process group after STOP_TIMEOUT_S."""
         if self.process is None:
             return None
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.interrupt()
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

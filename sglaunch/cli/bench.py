@@ -158,19 +158,19 @@ def execute(run, output: Path, plot_path: Path | None, as_json: bool) -> None:
     import asyncio
     import contextlib
 
+    import signal
+    import threading
+
     from rich.live import Live
 
     from sglaunch.bench import sweep
     from sglaunch.bench.report import LiveView
 
-    import signal
-    import threading
-
     console = stderr_console()
     view = LiveView(console)
     failure, status, measuring = None, "ok", False
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)
+    # NOTE: the process's handler is put back afterwards (tests run bench inside pytest's process)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
         sweep.start_servers(run, output.parent)
         for target in run.spec.targets:
@@ -189,6 +189,8 @@ def execute(run, output: Path, plot_path: Path | None, as_json: bool) -> None:
         status = "terminated"
     finally:
         sweep.stop_servers(run.spec.targets)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if not measuring:
         if failure:
             raise failure

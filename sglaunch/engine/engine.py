@@ -654,8 +654,8 @@ class LLMEngine:
         if (drafting or not self.context_skip
                 or self._aside_streak < self.context_skip_streak
                 or any(c.end - c.start != 1 for c in chunks)
-                or (len(chunks) < self.context_skip_min_batch and not self.spec.planner.drafter_failing()
-                    and self._burst_declined < self.burst_declined_streak)):
+                or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak
+                    and not self.spec.planner.drafter_failing())):
             return True
         for chunk in chunks:
             chunk.req.context_gap = True
