@@ -929,6 +929,15 @@ pipeline53() {  # session 22, run 4 (a fresh machine after the three installs, n
   touch "$W/all.done"
 }
 
+pipeline54() {  # session 23 (warm H200, after pipeline50 and 53): c=64 and c=256 again, plain against DSpark
+  # (pipeline50 just before: 0.892 and 0.912), 1,024 prompts, the servers' spec: lines in the summary
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  pkill -f "sglaunch serve" ; sleep 2
+  part bench3 300 bash -c 'dspark_vs_plain "$@"' _ 64,256 "$W/bench3/bench.json" 1024
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
