@@ -391,6 +391,9 @@ class CudaGraphRunner:
             if runner.draft is not None and not self.draft_in_graph:
                 width = len(runner.draft.layer_ids) * runner.spec.hidden_size
                 self.features = torch.zeros(n, width, dtype=dtype, device=device)
+        reserve = getattr(self.attn, "reserve_workspace", None)  # FlashInfer: room for every graph's plan
+        if reserve is not None:
+            reserve([(key.num_tokens, key.batch_size) for key in plan.keys()])
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[GraphKey, tuple] = {}
         self.replays = {"decode": 0, "verify": 0}  # steps served by a graph, for tests and logs

@@ -490,3 +490,41 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
     assert replays["draft captures while serving"] == 0, f"a serving step captured a drafter graph: {replays}"
     assert_same_greedy(graphed, plain, f"DSpark ({drafter} drafter, drafter graphs) vs plain greedy")
     assert_same_greedy(graphed, eager, f"DSpark ({drafter} drafter) with drafter graphs vs without")
+
+
+def test_wide_heads_capture_every_graph_up_to_256_requests(tmp_path):
+    """16 query heads of 128 (the Qwen3-1.7B shape's attention, two layers) with the default graph
+    cap of 256: the ragged graph of 2,048 rows and 257 requests needs 288 MiB of split-KV partial
+    results, past FlashInfer's 128 MiB example workspace (session 23, H200: the capture failed with
+    "Buffer overflow ... batch_prefill_tmp_v"). The workspace is sized for it, every graph is
+    captured, and greedy output with graphs equals graphs off."""
+    import transformers
+
+    from sglaunch.engine.attention.flashinfer_backend import workspace_bytes
+
+    torch.manual_seed(5)
+    shape = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                 tie_word_embeddings=True, eos_token_id=None)
+    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape)).float().save_pretrained(tmp_path / "wide")
+    wide = {"target": tmp_path / "wide"}
+    config = dataclasses.replace(cuda_config(wide), cuda_graph_max_bs=256, max_running_requests=256,
+                                 max_total_tokens=65536)
+    batch = prompts(6, seed=11)
+    seen = {}
+
+    def inspect(engine):
+        runner = engine.runner
+        keys = runner.graphs.plan.keys()
+        sms = torch.cuda.get_device_properties(runner.device).multi_processor_count
+        seen.update(ragged=max(k.num_tokens for k in keys if not k.decode), captured=len(runner.graphs.graphs),
+                    keys=len(keys), workspace=runner.attn.workspace.numel(),
+                    want=workspace_bytes(16, 8, 128, sms, [(k.num_tokens, k.batch_size) for k in keys]))
+
+    with_graphs, replays = greedy_outputs(config, batch, 12, prepare=inspect)
+    assert seen["ragged"] >= 2048, f"no ragged graph as large as the failing one: {seen}"
+    assert seen["workspace"] == seen["want"] > 128 << 20, seen
+    assert seen["captured"] == seen["keys"], seen
+    without, _ = greedy_outputs(dataclasses.replace(config, disable_cuda_graph=True), batch, 12)
+    assert replays.get("decode", 0) > 0, f"no decode graph was replayed: {replays}"
+    assert_same_greedy(with_graphs, without, "wide heads, graphs on vs off")

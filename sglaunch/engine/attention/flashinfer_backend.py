@@ -30,7 +30,14 @@ from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata, fla
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
-WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results)
+WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results): the least we give
+# NOTE: FlashInfer's FA2 prefill plan (scheduler.cuh, PrefillPlan) splits the KV of a step into chunks when the
+# step's query tiles fill fewer than CTAS_PER_SM CTAs an SM per KV head, and keeps each chunk's partial output
+# in the float workspace: num_qo_heads x padded_batch x cta_tile_q x (head_dim + 1) floats, cta_tile_q at most
+# MAX_QUERY_TILE. In a CUDA graph padded_batch is max(2 x SMs / kv_heads, ceil(rows x gqa / tile) + batch - 1)
+# for the graph's dummy layout, so it grows with the ragged graphs' tokens and requests
+CTAS_PER_SM = 2
+MAX_QUERY_TILE = 128
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 # NOTE: tensor-core decode (the prefill kernel) wins once several query heads share a KV head
@@ -93,6 +100,25 @@ def flat_int32(tables) -> torch.Tensor:
     """flat_pages as an int32 CPU tensor."""
     flat = flat_pages(tables)
     return torch.from_numpy(flat) if flat.size else torch.zeros(0, dtype=torch.int32)
+
+
+def workspace_bytes(num_qo_heads: int, num_kv_heads: int, head_dim: int, num_sms: int,
+                    graphs: list[tuple[int, int]] | tuple = ()) -> int:
+    """The float workspace FlashInfer's plans on this rank can need: the split-KV partial results
+    of an eager step (at most one CTA's tile rows for each split CTA) and of every captured graph,
+    given as (query rows, requests) of its dummy layout; at least WORKSPACE_BYTES, in whole MiB.
+
+    128 MiB (FlashInfer's example size) was too small for a ragged graph of 2,048 rows and 257
+    requests with 16 query heads of 128 (the Qwen3-1.7B shape, H200, session 23: "Buffer overflow
+    when allocating memory for batch_prefill_tmp_v with size 301989888"): 288 tiles of 128 rows."""
+    gqa = max(1, num_qo_heads // max(1, num_kv_heads))
+    split_batch = max(1, CTAS_PER_SM * num_sms // max(1, num_kv_heads))
+    rows = split_batch * MAX_QUERY_TILE
+    for tokens, batch in graphs:
+        tiles = -(-tokens * gqa // MAX_QUERY_TILE) + max(batch, 1) - 1
+        rows = max(rows, max(split_batch, tiles) * MAX_QUERY_TILE)
+    need = num_qo_heads * rows * (head_dim + 1) * 4 + (1 << 20)  # tmp_v and tmp_s, plus alignment
+    return max(WORKSPACE_BYTES, -(-need // (1 << 20)) << 20)
 
 
 def check_supported(kv_pool: KVPool, head_dim: int, device: torch.device) -> None:
@@ -198,6 +224,22 @@ class FlashInferAttentionBackend(AttentionBackend):
             paged_kv_indptr_buf=buffers.page_indptr[: batch_size + 1],
             paged_kv_indices_buf=buffers.page_indices,
             paged_kv_last_page_len_buf=buffers.last_page_len[:batch_size])
+
+    def reserve_workspace(self, graphs: list[tuple[int, int]]) -> None:
+        """Before the graphs are captured: grow the float workspace to what their plans (and an
+        eager step's) can need (workspace_bytes); the eager wrappers move to the new one."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        need = workspace_bytes(self.num_heads, self.num_kv_heads, self.head_dim, sms, graphs)
+        if need <= self.workspace.numel():
+            return
+        import logging
+
+        logging.getLogger(__name__).info("FlashInfer workspace: %d MiB (the CUDA graphs' split-KV plans need more "
+                                         "than %d MiB)", need >> 20, self.workspace.numel() >> 20)
+        self.workspace = None  # NOTE: let the old one go before the new one is allocated
+        self.workspace = torch.zeros(need, dtype=torch.uint8, device=self.device)
+        for wrapper in (self.prefill, self.decode):
+            wrapper.reset_workspace_buffer(self.workspace, wrapper._int_workspace_buffer)
 
     def use_graph(self, wrapper, arrays: PlanArrays, out_slots: torch.Tensor) -> None:
         """Before capturing or replaying a graph: plan its wrapper; K/V go to the static `out_slots`."""
