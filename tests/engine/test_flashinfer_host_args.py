@@ -85,3 +85,13 @@ def test_workspace_grows_with_the_graphs_heads_and_sms(shape):
     eager = heads * (2 * 132 // kv_heads) * 128 * (head_dim + 1) * 4
     assert workspace_bytes(heads, kv_heads, head_dim, 132) >= eager
     assert workspace_bytes(heads, kv_heads, head_dim, 264) >= workspace_bytes(heads, kv_heads, head_dim, 132)
+
+
+def test_eager_plans_of_one_kv_head_a_rank_get_more_than_the_default():
+    """Tensor parallel 8 of a 64/8-head model leaves 8 query heads and 1 KV head a rank: an eager
+    prefill may split its KV over 2 CTAs x 132 SMs, 264 tiles of 128 rows: 139 MB of partials."""
+    from sglaunch.engine.attention.flashinfer_backend import WORKSPACE_BYTES, workspace_bytes
+
+    need = workspace_bytes(8, 1, 128, 132)
+    assert need > WORKSPACE_BYTES
+    assert need >= 8 * 264 * 128 * 129 * 4

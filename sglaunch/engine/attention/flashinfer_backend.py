@@ -20,6 +20,7 @@ flashinfer is imported) moves its cache from ~/.cache/flashinfer to $FLASHINFER_
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ import torch
 from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata, flat_pages, indptr
 from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
+
+logger = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partial results): the least we give
 # NOTE: FlashInfer's FA2 prefill plan (scheduler.cuh, PrefillPlan) splits the KV of a step into chunks when the
@@ -159,7 +162,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         self._fi = flashinfer
-        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        # NOTE: sized for an eager step's split-KV plan here (over 128 MiB with one KV head a rank and
+        # many query heads); reserve_workspace grows it for the CUDA graphs' plans before their capture
+        self.workspace = torch.zeros(workspace_bytes(num_heads, num_kv_heads, head_dim, self.num_sms),
+                                     dtype=torch.uint8, device=device)
         self.tensor_cores = num_heads // num_kv_heads >= TENSOR_CORE_GQA_GROUP
         self.prefill_backend = prefill_backend_from_env()
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=self.prefill_backend)
@@ -228,14 +235,11 @@ class FlashInferAttentionBackend(AttentionBackend):
     def reserve_workspace(self, graphs: list[tuple[int, int]]) -> None:
         """Before the graphs are captured: grow the float workspace to what their plans (and an
         eager step's) can need (workspace_bytes); the eager wrappers move to the new one."""
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        need = workspace_bytes(self.num_heads, self.num_kv_heads, self.head_dim, sms, graphs)
+        need = workspace_bytes(self.num_heads, self.num_kv_heads, self.head_dim, self.num_sms, graphs)
         if need <= self.workspace.numel():
             return
-        import logging
-
-        logging.getLogger(__name__).info("FlashInfer workspace: %d MiB (the CUDA graphs' split-KV plans need more "
-                                         "than %d MiB)", need >> 20, self.workspace.numel() >> 20)
+        logger.info("FlashInfer workspace: %d MiB (the CUDA graphs' split-KV plans need more than %d MiB)",
+                    need >> 20, self.workspace.numel() >> 20)
         self.workspace = None  # NOTE: let the old one go before the new one is allocated
         self.workspace = torch.zeros(need, dtype=torch.uint8, device=self.device)
         for wrapper in (self.prefill, self.decode):
