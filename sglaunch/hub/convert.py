@@ -1,54 +1,187 @@
 """GGUF -> Hugging Face safetensors checkpoint (transformers + gguf, imported lazily).
 
-transformers dequantizes the GGUF (and undoes llama.cpp's q/k row permutation); a model it
-loads that way carries a `quantization_config` and refuses `save_pretrained`, so we rebuild a
-plain `LlamaForCausalLM` from the config without it, copy the weights in and save bf16
+The GGUF is read once (`read_gguf`): its metadata gives the `LlamaConfig` (the keys transformers'
+GGUF loader maps), its tensors are dequantized with `gguf` and llama.cpp's q/k row permutation is
+undone. They are assigned to a `LlamaForCausalLM` built on the meta device and saved as bf16
 safetensors, plus tokenizer files any transformers (4.x or 5.x) and our server can read.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import struct
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 Step = Callable[[str], None]  # called before each stage with its description
 
 STEPS = ("reading the GGUF metadata", "dequantizing the weights", "writing bf16 safetensors",
          "writing the tokenizer")
 
+# GGUF metadata key -> LlamaConfig field: the keys transformers' GGUF loader maps for a llama file
+# (GGUF_CONFIG_MAPPING in transformers/integrations/ggml.py)
+LLAMA_CONFIG_KEYS = {
+    "llama.context_length": "max_position_embeddings",
+    "llama.block_count": "num_hidden_layers",
+    "llama.feed_forward_length": "intermediate_size",
+    "llama.embedding_length": "hidden_size",
+    "llama.rope.dimension_count": "head_dim",
+    "llama.rope.freq_base": "rope_theta",
+    "llama.attention.head_count": "num_attention_heads",
+    "llama.attention.head_count_kv": "num_key_value_heads",
+    "llama.attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "llama.vocab_size": "vocab_size",
+    "tokenizer.ggml.bos_token_id": "bos_token_id",
+    "tokenizer.ggml.eos_token_id": "eos_token_id",
+    "tokenizer.ggml.unknown_token_id": "unk_token_id",
+    "tokenizer.ggml.padding_token_id": "pad_token_id",
+}
+
 
 def convert_gguf(gguf: Path, out: Path, chat_template_fallback: str, step: Step = lambda _: None) -> None:
     """Convert `gguf` into the HF checkpoint folder `out` (created)."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # NOTE: our rich bar shows the stages; tqdm would interleave
     step(STEPS[0])
-    folder, name = str(gguf.parent), gguf.name
-    raw = {k: v for k, v in AutoConfig.from_pretrained(folder, gguf_file=name).to_dict().items()
-           if k not in ("quantization_config", "_name_or_path", "_model_name_or_path", "architectures", "dtype",
-                        "transformers_version")}
-    if raw.get("model_type") != "llama":
-        raise ValueError(f"{name} holds a {raw.get('model_type')!r} model; only Llama GGUFs are converted")
-    config = LlamaConfig(**raw)
+    # NOTE: one pass over the file, 0.2 s for SmolLM2. transformers' AutoConfig, GGUF weight loader and
+    # AutoTokenizer each parsed it with gguf.GGUFReader, 7-8 s apiece (a numpy view per vocabulary entry).
+    metadata, tensors = read_gguf(gguf)
+    if metadata.get("general.architecture") != "llama":
+        raise ValueError(f"{gguf.name} holds a {metadata.get('general.architecture')!r} model; "
+                         "only Llama GGUFs are converted")
+    config = llama_config(metadata, tensors)
     step(STEPS[1])
-    model = LlamaForCausalLM(config)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
-    result = model.load_state_dict(tensors, strict=False)
+    # NOTE: a skeleton without storage: random init of the 135M parameters cost 3.6 s, all overwritten
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    weights = dequantized_weights(tensors, model.state_dict(), config)
+    result = model.load_state_dict(weights, strict=False, assign=True)
     missing = [k for k in result.missing_keys if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or result.unexpected_keys:
         raise ValueError(f"GGUF tensors do not match the model: missing {missing[:3]}, "
                          f"unexpected {result.unexpected_keys[:3]}")
+    model.tie_weights()  # lm_head still holds the meta tensor `assign` replaced in the embeddings
     step(STEPS[2])
-    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    model.save_pretrained(str(out), safe_serialization=True)
     step(STEPS[3])
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # NOTE: the class our tokenizer_config.json names, 1.2 s; AutoTokenizer wrote the same files in 11.5 s
+    # (it parses the whole GGUF once more for a config)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(str(out))
     portable_tokenizer_config(out, tokenizer.chat_template or chat_template_fallback, config.max_position_embeddings)
     readable_files(out)
+
+
+class GgufTensor(NamedTuple):
+    name: str
+    ggml_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # torch order
+    data: Any  # uint8 np.ndarray (*shape[:-1], bytes per row), a view of the mapped file: what gguf.dequantize takes
+
+
+# metadata value types with a fixed size (GGUF spec); 8 is a string, 9 an array
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                   12: "<d"}
+
+
+def read_gguf(path: Path) -> tuple[dict[str, Any], list[GgufTensor]]:
+    """A GGUF (v2/v3) file's metadata and tensors; the tensor data stays in the mapped file until used."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with open(path, "rb") as handle:  # copy-on-write: arrays torch accepts without a copy or a warning
+        buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    magic, version, tensor_count, metadata_count = struct.unpack_from("<4sIQQ", buf, 0)
+    if magic != b"GGUF" or version not in (2, 3):
+        raise ValueError(f"{path.name} is not a GGUF v2/v3 file (magic {magic!r}, version {version})")
+    pos, metadata = 24, {}
+    for _ in range(metadata_count):
+        key, pos = _read_value(buf, pos, 8)
+        (kind,) = struct.unpack_from("<I", buf, pos)
+        metadata[key], pos = _read_value(buf, pos + 4, kind)
+    infos = []
+    for _ in range(tensor_count):
+        name, pos = _read_value(buf, pos, 8)
+        (n_dims,) = struct.unpack_from("<I", buf, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)  # fastest-moving first: torch's order reversed
+        ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        infos.append((name, GGMLQuantizationType(ggml_type), tuple(reversed(dims)), offset))
+    alignment = metadata.get("general.alignment", 32)
+    data_start = (pos + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, ggml_type, shape, offset in infos:
+        block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        rows = (*shape[:-1], shape[-1] // block_size * block_bytes)
+        data = np.frombuffer(buf, np.uint8, count=int(np.prod(rows)), offset=data_start + offset)
+        tensors.append(GgufTensor(name, ggml_type, shape, data.reshape(rows)))
+    return metadata, tensors
+
+
+def _read_value(buf: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
+    """The metadata value of type `kind` at `pos`, and the position after it."""
+    if kind == 8:  # string: u64 length, utf-8 bytes
+        (length,) = struct.unpack_from("<Q", buf, pos)
+        return buf[pos + 8:pos + 8 + length].decode("utf-8"), pos + 8 + length
+    if kind == 9:  # array: element type, u64 count, elements
+        kind, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if kind in _SCALAR_FORMATS:  # one unpack for the lot (SmolLM2's 49,152 token types)
+            fmt = "<" + _SCALAR_FORMATS[kind][1] * count
+            return list(struct.unpack_from(fmt, buf, pos)), pos + struct.calcsize(fmt)
+        values = []
+        for _ in range(count):
+            value, pos = _read_value(buf, pos, kind)
+            values.append(value)
+        return values, pos
+    if kind not in _SCALAR_FORMATS:
+        raise ValueError(f"unknown GGUF metadata value type {kind}")
+    fmt = _SCALAR_FORMATS[kind]
+    return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+
+
+def llama_config(metadata: dict[str, Any], tensors: list[GgufTensor]):
+    """The `LlamaConfig` transformers' GGUF loader derives from this metadata."""
+    from transformers import LlamaConfig
+
+    fields = {field: metadata[key] for key, field in LLAMA_CONFIG_KEYS.items() if key in metadata}
+    if "vocab_size" not in fields and "tokenizer.ggml.tokens" in metadata:  # llama.cpp rarely writes it
+        fields["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
+    # a file without a separate output matrix reuses the embeddings as the LM head
+    fields["tie_word_embeddings"] = all(tensor.name != "output.weight" for tensor in tensors)
+    return LlamaConfig(**fields)
+
+
+def dequantized_weights(tensors: list[GgufTensor], hf_names, config) -> dict[str, Any]:
+    """`{hf_name: bf16 tensor}` for the GGUF tensors named in `hf_names` (the model's state-dict keys)."""
+    import torch
+    from gguf import MODEL_ARCH, dequantize, get_tensor_name_map
+
+    # NOTE: one name map for the model; transformers' loader built one per submodule (397 of them, 9 s)
+    name_map = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    to_hf = {gguf_name: key for key in hf_names
+             if (gguf_name := name_map.get_name(key, try_suffixes=(".weight", ".bias"))) is not None}
+    weights = {}
+    for tensor in tensors:
+        if tensor.name not in to_hf:  # as transformers: tensors without a parameter (rope_freqs) are left out
+            continue
+        values = dequantize(tensor.data, tensor.ggml_type)  # float32
+        if ".attn_q." in tensor.name:
+            values = unpermute(values, config.num_attention_heads)
+        elif ".attn_k." in tensor.name:
+            values = unpermute(values, config.num_key_value_heads)
+        weights[to_hf[tensor.name]] = torch.from_numpy(values).to(torch.bfloat16)
+    return weights
+
+
+def unpermute(weights, n_head: int):
+    """Undo llama.cpp's q/k row permutation (`permute` in its convert_hf_to_gguf.py), as transformers does."""
+    return weights.reshape(n_head, weights.shape[0] // n_head // 2, 2, *weights.shape[1:]).swapaxes(1, 2) \
+        .reshape(weights.shape)
 
 
 def portable_tokenizer_config(out: Path, chat_template: str, max_length: int) -> None:

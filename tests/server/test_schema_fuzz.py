@@ -10,15 +10,23 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402  (hypothesis comes with schemathesis)
+from hypothesis import HealthCheck, example, given, seed, settings  # noqa: E402  (hypothesis comes with schemathesis)
 from schemathesis.checks import (  # noqa: E402
     content_type_conformance, not_a_server_error, response_schema_conformance,
     status_code_conformance,
 )
 
-from .conftest import running_server  # noqa: E402
+from .conftest import MODEL_NAME, running_server  # noqa: E402
 
 EXAMPLES_PER_ROUTE = 30
+# Positive mode on the OpenAI routes tries this body first: generation must answer it (200, in the
+# documented schema). Whether any generated body is valid too depends on the hypothesis version:
+# with 6.155 none of the 30 /v1/completions bodies was (6.170: some are).
+VALID_BODIES = {
+    "/v1/completions": {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2},
+    "/v1/chat/completions": {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hello"}],
+                             "max_tokens": 2},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -75,9 +83,12 @@ def test_generated_requests_never_get_a_5xx_and_match_the_schema(fuzzed_server, 
             timeout=120, checks=[not_a_server_error, status_code_conformance,
                                  content_type_conformance, response_schema_conformance]).status_code)
 
+    valid = VALID_BODIES.get(path) if mode == "positive" else None
+    if valid is not None:
+        call = example(case=operation.Case(body=valid, media_type="application/json"))(call)
     statuses: list[int] = []
     call()
-    # the generated bodies reach the validators, and (OpenAI routes) generation too
+    # the generated bodies reach the validators, and (OpenAI routes) the valid one generation
     assert 400 in statuses, statuses
-    if mode == "positive" and path != "/generate":
-        assert 200 in statuses, statuses
+    if valid is not None:
+        assert statuses[0] == 200, statuses  # hypothesis runs explicit examples first
