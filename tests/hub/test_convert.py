@@ -1,4 +1,4 @@
-"""convert.py's own GGUF reading against the `gguf` package's reader and transformers' GGUF loader,
+"""convert.py's GGUF reading (one gguf.GGUFReader pass) and config against transformers' GGUF loader,
 on small synthetic files (the real model's conversion: test_real_default_model.py)."""
 
 from __future__ import annotations

