@@ -26,7 +26,7 @@ from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
 from sglaunch.engine.sampler import is_greedy, make_generator, sample
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
-from sglaunch.engine.step import build_step_input, placeholder, sample_rows
+from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
 
 logger = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ class LLMEngine:
             proposal = self._propose(chunks, decision)
             step = build_step_input(chunks, self.config.page_size)
             if self.context_skip:
-                step.draft_context = self._draft_context(chunks, proposal is not None)
+                step.draft_context = self._draft_context(chunks, proposal is not None, step)
             if step.future_rows:
                 raise RuntimeError("a synchronous step with placeholder tokens (the pipeline was not drained)")
             # NOTE: an all-greedy step needs no logits, only each row's greedy choice
@@ -399,7 +399,7 @@ class LLMEngine:
         if chunks:
             step = build_step_input(chunks, self.config.page_size)
             if self.context_skip:
-                step.draft_context = self._draft_context(chunks, False)
+                step.draft_context = self._draft_context(chunks, False, step)
             step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples)
             logits = self._run_on_all_ranks(step)
             self.counters["steps"] += 1
@@ -634,7 +634,7 @@ class LLMEngine:
         self._aside_streak = 0
         return candidates, extra, budget
 
-    def _draft_context(self, chunks: list[Chunk], drafting: bool) -> bool:
+    def _draft_context(self, chunks: list[Chunk], drafting: bool, step: StepInput) -> bool:
         """Whether a step writes the draft context (StepInput.draft_context). Not for a plain step
         of decodes only after the planner has stepped aside `context_skip_streak` times in a row
         (SGLAUNCH_DSPARK_SKIP_CONTEXT), when it holds more requests than a burst does, or any number
@@ -653,7 +653,7 @@ class LLMEngine:
         request on that prefix drafts over holes (lossless, rarely accepted)."""
         if (drafting or not self.context_skip
                 or self._aside_streak < self.context_skip_streak
-                or any(c.end - c.start != 1 for c in chunks)
+                or step.num_tokens != step.batch_size  # NOTE: a prefill chunk among them (one row a decode)
                 or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak
                     and not self.spec.planner.drafter_failing())):
             return True
