@@ -954,6 +954,17 @@ pipeline55() {  # session 23, run 2 (a fresh machine, after the installs and the
   touch "$W/all.done"
 }
 
+pipeline56() {  # session 23, prepared for the next session (warm, after pipeline55): is c=64's gap the engine's or the
+  # HTTP path's? DSpark compact against plain in-process (dspark_sweep.py: the engine as serve builds it, a closed
+  # loop, no HTTP) at c=64 and c=256, 2,048 requests of 128 tokens; then every GPU test (last whole run: session 21,
+  # an H100)
+  part sweep64 200 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --out "$W/sweep64" --concurrency 64,256 --requests 2048,2048 \
+    --max-tokens 128 --max-prompts 750 --modes compact --time-budget 190
+  part pytest3 330 python3 -m pytest -v -p no:cacheprovider tests/gpu
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
