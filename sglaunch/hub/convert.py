@@ -17,26 +17,6 @@ Step = Callable[[str], None]  # called before each stage with its description
 STEPS = ("reading the GGUF metadata", "dequantizing the weights", "writing bf16 safetensors",
          "writing the tokenizer")
 
-# GGUF metadata key -> LlamaConfig field: the keys transformers' GGUF loader maps for a llama file
-# (GGUF_CONFIG_MAPPING in transformers/integrations/ggml.py)
-LLAMA_CONFIG_KEYS = {
-    "llama.context_length": "max_position_embeddings",
-    "llama.block_count": "num_hidden_layers",
-    "llama.feed_forward_length": "intermediate_size",
-    "llama.embedding_length": "hidden_size",
-    "llama.rope.dimension_count": "head_dim",
-    "llama.rope.freq_base": "rope_theta",
-    "llama.attention.head_count": "num_attention_heads",
-    "llama.attention.head_count_kv": "num_key_value_heads",
-    "llama.attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "llama.vocab_size": "vocab_size",
-    "tokenizer.ggml.bos_token_id": "bos_token_id",
-    "tokenizer.ggml.eos_token_id": "eos_token_id",
-    "tokenizer.ggml.unknown_token_id": "unk_token_id",
-    "tokenizer.ggml.padding_token_id": "pad_token_id",
-}
-
-
 def convert_gguf(gguf: Path, out: Path, chat_template_fallback: str, step: Step = lambda _: None) -> None:
     """Convert `gguf` into the HF checkpoint folder `out` (created)."""
     import torch
@@ -96,8 +76,13 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[GgufTensor]]:
 def llama_config(metadata: dict[str, Any], tensors: list[GgufTensor]):
     """The `LlamaConfig` transformers' GGUF loader derives from this metadata."""
     from transformers import LlamaConfig
+    from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_MAPPING, GGUF_TOKENIZER_MAPPING
 
-    fields = {field: metadata[key] for key, field in LLAMA_CONFIG_KEYS.items() if key in metadata}
+    # the keys transformers' GGUF loader maps: llama.* to the config, the special token ids beside them
+    keys = {f"llama.{key}": field for key, field in GGUF_CONFIG_MAPPING["llama"].items()}
+    keys.update((f"tokenizer.{key}", field) for key, field in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+                if field.endswith("_token_id"))
+    fields = {field: metadata[key] for key, field in keys.items() if key in metadata}
     if "vocab_size" not in fields and "tokenizer.ggml.tokens" in metadata:  # llama.cpp rarely writes it
         fields["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
     # a file without a separate output matrix reuses the embeddings as the LM head
@@ -123,6 +108,8 @@ def dequantized_weights(tensors: list[GgufTensor], hf_names, config) -> dict[str
             values = unpermute(values, config.num_attention_heads)
         elif ".attn_k." in tensor.name:
             values = unpermute(values, config.num_key_value_heads)
+        if not values.flags.writeable:  # an unquantized tensor comes back as a view of the read-only mapped file
+            values = values.copy()
         weights[to_hf[tensor.name]] = torch.from_numpy(values).to(torch.bfloat16)
     return weights
 
