@@ -250,7 +250,8 @@ class Scheduler:
         those whose _chunk_lookahead is positive. NOTE: inlined, with the cap's three bounds
         tested directly (it runs before every step of a DSpark engine, on every chunk). A request
         with a context gap never drafts again: tested first, since at load most requests have one
-        (a stepped-aside batch of 64 such requests: 23.7 -> 7.4 us a step on the dev CPU)."""
+        (a stepped-aside batch of 64 requests: 28.0 -> 11.1 us a step on the dev CPU,
+        `python benchmarks/aside_host_cost.py`)."""
         if self.limits.spec_lookahead <= 0:
             return []
         context, running, out = self.limits.context_length, ReqStatus.RUNNING, []
