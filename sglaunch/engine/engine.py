@@ -657,8 +657,7 @@ class LLMEngine:
                 or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak
                     and not self.spec.planner.drafter_failing())):
             return True
-        for chunk in chunks:
-            chunk.req.context_gap = True
+        self.scheduler.mark_context_gaps()  # NOTE: this step's chunks are the running requests
         self.context_skipped_steps += 1
         return False
 

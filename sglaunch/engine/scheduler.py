@@ -84,6 +84,12 @@ class Scheduler:
         # steps that computed prompt tokens (a prefill chunk, alone or beside decodes)
         self.num_prefill_steps = 0
         self.finished_by_pool: list[Req] = []  # dropped because the pool cannot hold them alone
+        # DSpark: the admitted requests that may still draft (no context gap, not finished), so that a
+        # batch whose every request has a context gap costs lookahead_candidates and mark_context_gaps
+        # no pass over its chunks (any_gapless). NOTE: every request enters RUNNING through
+        # _admit_waiting, which appends it here; entries leave once gapped or finished (a preempted
+        # request may appear twice: harmless)
+        self.gapless: list[Req] = []
 
     # ---- requests in and out ------------------------------------------------------------
     def check(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -234,6 +240,8 @@ class Scheduler:
             self.waiting.pop(0)
             req.status = ReqStatus.RUNNING
             self.running.append(req)
+            if self.limits.spec_lookahead > 0 and not req.context_gap:
+                self.gapless.append(req)
             chunks.append(Chunk(req, req.num_computed, req.num_computed + length))
             budget[0] -= length
             budget[1] += length
@@ -252,7 +260,7 @@ class Scheduler:
         with a context gap never drafts again: tested first, since at load most requests have one
         (a stepped-aside batch of 64 requests: 28.0 -> 11.1 us a step on the dev CPU,
         `python benchmarks/aside_host_cost.py`)."""
-        if self.limits.spec_lookahead <= 0:
+        if self.limits.spec_lookahead <= 0 or not self.any_gapless():
             return []
         context, running, out = self.limits.context_length, ReqStatus.RUNNING, []
         for chunk in chunks:
@@ -264,6 +272,28 @@ class Scheduler:
                     and req.sampling.max_new_tokens - (n - req.num_prompt_tokens) > 1 and context - n > 1):
                 out.append(chunk)
         return out
+
+    def any_gapless(self) -> bool:
+        """Whether an admitted request may still draft (no context gap, not finished); drops the
+        entries that no longer can. At load, once every request has a context gap, this is what
+        lookahead_candidates costs (a stepped-aside batch of 64 requests on the dev CPU, `python
+        benchmarks/aside_host_cost.py`: 13.2 -> 1 us a step)."""
+        gapless = self.gapless
+        if gapless:
+            finished = ReqStatus.FINISHED
+            gapless[:] = [req for req in gapless if not req.context_gap and req.status is not finished]
+        return bool(gapless)
+
+    def mark_context_gaps(self) -> None:
+        """A decode-only step that writes no draft context (Engine._draft_context): every running
+        request gets a context gap. On such a step the chunks are every running request (each
+        scheduled for one token) but those whose last token is still pending, which end without
+        another step; the requests with a gap already are skipped without a pass over the batch."""
+        running = ReqStatus.RUNNING
+        for req in self.gapless:
+            if req.status is running:
+                req.context_gap = True
+        self.any_gapless()
 
     def reserve_lookahead(self, chunks: list[Chunk]) -> None:
         """Pages for the drafts each running decode may verify, from what is left after

@@ -228,6 +228,43 @@ def test_lookahead_candidates_near_the_length_and_context_limits():
     assert all(req.finish_reason == "length" for req in reqs)
 
 
+def test_context_gaps_reach_every_chunk_of_a_decode_only_step_and_no_later_arrival():
+    """Engine._draft_context skips the draft context of a decode-only step and marks the running
+    requests (mark_context_gaps, which passes over the not-yet-gapped ones only): every chunk of such a
+    step is marked, a request admitted later is not and drafts, a finished or gapped one leaves the
+    list, and the candidates stay the per-chunk rule's at every step (also when the list is empty)."""
+    import random
+
+    rng = random.Random(7)
+    sched = make_scheduler(600, chunk=16, max_running=6)
+    sched.limits = SchedulerLimits(1, 6, 16, 10_000, (), spec_lookahead=4)
+    prompts = [[rng.randrange(1, 90) for _ in range(rng.randint(1, 12))] for _ in range(14)]
+    reqs = [Req(f"r{i}", p, SamplingParams(max_new_tokens=rng.randint(2, 14), ignore_eos=True), 0)
+            for i, p in enumerate(prompts)]
+    for req in reqs[:6]:
+        sched.add(req)
+    pending, marked_steps, empty_steps = reqs[6:], 0, 0
+    while sched.has_work:
+        if pending and rng.random() < 0.3:
+            sched.add(pending.pop(0))
+        chunks = sched.schedule()
+        candidates = sched.lookahead_candidates(chunks)
+        assert candidates == [c for c in chunks if sched._chunk_lookahead(c) > 0]
+        empty_steps += not sched.gapless
+        if chunks and all(c.end - c.start == 1 for c in chunks) and rng.random() < 0.5:
+            sched.mark_context_gaps()
+            marked_steps += 1
+            assert all(c.req.context_gap for c in chunks)
+            assert sched.lookahead_candidates(chunks) == [] and sched.gapless == []
+        sched.commit(chunks, [fake_next_token(c.req.token_ids) if c.samples else None for c in chunks])
+    assert marked_steps and empty_steps
+    # the requests admitted after the last mark never got a gap
+    assert any(not req.context_gap for req in reqs) and any(req.context_gap for req in reqs)
+    assert sched.gapless == [] or not sched.any_gapless()  # every request finished
+    for req, prompt in zip(reqs, prompts):
+        assert req.output_ids == reference(prompt, len(req.output_ids)) and req.finish_reason == "length"
+
+
 @pytest.mark.parametrize("page_size,num_pages", [(1, 400), (4, 100), (2, 40)])
 def test_speculative_commits_match_plain_decoding(page_size, num_pages):
     sched = make_scheduler(num_pages, page_size=page_size, chunk=8)
