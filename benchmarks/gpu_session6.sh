@@ -964,22 +964,22 @@ pipeline56() {  # session 23, prepared for the next session (warm, after pipelin
 }
 
 pipeline57() {  # session 24 (`bg pipeline57` on call 2, while the model's last two pieces arrive): first what needs
-  # no model: the FlashInfer workspace fix's GPU test (-k wide_heads), the Qwen3-1.7B decode row (batch 1 <= 2.6 ms:
-  # crashed at capture in session 23); then, once /tmp/smol/ready: c=64 and c=256 plain against DSpark with 4,096
-  # prompts a level (session 23 with 1,024: 0.892/0.954 and 0.912/0.986), the whole tests/gpu (last whole run:
-  # session 21, an H100), the HTTP row (session 23: 0.900), the Qwen3-8B batch-1 step (session 20: 5.47 ms), the
-  # c=64/256 levels again, DSpark against plain in-process at c=64/256. Ordered by need: device time ran short
-  # (three failed starts), so the call that reads the results may give the machine back before the end
+  # no model: the whole tests/gpu (last whole run: session 21, an H100; the FlashInfer workspace fix's GPU test,
+  # -k wide_heads, among them), the Qwen3-1.7B decode row (batch 1 <= 2.6 ms: crashed at capture in session 23);
+  # then, once /tmp/smol/ready: c=64 and c=256 plain against DSpark with 4,096 prompts a level (session 23 with
+  # 1,024: 0.892/0.954 and 0.912/0.986); then, if device time is left, the HTTP row (session 23: 0.900), the
+  # Qwen3-8B batch-1 step (session 20: 5.47 ms), the c=64/256 levels again, DSpark against plain in-process.
+  # Ordered by need: device time ran short (failed starts), so a `wait` call may give the machine back early
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k wide_heads
+  part pytest 380 python3 -m pytest -v -p no:cacheprovider tests/gpu
   part decode 190 python3 benchmarks/gpu_decode.py --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
     --repeats 2 --time-budget 180 --attention-backend flashinfer
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   pkill -f "sglaunch serve" ; sleep 1
   part bench3 260 bash -c 'dspark_vs_plain "$@"' _ 64,256 "$W/bench3/bench.json" 4096
-  part pytest3 360 python3 -m pytest -v -p no:cacheprovider tests/gpu
+  touch "$W/core.done"
   pkill -f "sglaunch serve" ; sleep 1
   part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
@@ -1113,8 +1113,9 @@ case "${1:-}" in
     wait_for_all $(( ${2:-500} - ($(date +%s) - local_start) ))
     collect
     ;;
-  wait)
-    wait_for_all "${2:-500}"
+  wait)  # wait S [MARK]: until $W/all.done (or $W/MARK.done) or S seconds, then the results
+    until=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -f "$W/all.done" ] && [ ! -f "$W/${3:-all}.done" ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
     collect
     ;;
   *)
