@@ -1,12 +1,16 @@
 """The orchestrator: start servers, build the requests once, warm up, then run every level against
 every configuration, interleaved (level i runs A then B, level i+1 runs B then A) so machine drift
-hits both alike. Results accumulate in `BenchRun.doc`, so a failure still leaves partial results."""
+hits both alike; --rounds N runs the whole sequence N times, the order flipped each round, and a
+ratio is then the median of the rounds' ratios (a shared GPU host's throughput moved 15% between
+two runs minutes apart in session 24). Results accumulate in `BenchRun.doc`, so a failure still
+leaves partial results."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +60,7 @@ class BenchSpec:
     ignore_eos: bool = True
     timeout: float = 300.0
     launch_timeout: float = 600.0
+    rounds: int = 1  # every level this many times (--rounds)
 
 
 class Progress(Protocol):
@@ -92,7 +97,7 @@ def new_document(spec: BenchSpec) -> dict[str, Any]:
         "schema": SCHEMA, "sglaunch_version": sglaunch.__version__, "started": now_iso(),
         "finished": None, "status": "running", "partial": True, "message": None,
         "settings": {
-            "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup,
+            "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup, "rounds": spec.rounds,
             "levels": [{"kind": lv.kind, "value": lv.json_value(), "max_concurrency": lv.max_concurrency}
                        for lv in spec.levels],
             "temperature": spec.temperature, "ignore_eos": spec.ignore_eos, "timeout_s": spec.timeout,
@@ -287,17 +292,19 @@ async def sweep(run: BenchRun, requests: list[BenchRequest], ui: Progress) -> No
         for target in spec.targets:
             await warm_target(run, target, clients[target.label], requests, ui)
         order = 0
-        for index, level in enumerate(spec.levels):
-            for target in (spec.targets if index % 2 == 0 else spec.targets[::-1]):
-                order += 1
-                record = await measure(run, target, clients[target.label], requests, level, ui)
-                record["run_order"] = order
-                reason = await gone_reason(target, clients[target.label], record)
-                if reason:
-                    record["status"] = "aborted"
-                    mark_skipped(run, index)
-                    raise SglaunchError(reason, "see the server log; the results so far are in the "
-                                                "JSON file, marked partial", EXIT_FAILED)
+        for round_ in range(1, spec.rounds + 1):
+            for index, level in enumerate(spec.levels):
+                # NOTE: A B at level 0 of round 1, then flipped at each level and each round
+                for target in (spec.targets if (index + round_ - 1) % 2 == 0 else spec.targets[::-1]):
+                    order += 1
+                    record = await measure(run, target, clients[target.label], requests, level, ui, round_)
+                    record["run_order"] = order
+                    reason = await gone_reason(target, clients[target.label], record)
+                    if reason:
+                        record["status"] = "aborted"
+                        mark_skipped(run, round_, index)
+                        raise SglaunchError(reason, "see the server log; the results so far are in the "
+                                                    "JSON file, marked partial", EXIT_FAILED)
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()))
 
@@ -319,14 +326,15 @@ async def warm_target(run: BenchRun, target: Target, client, requests, ui: Progr
                             "context length, and the server log", EXIT_FAILED)
 
 
-async def measure(run: BenchRun, target: Target, client, requests, level: Level, ui: Progress) -> dict:
+async def measure(run: BenchRun, target: Target, client, requests, level: Level, ui: Progress,
+                  round_: int = 1) -> dict:
     ui.level_started(target.label, level, len(requests))
     before = await stats.snapshot(client)
     results, duration = await run_level(client, requests, level, settings_for(run, target), run.spec.seed,
                                         lambda r: ui.request_done(target.label, level, r))
     after = await stats.snapshot(client)
-    record = {"kind": level.kind, "value": level.json_value(), "label": level.label,
-              **stats.summarize_level(results, duration), **stats.spec_stats(before, after)}
+    record = {"kind": level.kind, "value": level.json_value(), "label": round_label(level.label, round_, run.spec.rounds),
+              "round": round_, **stats.summarize_level(results, duration), **stats.spec_stats(before, after)}
     record["status"] = "ok" if record["errors"] == 0 else "errors"
     run.config(target.label)["levels"].append(record)
     ui.level_finished(target.label, level, record)
@@ -349,30 +357,59 @@ async def gone_reason(target: Target, client, record: dict) -> str | None:
     return None
 
 
-def mark_skipped(run: BenchRun, level_index: int) -> None:
-    """Record the levels that will not run, so the JSON shows what is missing."""
+def round_label(label: str, round_: int, rounds: int) -> str:
+    return label if rounds == 1 else f"{label} #{round_}"
+
+
+def mark_skipped(run: BenchRun, round_: int, level_index: int) -> None:
+    """Record the levels that will not run (this round's from level_index on, then every later
+    round's), so the JSON shows what is missing."""
+    spec = run.spec
     for config in run.doc["configs"]:
-        done = {(lv["kind"], lv["value"]) for lv in config["levels"]}
-        for level in run.spec.levels[level_index:]:
-            if (level.kind, level.json_value()) not in done:
-                config["levels"].append({"kind": level.kind, "value": level.json_value(),
-                                         "label": level.label, "status": "skipped"})
+        done = {(lv["kind"], lv["value"], lv.get("round", 1)) for lv in config["levels"]}
+        for r in range(round_, spec.rounds + 1):
+            for level in spec.levels[level_index if r == round_ else 0:]:
+                if (level.kind, level.json_value(), r) not in done:
+                    config["levels"].append({"kind": level.kind, "value": level.json_value(), "round": r,
+                                             "label": round_label(level.label, r, spec.rounds), "status": "skipped"})
 
 
 def comparison(configs: list[dict]) -> list[dict] | None:
-    """B / A for throughput and p50 latencies at each level both configurations finished."""
+    """B / A for throughput and p50 latencies at each level both configurations finished: per round
+    (the two runs of a level in the same round), then the median over the rounds; `rounds` lists each
+    round's output-token-throughput ratio."""
     if len(configs) != 2:
         return None
     base, other = configs
-    rows = []
-    for a in base["levels"]:
-        b = next((lv for lv in other["levels"] if (lv["kind"], lv["value"]) == (a["kind"], a["value"])), None)
-        if b is None or "completed" not in a or "completed" not in b:
+    rows, seen = [], set()
+    for first in base["levels"]:
+        key_ = (first["kind"], first["value"])
+        if key_ in seen:
             continue
-        ratios = {key: ratio(pick(b, key, sub), pick(a, key, sub)) for key, sub in RATIO_KEYS.items()}
-        rows.append({"kind": a["kind"], "value": a["value"], "label": a["label"],
-                     "ratio": f"{other['label']}/{base['label']}", **ratios})
+        seen.add(key_)
+        pairs = []
+        for a in base["levels"]:
+            if (a["kind"], a["value"]) != key_ or "completed" not in a:
+                continue
+            b = next((lv for lv in other["levels"] if (lv["kind"], lv["value"]) == key_
+                      and lv.get("round", 1) == a.get("round", 1)), None)
+            if b is not None and "completed" in b:
+                pairs.append((a, b))
+        if not pairs:
+            continue
+        per_round = {key: [ratio(pick(b, key, sub), pick(a, key, sub)) for a, b in pairs]
+                     for key, sub in RATIO_KEYS.items()}
+        ratios = {key: median_or_none(values) for key, values in per_round.items()}
+        label = first["label"].split(" #")[0]
+        rows.append({"kind": first["kind"], "value": first["value"], "label": label,
+                     "ratio": f"{other['label']}/{base['label']}", **ratios,
+                     "rounds": per_round["output_token_throughput"]})
     return rows
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def pick(record: dict, key: str, sub: str | None) -> float | None:

@@ -108,6 +108,9 @@ def bench(
     max_concurrency: Annotated[Optional[int], typer.Option(
         "--max-concurrency", min=1, help="Cap on requests in flight for --request-rate levels.")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1, help="Requests per level.")] = 32,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Run every level this many times, the "
+                                        "configurations' order alternating; with --compare each ratio is "
+                                        "the median of the rounds' ratios.")] = 1,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up requests per configuration.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Seed of request sampling, lengths and arrivals.")] = 0,
     dataset: Annotated[Optional[Path], typer.Option(
@@ -148,7 +151,7 @@ def bench(
         warmup=warmup, seed=seed, dataset=dataset, dataset_format=dataset_format,
         synthetic=SyntheticSpec(input_len, output_len, range_ratio), tokenizer=tokenizer, model=model,
         api_key=api_key, temperature=temperature, ignore_eos=ignore_eos, timeout=timeout,
-        launch_timeout=launch_timeout)
+        launch_timeout=launch_timeout, rounds=rounds)
     plot_path = None if no_plot else (plot or output.with_suffix(".png"))
     execute(BenchRun(spec), output, plot_path, as_json)
 

@@ -124,6 +124,28 @@ def test_compare_two_urls_interleaves_and_reports_ratios(run_bench, tmp_path):
     assert "ratios slow/fast" in out.stdout
 
 
+def test_compare_rounds_flip_the_order_and_take_the_median_ratio(run_bench, tmp_path):
+    """--rounds 3 over one level: A B, B A, A B; the ratio is the median of the rounds' ratios, each
+    round's listed; a level's rounds are labelled and numbered."""
+    with StubServer() as fast, StubServer(Faults(token_delay_s=0.01)) as slow:
+        out = run_bench("--compare", fast.url, "--compare", slow.url, "--label", "fast", "--label", "slow",
+                        "--concurrency", "2", "--rounds", "3", *FAST)
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    assert doc["settings"]["rounds"] == 3
+    by_label = {c["label"]: c["levels"] for c in doc["configs"]}
+    assert [lv["run_order"] for lv in by_label["fast"]] == [1, 4, 5]
+    assert [lv["run_order"] for lv in by_label["slow"]] == [2, 3, 6]
+    assert [lv["label"] for lv in by_label["fast"]] == ["c=2 #1", "c=2 #2", "c=2 #3"]
+    assert [lv["round"] for lv in by_label["slow"]] == [1, 2, 3]
+    [row] = doc["comparison"]
+    per_round = [s["output_token_throughput"] / f["output_token_throughput"]
+                 for f, s in zip(by_label["fast"], by_label["slow"])]
+    assert row["rounds"] == per_round and row["label"] == "c=2"
+    assert row["output_token_throughput"] == sorted(per_round)[1] < 1
+    assert "rounds" in out.stdout and "c=2 #3" in out.stdout
+
+
 def test_subprocess_json_mode(tmp_path):
     with StubServer() as stub:
         proc = subprocess.run([sys.executable, "-m", "sglaunch", "bench", "--url", stub.url, "--json",

@@ -412,6 +412,9 @@ def watched_run(files, params, tag: str, config=None):
     engine, cluster = create_engine(config or cuda_config(files))
     try:
         run(engine, prompts, params, f"warm-{tag}")  # compiles the kernels, caches the STS temperatures
+        # NOTE: the census is of drafting steps; the warm-up taught the planner that this random drafter is
+        # never accepted (drafter_failing), so it would step aside on every step (session 24: no propose at all)
+        engine.spec.planner.step_aside = False
         recorder = SyncRecorder()
         engine.spec.propose = recorder.wrap("propose", engine.spec.propose)
         engine.spec.accept = recorder.wrap("accept", engine.spec.accept)
