@@ -221,7 +221,7 @@ dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure,
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
-    --concurrency "$1" --temperature 0 --output "$2" --no-plot
+    --concurrency "$1" --temperature 0 --output "$2" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
@@ -992,11 +992,38 @@ pipeline57() {  # session 24 (`bg pipeline57` on call 2, while the model's last 
   touch "$W/all.done"
 }
 
+pipeline58() {  # prepared in session 24 for the next H200 (`bg pipeline58` on call 2, as pipeline57): issue 15's table
+  # in one run on the final tree, every ratio the median of 3 rounds (`bench --rounds`, 5cd0c1e: one server's
+  # throughput moved 15% between two runs minutes apart on session 24's host). Session 24 (an H100): c=1 1.753,
+  # c=8 1.290, c=32 1.021 / 0.989, c=64 1.040 / 0.959, c=256 0.981 / 0.980; the 1.7B step 2.34 ms (H100)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
+  part decode 190 python3 benchmarks/gpu_decode.py --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
+    --repeats 2 --time-budget 180 --attention-backend flashinfer
+  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
+    --time-budget 130
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  pkill -f "sglaunch serve" ; sleep 1
+  part bench1 170 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
+  part bench2 200 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 8 "$W/bench2/bench.json" 1024
+  touch "$W/core1.done"
+  part bench3 380 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 4096
+  touch "$W/core.done"
+  part decode2 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
+    --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
+  pkill -f "sglaunch serve" ; sleep 1
+  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  touch "$W/all.done"
+}
+
 collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs cpupairs2 bench1 decode layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
