@@ -993,7 +993,7 @@ pipeline57() {  # session 24 (`bg pipeline57` on call 2, while the model's last 
 }
 
 pipeline58() {  # prepared in session 24 for the next H200 (`bg pipeline58` on call 2, as pipeline57): issue 15's table
-  # in one run on the final tree, every ratio the median of 3 rounds (`bench --rounds`, 5cd0c1e: one server's
+  # in one run on the final tree, every ratio the median of 3 rounds (`bench --rounds`, 62c986c: one server's
   # throughput moved 15% between two runs minutes apart on session 24's host). Session 24 (an H100): c=1 1.753,
   # c=8 1.290, c=32 1.021 / 0.989, c=64 1.040 / 0.959, c=256 0.981 / 0.980; the 1.7B step 2.34 ms (H100)
   local KVCAP="--max-total-tokens 1000000"
