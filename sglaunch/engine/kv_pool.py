@@ -47,19 +47,23 @@ def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: tor
     return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
-def plan_kv_tokens(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
+def plan_kv_tokens(config: EngineConfig, bytes_per_token: int, device: torch.device, reserve_bytes: int = 0) -> int:
     """KV slots this rank can hold: `max_total_tokens` (default on CPU), or what fits in
-    `mem_fraction_static` of the GPU after the weights are loaded."""
+    `mem_fraction_static` of the GPU after the weights are loaded, less `reserve_bytes` when the
+    fraction is the default one (the DSpark drafter's working memory: ModelRunner). An explicit
+    --mem-fraction-static is the user's budget for weights and KV, as in SGLang."""
     if device.type != "cuda":
         return config.max_total_tokens or CPU_KV_TOKENS
     free, total = torch.cuda.mem_get_info(device)
     fraction = config.mem_fraction_static or GPU_MEM_FRACTION
+    reserve = reserve_bytes if config.mem_fraction_static is None else 0
     # NOTE: the static budget covers weights (already resident) and the KV pool
-    budget = total * fraction - (total - free)
+    budget = total * fraction - (total - free) - reserve
     tokens = int(budget // bytes_per_token)
     if tokens <= 0:
+        kept = f", {reserve / 2**30:.2f} GiB kept for the DSpark drafter's working memory" if reserve else ""
         raise ValueError(
             f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB at "
-            f"--mem-fraction-static {fraction}); raise --mem-fraction-static or use more GPUs"
+            f"--mem-fraction-static {fraction}{kept}); raise --mem-fraction-static or use more GPUs"
         )
     return min(tokens, config.max_total_tokens or MAX_KV_TOKENS)

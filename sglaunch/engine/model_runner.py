@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 VERIFY_WINDOW_ENV = "SGLAUNCH_VERIFY_GRAPH_WINDOW"  # set by `sglaunch profile-sps` (no drafter there)
 OVERLAP_ENV = "SGLAUNCH_OVERLAP"  # 1: the engine launches a step before reading the last one back
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# the DSpark drafter's measured working memory (DraftRunner.working_bytes) times this is kept out of the
+# default KV budget: its graphs share one pool over ~200 captures, which fragments beyond one forward's peak
+DRAFT_WORKING_MARGIN = 1.5
 
 
 def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
@@ -106,7 +109,15 @@ class ModelRunner:
         no_graphs = graphs_disabled_reason(device.type, config.disable_cuda_graph, backend_cls)
         if no_graphs is not None and device.type == "cuda":
             logger.info("CUDA graphs off: %s", no_graphs)
-        self.kv_pool = self._allocate_kv_pool(padding_page=no_graphs is None)
+        reserve = 0
+        if self.draft is not None and device.type == "cuda" and config.mem_fraction_static is None:
+            from sglaunch.engine.cuda_graph import capture_batch_sizes
+
+            # NOTE: outside the default KV budget, as the drafter graphs' buffers were said to be; without
+            # it the H100's 12% beside weights + KV did not hold them (session 24)
+            reserve = int(DRAFT_WORKING_MARGIN * self.draft.working_bytes(
+                capture_batch_sizes(config.graph_batch_cap), self.context_length, DTYPES[config.kv_cache_dtype]))
+        self.kv_pool = self._allocate_kv_pool(padding_page=no_graphs is None, reserve_bytes=reserve)
         if self.draft is not None:
             self.draft.allocate_pool(self.kv_pool.num_slots, DTYPES[config.kv_cache_dtype])
         heads, kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
@@ -171,18 +182,20 @@ class ModelRunner:
         """Total-token tiers of the captured verify graphs (empty when none are captured)."""
         return self.graphs.plan.verify_tiers if self.graphs is not None else ()
 
-    def _allocate_kv_pool(self, padding_page: bool) -> KVPool:
+    def _allocate_kv_pool(self, padding_page: bool, reserve_bytes: int = 0) -> KVPool:
         kv_heads = self.spec.num_kv_heads // self.tp.size
         kv_dtype = DTYPES[self.config.kv_cache_dtype]
         per_token = kv_bytes_per_token(self.spec.num_layers, kv_heads, self.spec.head_dim, kv_dtype)
         if self.draft is not None:  # the draft context K/V share the target's slots
             per_token += self.draft.bytes_per_token(kv_dtype)
         # NOTE: every rank must use the same page ids, so all agree on the smallest pool
-        tokens = self.tp.min_int(plan_kv_tokens(self.config, per_token, self.device))
+        tokens = self.tp.min_int(plan_kv_tokens(self.config, per_token, self.device, reserve_bytes))
         page_size = self.config.page_size
         num_pages = max(1, tokens // page_size)
-        logger.info("KV pool: %d pages x %d tokens (%.1f MiB per rank)", num_pages, page_size,
-                    num_pages * page_size * per_token / 2**20)
+        logger.info("KV pool: %d pages x %d tokens (%.1f MiB per rank%s)", num_pages, page_size,
+                    num_pages * page_size * per_token / 2**20,
+                    f"; {reserve_bytes / 2**20:.1f} MiB kept out of the default budget for the drafter's "
+                    f"working memory" if reserve_bytes and self.config.mem_fraction_static is None else "")
         return KVPool(self.spec.num_layers, num_pages, page_size, kv_heads, self.spec.head_dim, kv_dtype, self.device,
                       padding_page=padding_page)
 

@@ -67,6 +67,41 @@ class DraftRunner:
         c = self.drafter.config
         return kv_bytes_per_token(c.num_layers, c.num_kv_heads // self.tp.size, c.head_dim, kv_dtype)
 
+    def working_bytes(self, batch_sizes: list[int], max_context: int, kv_dtype: torch.dtype) -> int:
+        """The memory the largest drafter forward of a step takes while it runs (its gathered context
+        K/V, attention, logits), on CUDA: a dry run of the drafter graph plan's largest key (dummy
+        requests without context, as a capture runs them) over a temporary one-slot pool, measured
+        as the peak allocation above what was allocated before. 0 on other devices (their KV pool
+        is sized by --max-total-tokens), where the dry run still runs. ModelRunner keeps it out of
+        the KV pool's default budget: on an H100 the default 0.88 left too little beside the
+        drafter graphs, and their capture ran out of memory at start-up (session 24, in-process
+        `dspark_sweep.py`: 1.13 GiB asked with 0.6 GiB free)."""
+        from sglaunch.speculative.draft_graphs import DraftGraphPlan, batch_from_flat, graph_body
+
+        keys = DraftGraphPlan(batch_sizes, max_context).keys()
+        if not keys:
+            return 0
+        key, c = keys[0], self.drafter.config  # NOTE: largest first (padded batch x context, then batch)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        pool = self.drafter.make_pool(1, kv_dtype)
+        flat = torch.zeros(key.flat_size, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            graph_body(self.drafter, batch_from_flat(flat, key, c.num_features * c.hidden_size, self.drafter.dtype),
+                       pool)
+        if not cuda:
+            return 0
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del pool, flat
+        torch.cuda.empty_cache()
+        logger.info("DSpark: the drafter's largest forward (batch %d, context %d) takes %.1f MiB while it runs",
+                    key.batch, key.context, peak / 2**20)
+        return peak
+
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 

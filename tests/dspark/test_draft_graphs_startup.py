@@ -150,3 +150,44 @@ def test_a_device_accept_of_a_host_planned_proposal(dspark_files, monkeypatch):
             assert sorted(costs) == [1, 2] and all(s > 0 for s in costs.values())
     finally:
         cluster.stop(engine)
+
+
+def test_the_drafters_working_memory_dry_run_and_the_kv_budget_it_leaves(dspark_files, monkeypatch):
+    """DraftRunner.working_bytes runs the largest drafter graph key's forward once over a one-slot pool
+    (on a CPU it measures nothing and returns 0, but the dry run itself runs); plan_kv_tokens keeps
+    such a reserve out of the default GPU budget, not out of an explicit --mem-fraction-static."""
+    import dataclasses
+
+    import torch
+
+    from sglaunch.config import GPU_MEM_FRACTION
+    from sglaunch.engine import kv_pool
+
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", cuda_graph_max_bs=4)
+    engine, cluster = create_engine(config)
+    try:
+        draft = engine.runner.draft
+        calls = []
+        real = draft_graphs.graph_body
+        monkeypatch.setattr(draft_graphs, "graph_body", lambda d, b, p: calls.append(
+            (tuple(b.slot_table.shape), p.k[0].shape[0])) or real(d, b, p))
+        assert draft.working_bytes([1, 2, 4], 512, torch.float32) == 0
+        plan = draft_graphs.DraftGraphPlan([1, 2, 4], 512)
+        largest = plan.keys()[0]
+        assert calls == [((largest.batch, largest.context), 1)] and largest.batch == 4
+    finally:
+        cluster.stop(engine)
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gib, 80 * gib))
+    cuda = torch.device("cuda")
+    per_token = 1 << 16
+    default = dataclasses.replace(config, max_total_tokens=None, mem_fraction_static=None)
+    free_budget = 80 * gib * GPU_MEM_FRACTION - 20 * gib
+    assert kv_pool.plan_kv_tokens(default, per_token, cuda) == int(free_budget // per_token)
+    assert kv_pool.plan_kv_tokens(default, per_token, cuda, reserve_bytes=3 * gib) == \
+        int((free_budget - 3 * gib) // per_token)
+    explicit = dataclasses.replace(default, mem_fraction_static=0.5)
+    assert kv_pool.plan_kv_tokens(explicit, per_token, cuda, reserve_bytes=3 * gib) == \
+        int((40 * gib - 20 * gib) // per_token)
+    with pytest.raises(ValueError, match="kept for the DSpark drafter's working memory"):
+        kv_pool.plan_kv_tokens(default, per_token, cuda, reserve_bytes=int(free_budget) + gib)
