@@ -333,8 +333,9 @@ async def measure(run: BenchRun, target: Target, client, requests, level: Level,
     results, duration = await run_level(client, requests, level, settings_for(run, target), run.spec.seed,
                                         lambda r: ui.request_done(target.label, level, r))
     after = await stats.snapshot(client)
-    record = {"kind": level.kind, "value": level.json_value(), "label": round_label(level.label, round_, run.spec.rounds),
-              "round": round_, **stats.summarize_level(results, duration), **stats.spec_stats(before, after)}
+    record = {"kind": level.kind, "value": level.json_value(),
+              "label": round_label(level.label, round_, run.spec.rounds), "round": round_,
+              **stats.summarize_level(results, duration), **stats.spec_stats(before, after)}
     record["status"] = "ok" if record["errors"] == 0 else "errors"
     run.config(target.label)["levels"].append(record)
     ui.level_finished(target.label, level, record)
@@ -371,7 +372,8 @@ def mark_skipped(run: BenchRun, round_: int, level_index: int) -> None:
             for level in spec.levels[level_index if r == round_ else 0:]:
                 if (level.kind, level.json_value(), r) not in done:
                     config["levels"].append({"kind": level.kind, "value": level.json_value(), "round": r,
-                                             "label": round_label(level.label, r, spec.rounds), "status": "skipped"})
+                                             "label": round_label(level.label, r, spec.rounds),
+                                             "status": "skipped"})
 
 
 def comparison(configs: list[dict]) -> list[dict] | None:
