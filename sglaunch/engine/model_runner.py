@@ -195,7 +195,7 @@ class ModelRunner:
         logger.info("KV pool: %d pages x %d tokens (%.1f MiB per rank%s)", num_pages, page_size,
                     num_pages * page_size * per_token / 2**20,
                     f"; {reserve_bytes / 2**20:.1f} MiB kept out of the default budget for the drafter's "
-                    f"working memory" if reserve_bytes and self.config.mem_fraction_static is None else "")
+                    f"working memory" if reserve_bytes else "")
         return KVPool(self.spec.num_layers, num_pages, page_size, kv_heads, self.spec.head_dim, kv_dtype, self.device,
                       padding_page=padding_page)
 

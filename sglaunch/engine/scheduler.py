@@ -275,14 +275,18 @@ class Scheduler:
 
     def any_gapless(self) -> bool:
         """Whether an admitted request may still draft (no context gap, not finished); drops the
-        entries that no longer can. At load, once every request has a context gap, this is what
-        lookahead_candidates costs (a stepped-aside batch of 64 requests on the dev CPU, `python
-        benchmarks/aside_host_cost.py` on the tree before and after: 16.7 / 12.8 -> 4.7 / 3.5 us a step)."""
-        gapless = self.gapless
-        if gapless:
-            finished = ReqStatus.FINISHED
+        entries once none can (or once they outnumber the running requests). At load, once every
+        request has a context gap, this is what lookahead_candidates costs (a stepped-aside batch
+        of 64 requests on the dev CPU, `python benchmarks/aside_host_cost.py` on the tree before
+        and after: 16.7 / 12.8 -> 4.7 / 3.5 us a step)."""
+        gapless, finished = self.gapless, ReqStatus.FINISHED
+        if len(gapless) > 2 * len(self.running) + 8:  # finished or gapped entries piling up: drop them
             gapless[:] = [req for req in gapless if not req.context_gap and req.status is not finished]
-        return bool(gapless)
+        for req in gapless:  # NOTE: while drafting, the first entry usually answers
+            if not req.context_gap and req.status is not finished:
+                return True
+        gapless.clear()
+        return False
 
     def mark_context_gaps(self) -> None:
         """A decode-only step that writes no draft context (Engine._draft_context): every running
