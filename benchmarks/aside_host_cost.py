@@ -30,6 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from host_probes import time_calls  # noqa: E402
+
 PARTS = ("_candidates", "_burst_plan", "_decide", "_draft_context")
 
 
@@ -68,25 +70,12 @@ def boot(args, model: Path, drafter: Path | None):
     return engine, cluster, load
 
 
-def timed(acc: dict, obj, name: str) -> None:
-    real = getattr(obj, name)
-
-    def wrapper(*a, **k):
-        t = time.perf_counter()
-        try:
-            return real(*a, **k)
-        finally:
-            acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
-
-    setattr(obj, name, wrapper)
-
-
 def parts(args, model: Path, drafter: Path) -> None:
     engine, cluster, load = boot(args, model, drafter)
     acc: dict[str, float] = {}
     for name in PARTS:
-        timed(acc, engine, name)
-    timed(acc, engine.spec.planner, "observe_step_seconds")
+        time_calls(acc, engine, name)
+    time_calls(acc, engine.spec.planner, "observe_step_seconds")
     for _ in range(args.steps):
         load.step()
     per_step = {name: 1e6 * seconds / args.steps for name, seconds in acc.items()}
@@ -99,24 +88,15 @@ def parts(args, model: Path, drafter: Path) -> None:
 def outside_forward(args, model: Path, drafter: Path | None) -> float:
     """Best of 5 rounds of 300 steps: a step's host time outside the forward, in us."""
     engine, cluster, load = boot(args, model, drafter)
-    inner = [0.0]
-    real = engine._run_on_all_ranks
-
-    def run(step):
-        t = time.perf_counter()
-        try:
-            return real(step)
-        finally:
-            inner[0] += time.perf_counter() - t
-
-    engine._run_on_all_ranks = run
+    inner: dict[str, float] = {}
+    time_calls(inner, engine, "_run_on_all_ranks", "forward")
     best = float("inf")
     for _ in range(5):
-        inner[0] = 0.0
+        inner["forward"] = 0.0
         t = time.perf_counter()
         for _ in range(300):
             load.step()
-        best = min(best, (time.perf_counter() - t - inner[0]) / 300 * 1e6)
+        best = min(best, (time.perf_counter() - t - inner["forward"]) / 300 * 1e6)
     cluster.stop(engine)
     return best
 

@@ -14,7 +14,6 @@ One run on a shared 2-core machine is noisy: take the order of magnitude.
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from pathlib import Path
@@ -27,20 +26,6 @@ def parts(model: str) -> None:
     import profile_step as ps
 
     spent: dict[str, float] = {}
-
-    def wrap(obj, name: str) -> None:
-        real = getattr(obj, name)
-
-        @functools.wraps(real)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return real(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
-
-        setattr(obj, name, timed)
-
     real_build = ps.build_engine
 
     def build(*args, **kwargs):
@@ -52,7 +37,7 @@ def parts(model: str) -> None:
                            (engine.spec.stats, ("record_step",)), (engine.spec.planner, ("observe_accepts",)),
                            (engine.spec, ("_maybe_log",))):
             for name in names:
-                wrap(obj, name)
+                hp.time_calls(spent, obj, name)
         return engine, cluster
 
     ps.build_engine = build

@@ -32,6 +32,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def time_calls(spent: dict, obj, name: str, key: str | None = None) -> None:
+    """Replace obj.name with a wrapper that adds each call's wall time to spent[key or name]."""
+    import functools
+
+    real = getattr(obj, name)
+
+    @functools.wraps(real)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[key or name] = spent.get(key or name, 0.0) + time.perf_counter() - start
+
+    setattr(obj, name, timed)
+
+
 def best_us(fn, calls: int = 300, repeats: int = 5) -> float:
     best = float("inf")
     for _ in range(repeats):
