@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -46,11 +47,16 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def folder_size(folder: Path) -> int:
+    """Bytes of the regular files under `folder`, read while another process may be writing and
+    deleting there (pip's temp folders during a pull): an entry that vanishes mid-walk is skipped
+    (os.walk passes over a folder it cannot list; Path.rglob raised FileNotFoundError)."""
     total = 0
-    for path in folder.rglob("*"):
-        with contextlib.suppress(OSError):
-            if path.is_file():
-                total += path.stat().st_size
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(root, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
     return total
 
 

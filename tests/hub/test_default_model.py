@@ -154,3 +154,27 @@ def test_cache_lookup_is_torch_free(cache):
 def test_list_on_an_empty_cache(cache):
     result = invoke("models", "list")
     assert result.exit_code == 0 and "no models cached" in result.output
+
+
+def test_folder_size_skips_what_vanishes_while_it_walks(tmp_path, monkeypatch):
+    """The pull polls its download folder's size while pip creates and deletes temp folders there
+    (a pytest run hit FileNotFoundError from a pip-build-tracker folder gone mid-walk); a folder or
+    file that disappears between being listed and being read is skipped, the rest is counted."""
+    (tmp_path / "a.whl").write_bytes(b"x" * 1000)
+    gone = tmp_path / ".pip-tmp" / "pip-build-tracker-x"
+    gone.mkdir(parents=True)
+    (gone / "entry").write_bytes(b"y" * 50)
+    (tmp_path / ".pip-tmp" / "partial").write_bytes(b"z" * 7)
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if Path(os.fsdecode(path)) == gone:  # listed by its parent, deleted before it is entered
+            raise FileNotFoundError(2, "No such file or directory", os.fsdecode(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert store.folder_size(tmp_path) == 1007
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (_ for _ in ()).throw(FileNotFoundError(p))
+                        if str(p).endswith("partial") else real_stat(p, *a, **k))
+    assert store.folder_size(tmp_path) == 1000
