@@ -992,6 +992,19 @@ pipeline57() {  # session 24 (`bg pipeline57` on call 2, while the model's last 
   touch "$W/all.done"
 }
 
+pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can settle, before a drafter round on the
+  # same warm machine: the drafter's working-memory reserve (never run on a GPU) and the sync censuses, then
+  # in-process DSpark at default memory, the start-up that ran out of memory on session 24's H100
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part sweep64 200 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
+    --prompts benchmarks/prompt_set/heldout.jsonl --out "$W/sweep64" --concurrency 64,256 --requests 2048,2048 \
+    --max-tokens 128 --max-prompts 750 --modes compact --time-budget 190
+  touch "$W/core.done"
+  touch "$W/all.done"
+}
+
 pipeline59() {  # session 25: pipeline58 without the host-speed probe (cpupairs) and with 420 s for the three long levels,
   # so that a drafter round fits in the same 30 device-minutes. pipeline58 follows unchanged.
   local KVCAP="--max-total-tokens 1000000"
