@@ -1006,14 +1006,13 @@ pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can se
 }
 
 pipeline59() {  # session 25: pipeline58 without the host-speed probe (cpupairs) and without the in-process sweep (the H100's
-  # start-up question; pipeline59h), 420 s for the three long levels: fits what four failed starts left. pipeline58 follows.
+  # start-up question; pipeline59h), 420 s for the three long levels: fits what four failed starts left;
+  # the rows last measured on an H200 (SmolLM2 decode: session 23; the 8B shape: session 20) come last. pipeline58 follows.
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
   part decode 190 python3 benchmarks/gpu_decode.py --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
     --repeats 2 --time-budget 180 --attention-backend flashinfer
-  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
-    --time-budget 130
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   pkill -f "sglaunch serve" ; sleep 1
@@ -1022,11 +1021,13 @@ pipeline59() {  # session 25: pipeline58 without the host-speed probe (cpupairs)
   touch "$W/core1.done"
   part bench3 420 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 4096
   touch "$W/core.done"
-  part decode2 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
-    --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
   pkill -f "sglaunch serve" ; sleep 1
   part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
     --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part decode2 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
+    --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
+  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
+    --time-budget 130
   touch "$W/all.done"
 }
 
