@@ -992,6 +992,37 @@ pipeline57() {  # session 24 (`bg pipeline57` on call 2, while the model's last 
   touch "$W/all.done"
 }
 
+serve_default_memory() {  # serve_default_memory LOG: `serve --speculative-algorithm DSPARK` (compact) with every memory
+  # default on the built-in model, up to 150 s for /health, then one chat completion; the KV pool's log line
+  SGLANG_RAGGED_VERIFY_MODE=compact python3 -m sglaunch serve --speculative-algorithm DSPARK --port 30177 > "$1" 2>&1 &
+  local pid=$! ok=""
+  for _ in $(seq 150); do
+    if python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30177/health', timeout=2)" 2>/dev/null; then
+      ok=1; break
+    fi
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  if [ -n "$ok" ]; then
+    python3 -c "import json, urllib.request as u; print(u.urlopen(u.Request('http://127.0.0.1:30177/v1/chat/completions', \
+json.dumps({'model': 'SmolLM2-135M-Instruct', 'temperature': 0, 'max_tokens': 24, 'messages': [{'role': 'user', \
+'content': 'What is the capital of France?'}]}).encode(), {'Content-Type': 'application/json'}), timeout=60).read().decode())"
+    echo
+  fi
+  kill -INT $pid 2>/dev/null; wait $pid
+  grep -E "KV pool|mem-fraction|rror" "$1" | cut -c1-300
+  [ -n "$ok" ]
+}
+
+pipeline59m() {  # session 25, on any card after the memory fix: the drafter-working-memory GPU test, then serve with
+  # DSpark at default memory on the built-in model (it ran out of memory at start-up on session 25's H100)
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "working_memory"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part serve 200 bash -c 'serve_default_memory "$@"' _ "$W/serve-server.log"
+  touch "$W/all.done"
+}
+
 pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can settle, before a drafter round on the
   # same warm machine: the drafter's working-memory reserve (never run on a GPU) and the sync censuses, then
   # in-process DSpark at default memory, the start-up that ran out of memory on session 24's H100
@@ -1069,7 +1100,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
@@ -1118,7 +1149,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1131,7 +1162,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
@@ -1144,7 +1175,7 @@ case "${1:-}" in
         | tar -xf - -C "$REPO" || exit 1
     cd "$REPO" && mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ || exit 1
     export W REPO SMOL DRAFTER
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     setsid nohup bash -c "${2:-pipeline57}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline ${2:-pipeline57} started in $REPO"
     ;;

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from sglaunch.checks import engine, notices, quantization, speculative, topology, values
-from sglaunch.checks.context import LaunchContext, Mode, Resolution, UnknownAtCheckTime
+from sglaunch.checks.context import RESOLVED, LaunchContext, Mode, Resolution, UnknownAtCheckTime
 from sglaunch.checks.diagnostics import Diagnostic, DiagnosticList, Severity, diag
 from sglaunch.checks.memory import MemoryEstimate, check_memory, estimate_memory
 from sglaunch.checks.resolve import RESOLVERS, resolve_default_model
@@ -145,6 +145,11 @@ def build_engine_config(report: Report) -> EngineConfig:
             sps_table_path=get("speculative_dspark_sps_table_path"),
             confidence_sts_path=get("speculative_dspark_confidence_sts_path"),
             align_verify_tokens_to_graph_tier=get("speculative_dspark_align_verify_tokens_to_graph_tier"))
+    # NOTE: a fraction resolved to sglaunch's default (shown as resolved) reaches the engine as None, the
+    # default: the engine then keeps a DSpark drafter's measured working memory out of it, which it never
+    # takes from a --mem-fraction-static the user gave (session 25: serve handed the resolved 0.88 over as if
+    # given, the reserve never applied, and DSpark ran out of memory capturing drafter graphs on an H100)
+    fraction = None if report.settings.origin("mem_fraction_static") == RESOLVED else get("mem_fraction_static")
     return EngineConfig(
         model_path=get("model_path"), tokenizer_path=get("tokenizer_path"),
         served_model_name=get("served_model_name"), dtype=get("dtype"),
@@ -156,7 +161,7 @@ def build_engine_config(report: Report) -> EngineConfig:
         stream_interval=get("stream_interval"),
         tp_size=get("tp_size"), nnodes=get("nnodes"), node_rank=get("node_rank"),
         dist_init_addr=get("dist_init_addr"), device=get("device"), base_gpu_id=get("base_gpu_id"),
-        mem_fraction_static=get("mem_fraction_static"), max_total_tokens=get("max_total_tokens"),
+        mem_fraction_static=fraction, max_total_tokens=get("max_total_tokens"),
         max_running_requests=get("max_running_requests"), chunked_prefill_size=get("chunked_prefill_size"),
         page_size=get("page_size"), disable_radix_cache=get("disable_radix_cache"),
         kv_cache_dtype=get("kv_cache_dtype"), attention_backend=get("attention_backend"),

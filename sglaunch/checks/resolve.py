@@ -132,7 +132,8 @@ def resolve_model_defaults(ctx: LaunchContext) -> None:
 def resolve_memory(ctx: LaunchContext) -> None:
     on_gpu = ctx.get("device") == "cuda"
     if on_gpu and ctx.get("mem_fraction_static") is None:
-        ctx.resolve("mem_fraction_static", GPU_MEM_FRACTION, "sglaunch's default for GPUs")
+        ctx.resolve("mem_fraction_static", GPU_MEM_FRACTION, "sglaunch's default for GPUs" + (
+            "; the DSpark drafter's measured working memory is kept out of it" if ctx.dspark else ""))
     if not on_gpu and ctx.get("max_total_tokens") is None:
         ctx.resolve("max_total_tokens", CPU_KV_TOKENS, "CPU KV pool default")
     if ctx.get("chunked_prefill_size") is None:

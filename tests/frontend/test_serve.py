@@ -188,3 +188,20 @@ def test_the_first_serve_of_the_default_model_resolves_what_every_later_one_does
     first = run_pipeline([], {}, mode="serve", probe=False)
     assert first.default_model_pending
     assert build_engine_config(first).dtype == default_model.DEFAULT_MODEL.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("given", [None, "0.88", "0.5"])
+def test_the_engine_gets_the_memory_fraction_only_when_the_user_gave_one(make_checkpoint, given):
+    """A fraction resolved to sglaunch's default reaches the engine as None, so that a DSpark engine keeps
+    its drafter's measured working memory out of the default budget (kv_pool.plan_kv_tokens); one the user
+    gave, even equal to the default, is taken as given (session 25: the resolved 0.88 was handed over as if
+    given, the reserve never applied, and `serve --speculative-algorithm DSPARK` ran out of GPU memory at
+    start-up on an H100)."""
+    argv = ["--model-path", str(make_checkpoint()), "--device", "cuda"]
+    if given is not None:
+        argv += ["--mem-fraction-static", given]
+    report = run_pipeline(argv, {}, mode="serve", probe=False)
+    assert report.settings.get("mem_fraction_static") == (0.88 if given is None else float(given))
+    assert build_engine_config(report).mem_fraction_static == (None if given is None else float(given))
+    shown = {r.flag: r.reason for r in report.resolutions}
+    assert ("--mem-fraction-static" in shown) == (given is None)

@@ -58,7 +58,7 @@ def cuda_config(files, drafter: str | None = None, graphs: bool = True, backend:
     return dataclasses.replace(config, device="cuda", dtype="bfloat16", kv_cache_dtype="bfloat16",
                                attention_backend=backend, disable_cuda_graph=not graphs,
                                cuda_graph_max_bs=MAX_BS, max_running_requests=MAX_BS,
-                               max_total_tokens=16384, **kw)
+                               **{"max_total_tokens": 16384, **kw})
 
 
 class booted:
