@@ -1010,7 +1010,7 @@ json.dumps({'model': 'SmolLM2-135M-Instruct', 'temperature': 0, 'max_tokens': 24
     echo
   fi
   kill -INT $pid 2>/dev/null; wait $pid
-  grep -E "KV pool|mem-fraction|rror" "$1" | cut -c1-300
+  grep -E "KV pool|mem-fraction|DSpark|rror" "$1" | cut -c1-300
   [ -n "$ok" ]
 }
 
