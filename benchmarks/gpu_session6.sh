@@ -1014,12 +1014,13 @@ json.dumps({'model': 'SmolLM2-135M-Instruct', 'temperature': 0, 'max_tokens': 24
   [ -n "$ok" ]
 }
 
-pipeline59m() {  # session 25, on any card after the memory fix: the drafter-working-memory GPU test, then serve with
-  # DSpark at default memory on the built-in model (it ran out of memory at start-up on session 25's H100)
-  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "working_memory"
+pipeline59m() {  # session 25, on any card after the memory fix: serve with DSpark at default memory on the built-in
+  # model (it ran out of memory at start-up on session 25's H100), then the drafter-working-memory GPU test
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   part serve 200 bash -c 'serve_default_memory "$@"' _ "$W/serve-server.log"
+  touch "$W/core.done"
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py -k "working_memory"
   touch "$W/all.done"
 }
 
