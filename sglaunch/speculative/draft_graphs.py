@@ -263,22 +263,15 @@ class DraftGraphRunner:
     def capture_all(self) -> None:
         """Capture every key the plan can pick, largest first (later ones reuse the pool's memory)."""
         start = time.perf_counter()
-        cuda = self.device.type == "cuda"
-        held = (torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)) if cuda else (0, 0)
         for key in self.plan.keys():
             if key not in self.graphs:
                 self.graphs[key] = self._capture(key)
         self.capture_seconds += time.perf_counter() - start
-        # NOTE: what the captures keep (their shared pool) against the working memory the KV budget left
-        # for them (DraftRunner.working_bytes, logged before): the figure to size that reserve by
-        grew = ((torch.cuda.memory_allocated(self.device) - held[0]) / 2**20,
-                (torch.cuda.memory_reserved(self.device) - held[1]) / 2**20) if cuda else None
         batches = sorted({k.batch for k in self.graphs})
         contexts = sorted({k.context for k in self.graphs})
         logger.info("DSpark drafter: %d CUDA graphs (batch %s, context %s) captured in %.1f s; static "
-                    "outputs %.1f MiB%s", len(self.graphs), _span(batches), _span(contexts), self.capture_seconds,
-                    self.outputs.nbytes / 2**20,
-                    "; allocated +%.1f MiB, reserved +%.1f MiB" % grew if grew else "")
+                    "outputs %.1f MiB", len(self.graphs), _span(batches), _span(contexts), self.capture_seconds,
+                    self.outputs.nbytes / 2**20)
 
     def run_padded(self, key: DraftGraphKey, anchors: Sequence[int], positions: Sequence[int],
                    slot_table: torch.Tensor) -> BlockOutput:
