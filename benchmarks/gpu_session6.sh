@@ -1037,9 +1037,12 @@ pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can se
   touch "$W/all.done"
 }
 
-pipeline59() {  # session 25: pipeline58 without the host-speed probe (cpupairs) and without the in-process sweep (the H100's
-  # start-up question; pipeline59h), 420 s for the three long levels: fits what four failed starts left;
-  # the rows last measured on an H200 (SmolLM2 decode: session 23; the 8B shape: session 20) come last. pipeline58 follows.
+pipeline59() {  # session 25: issue 15's table in one run on an H200, every ratio the median of 3 rounds (`bench --rounds`:
+  # one server's throughput moved 15% between two runs minutes apart on session 24's host). It replaces session 24's
+  # pipeline58 (never run), without its host-speed probe (cpupairs) and in-process sweep (now in pipeline59h), so that
+  # it fits what failed starts leave; the rows last measured on an H200 (SmolLM2 decode: session 23; the 8B shape:
+  # session 20) come last. Session 24 (an H100): c=1 1.753, c=8 1.290, c=32 1.021 / 0.989, c=64 1.040 / 0.959,
+  # c=256 0.981 / 0.980; the 1.7B step 2.34 ms.
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
@@ -1060,40 +1063,6 @@ pipeline59() {  # session 25: pipeline58 without the host-speed probe (cpupairs)
     --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
   part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
     --time-budget 130
-  touch "$W/all.done"
-}
-
-pipeline58() {  # prepared in session 24 for the next H200 (`bg pipeline58` on call 2, as pipeline57): issue 15's table
-  # in one run on the final tree, every ratio the median of 3 rounds (`bench --rounds`, 62c986c: one server's
-  # throughput moved 15% between two runs minutes apart on session 24's host). Session 24 (an H100): c=1 1.753,
-  # c=8 1.290, c=32 1.021 / 0.989, c=64 1.040 / 0.959, c=256 0.981 / 0.980; the 1.7B step 2.34 ms (H100)
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part cpupairs 45 python3 benchmarks/cpu_pairs.py --json "$W/cpupairs.json"
-  # session 24's changes not run on a GPU yet: the drafter's working memory kept out of the default KV budget
-  # (its start-up dry run; the H100's in-process DSpark engine ran out of memory capturing drafter graphs)
-  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
-  part decode 190 python3 benchmarks/gpu_decode.py --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
-    --repeats 2 --time-budget 180 --attention-backend flashinfer
-  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
-    --time-budget 130
-  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  pull_smol
-  pkill -f "sglaunch serve" ; sleep 1
-  part bench1 170 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
-  part bench2 200 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 8 "$W/bench2/bench.json" 1024
-  touch "$W/core1.done"
-  part bench3 380 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 4096
-  touch "$W/core.done"
-  part decode2 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
-    --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
-  pkill -f "sglaunch serve" ; sleep 1
-  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
-    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
-  # the OOM of session 24 (default memory, in-process, c=256): DSpark must start and run
-  part sweep64 200 python3 benchmarks/dspark_sweep.py --model "$SMOL" --drafter "$DRAFTER" \
-    --prompts benchmarks/prompt_set/heldout.jsonl --out "$W/sweep64" --concurrency 64,256 --requests 2048,2048 \
-    --max-tokens 128 --max-prompts 750 --modes compact --time-budget 190
   touch "$W/all.done"
 }
 
