@@ -1037,6 +1037,33 @@ pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can se
   touch "$W/all.done"
 }
 
+pipeline60() {  # session 26 on an H200: pipeline59 (issue 15's table, ratios the median of 3 rounds) with session 25's
+  # start-up check first after the model pull: serve with DSpark at every memory default on the built-in model (it ran
+  # out of memory on session 25's H100; the fixes ac9e80f and 47e1d7f have not run on a GPU)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
+  part decode 190 python3 benchmarks/gpu_decode.py --models qwen3-1.7b --out "$W/decode" --batch-sizes 1,64 \
+    --repeats 2 --time-budget 180 --attention-backend flashinfer
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part serve 200 bash -c 'serve_default_memory "$@"' _ "$W/serve-server.log"
+  pkill -f "sglaunch serve" ; sleep 1
+  part bench1 170 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
+  part bench2 200 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 8 "$W/bench2/bench.json" 1024
+  touch "$W/core1.done"
+  part bench3 420 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 4096
+  touch "$W/core.done"
+  pkill -f "sglaunch serve" ; sleep 1
+  part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part decode2 150 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
+    --batch-sizes 1,64 --repeats 2 --time-budget 140 --attention-backend flashinfer
+  part tp8b 150 python3 benchmarks/tp_scaling.py --out "$W/tp8b" --shape 8b --tp-sizes 1 --dspark off --concurrency 1 \
+    --time-budget 130
+  touch "$W/all.done"
+}
+
 pipeline59() {  # session 25: issue 15's table in one run on an H200, every ratio the median of 3 rounds (`bench --rounds`:
   # one server's throughput moved 15% between two runs minutes apart on session 24's host). It replaces session 24's
   # pipeline58 (never run), without its host-speed probe (cpupairs) and in-process sweep (now in pipeline59h), so that
