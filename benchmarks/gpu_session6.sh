@@ -1037,6 +1037,21 @@ pipeline59h() {  # session 25, for an H100 (no H200 came): what that card can se
   touch "$W/all.done"
 }
 
+pipeline60h() {  # session 26, an H100 after the drafter round: plain against DSpark compact over HTTP at c=1 and 8
+  # (session 24's H100: 1.753 and 1.290), after session 25's drafter-attention fold and memory reserve
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench12 320 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench12/bench.json" 128
+  touch "$W/all.done"
+}
+
+pipeline60h3() {  # session 26, the same H100 after pipeline60h: the same at c=32, 64 and 256 (2,048 prompts)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench3 250 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 2048
+  touch "$W/all.done"
+}
+
 pipeline60() {  # session 26 on an H200: pipeline59 (issue 15's table, ratios the median of 3 rounds) with session 25's
   # start-up check first after the model pull: serve with DSpark at every memory default on the built-in model (it ran
   # out of memory on session 25's H100; the fixes ac9e80f and 47e1d7f have not run on a GPU)
