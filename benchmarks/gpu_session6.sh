@@ -1052,9 +1052,10 @@ pipeline60h3() {  # session 26, the same H100 after pipeline60h: the same at c=3
   touch "$W/all.done"
 }
 
-pipeline60() {  # session 26 on an H200: pipeline59 (issue 15's table, ratios the median of 3 rounds) with session 25's
-  # start-up check first after the model pull: serve with DSpark at every memory default on the built-in model (it ran
-  # out of memory on session 25's H100; the fixes ac9e80f and 47e1d7f have not run on a GPU)
+pipeline60() {  # session 26 on an H200: issue 15's table, every ratio the median of 3 rounds, with session 25's
+  # start-up check after the model pull (serve with DSpark at every memory default). Two benches of two servers each
+  # instead of pipeline59's three: on session 26's H100 c=1,8 at 128 prompts took 64 s and c=32,64,256 at 2,048
+  # prompts 91 s a round, so the whole pipeline should fit about 800 s after the installs
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part pytest 200 python3 -m pytest -v -p no:cacheprovider tests/gpu -k "working_memory or host_syncs or wide_heads"
@@ -1064,10 +1065,9 @@ pipeline60() {  # session 26 on an H200: pipeline59 (issue 15's table, ratios th
   pull_smol
   part serve 200 bash -c 'serve_default_memory "$@"' _ "$W/serve-server.log"
   pkill -f "sglaunch serve" ; sleep 1
-  part bench1 170 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1 "$W/bench1/bench.json" 96
-  part bench2 200 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 8 "$W/bench2/bench.json" 1024
+  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128
   touch "$W/core1.done"
-  part bench3 420 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 4096
+  part bench3 360 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 2048
   touch "$W/core.done"
   pkill -f "sglaunch serve" ; sleep 1
   part http1 120 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
