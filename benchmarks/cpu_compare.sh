@@ -5,6 +5,12 @@
 # the default model pulled:  bash benchmarks/cpu_compare.sh benchmarks/cpu15 > benchmarks/cpu15/run_all.log
 OUT=${1:?usage: bash benchmarks/cpu_compare.sh OUT_DIR}
 cd "$(dirname "$0")/.." || exit 1
+mkdir -p "$OUT"
+# the host: its ratios depend on it (session 26's AMD EPYC without AVX-512 had no native bf16, priced an 8-token
+# verify at 5x a plain step, and the planner stepped aside on nearly every step)
+{ lscpu | grep -E "^Model name|^CPU\(s\)"
+  echo "native bf16 flags: $(grep -o -w -E "avx512_bf16|amx_bf16" /proc/cpuinfo | sort -u | tr "\n" " ")"
+} > "$OUT/host.txt" 2>&1
 for N in 1 2 3; do
   mkdir -p "$OUT/run$N"
   echo "=== run$N start $(date -Is)"
