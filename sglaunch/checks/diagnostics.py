@@ -97,6 +97,7 @@ CODES: dict[str, CodeInfo] = {
     "ENG002": CodeInfo(E, "sglaunch's engine cannot run this configuration"),
     "ENG003": CodeInfo(W, "backend not implemented by sglaunch or unusable here, falling back"),
     "ENG004": CodeInfo(W, "more HTTP worker processes than CPUs"),
+    "ENG005": CodeInfo(I, "DSpark on a CPU without bf16 matrix instructions"),
     # memory
     "MEM001": CodeInfo(E, "model does not fit in GPU memory"),
     "MEM002": CodeInfo(W, "KV pool smaller than one full-length request"),

@@ -40,7 +40,7 @@ def check_engine_support(ctx: LaunchContext) -> list[Diagnostic]:
     severity = Severity.ERROR if ctx.mode == "serve" else Severity.WARNING
     found = [diag("ENG002", message, flags=flags, fix=fix, severity=severity)
              for message, flags, fix in _unsupported(ctx)]
-    return found + _ignored_compat_flags(ctx) + _tokenizer_workers(ctx)
+    return found + _ignored_compat_flags(ctx) + _tokenizer_workers(ctx) + _cpu_without_bf16(ctx)
 
 
 def _unsupported(ctx: LaunchContext):
@@ -105,6 +105,23 @@ def _tokenizer_workers(ctx: LaunchContext) -> list[Diagnostic]:
                      flags=("--tokenizer-worker-num",), origin=origin,
                      fix=f"use at most {max(1, cpus - 1)} (one CPU left for the engine process)")]
     return []
+
+
+def _cpu_without_bf16(ctx: LaunchContext) -> list[Diagnostic]:
+    """DSpark in bf16 on a CPU that has no bf16 matrix instructions: a verify of several tokens costs
+    several plain steps there, so the planner steps aside on nearly every step (session 26, an AMD
+    EPYC without AVX-512: an 8-token verify priced at 322-347 ms against a 63-69 ms plain step,
+    94-100% of steps stepped aside, DSpark at 0.90-1.00x of plain; `benchmarks/cpu26/`)."""
+    info = ctx.env_info
+    if (ctx.get("device") != "cpu" or ctx.get("speculative_algorithm") != "DSPARK"
+            or DTYPE_NAMES.get(ctx.get("dtype")) != "bfloat16" or info is None or info.cpu_native_bf16 is not False):
+        return []
+    return [diag("ENG005", "this CPU has no bf16 matrix instructions (neither avx512_bf16 nor amx_bf16 in "
+                 "/proc/cpuinfo): torch runs bf16 matmuls of several rows emulated, so a DSpark verify costs "
+                 "several plain decode steps here and DSpark will step aside on most steps, serving at about "
+                 "plain speed", flags=("--speculative-algorithm", "--dtype"),
+                 fix="serve DSpark on a GPU, or on a CPU with AVX512-BF16 or AMX; `sglaunch profile-sps "
+                 "--device cpu --draft-model-path DRAFTER` prints this machine's step costs")]
 
 
 def _usable_cpus() -> int:

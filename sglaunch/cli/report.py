@@ -72,6 +72,9 @@ def _print_environment(console: Console, report: Report) -> None:
         for name, version in env.packages.items():
             extra = f" (CUDA {env.torch_cuda})" if name == "torch" and env.torch_cuda else ""
             table.add_row(name, (version or "not installed") + extra)
+        if env.cpu_native_bf16 is not None:
+            table.add_row("CPU bf16", "bf16 matrix instructions" if env.cpu_native_bf16 else
+                          "no bf16 matrix instructions (bf16 matmuls emulated)")
         table.add_row("GPUs", env.gpu_probe)
         for gpu in env.gpus:
             table.add_row(f"  GPU {gpu.index}", f"{gpu.name}, {gpu.memory_total_mib} MiB "

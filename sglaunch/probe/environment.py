@@ -1,7 +1,8 @@
-"""What this machine has: Python, torch and its CUDA, GPUs, FlashInfer, Triton, transformers.
+"""What this machine has: Python, torch and its CUDA, GPUs, FlashInfer, Triton, transformers, and
+whether its CPU has bf16 matrix instructions.
 
 Nothing here imports torch: versions come from package metadata, the CUDA version from
-torch's own `version.py` read as text, GPUs from `nvidia-smi`.
+torch's own `version.py` read as text, GPUs from `nvidia-smi`, CPU flags from /proc/cpuinfo.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class EnvironmentInfo:
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_probe: str = ""  # how GPUs were found, or why none were
     memory_available_mib: int | None = None
+    cpu_native_bf16: bool | None = None  # bf16 matrix instructions (cpu_native_bf16()); None: not probed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,6 +106,27 @@ def available_memory_mib() -> int | None:
     return None
 
 
+CPUINFO = "/proc/cpuinfo"
+# x86: AVX512-BF16 (Cooper Lake, Zen 4 and later) or AMX; Arm: FEAT_BF16 ("bf16" under Features)
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_native_bf16(path: str | None = None) -> bool | None:
+    """Whether this machine's CPU has bf16 matrix instructions, from the first `flags` (x86) or
+    `Features` (Arm) line of /proc/cpuinfo; None when that cannot be read (another OS). Without
+    them torch runs bf16 matmuls emulated: on session 26's AMD EPYC without AVX-512 an 8-token
+    forward of the built-in model cost about 5 one-token steps (`benchmarks/cpu26/`)."""
+    try:
+        with open(path or CPUINFO, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return bool(BF16_FLAGS & set(value.split()))
+    except OSError:
+        return None
+    return None
+
+
 def probe_environment(environ=os.environ, with_gpus: bool = True) -> EnvironmentInfo:
     gpus, how = probe_gpus(environ) if with_gpus else ([], "GPU probe skipped")
     return EnvironmentInfo(
@@ -114,6 +137,7 @@ def probe_environment(environ=os.environ, with_gpus: bool = True) -> Environment
         gpus=gpus,
         gpu_probe=how,
         memory_available_mib=available_memory_mib(),
+        cpu_native_bf16=cpu_native_bf16() if with_gpus else None,  # NOTE: --no-machine probes no hardware
     )
 
 

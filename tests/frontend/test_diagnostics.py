@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fe_util import codes
+from fe_util import codes, invoke
 from sglaunch.checks.diagnostics import CODES
 
 COMPACT = {"SGLANG_RAGGED_VERIFY_MODE": "compact"}
@@ -215,8 +215,54 @@ def test_tokenizer_worker_num_is_honoured_not_ignored():
     assert not {"ENG001", "ENG004", "FLAG011"} & set(codes("--tokenizer-worker-num", "2", machine=False))
 
 
+CPU_DSPARK = ("--device", "cpu", *DSPARK)
+X86_NO_BF16 = "fpu vme sse sse2 ssse3 fma avx avx2 sha_ni"  # session 26's AMD EPYC, shortened
+
+
+@pytest.mark.parametrize("cpuinfo, args, fires", [
+    (f"flags\t\t: {X86_NO_BF16}", (*CPU_DSPARK, "--dtype", "bfloat16"), True),
+    (f"flags\t\t: {X86_NO_BF16}", CPU_DSPARK, True),  # auto: the built-in model is bf16
+    (f"flags\t\t: {X86_NO_BF16} avx512f avx512_bf16", (*CPU_DSPARK, "--dtype", "bfloat16"), False),
+    (f"flags\t\t: {X86_NO_BF16} amx_bf16 amx_tile", (*CPU_DSPARK, "--dtype", "bfloat16"), False),
+    ("Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 bf16 i8mm", (*CPU_DSPARK, "--dtype", "bfloat16"), False),
+    (f"flags\t\t: {X86_NO_BF16}", (*CPU_DSPARK, "--dtype", "float32"), False),
+    (f"flags\t\t: {X86_NO_BF16}", ("--device", "cpu", "--dtype", "bfloat16"), False),
+    (None, (*CPU_DSPARK, "--dtype", "bfloat16"), False),  # /proc/cpuinfo unreadable (another OS): unknown
+], ids=["no-bf16", "built-in-model-auto", "avx512-bf16", "amx", "arm-bf16", "fp32", "no-dspark", "unreadable"])
+def test_dspark_on_a_cpu_without_bf16_matrix_instructions(cpuinfo, args, fires, tmp_path, monkeypatch):
+    """ENG005 (info) from the machine's /proc/cpuinfo: DSpark in bf16 on a CPU that would run bf16
+    matmuls emulated, where the planner steps aside on most steps."""
+    from sglaunch.probe import environment
+
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\n{cpuinfo}\n\nprocessor\t: 1\n")
+    monkeypatch.setattr(environment, "CPUINFO", str(path))
+    assert ("ENG005" in codes(*args, env=COMPACT, machine=True)) is fires
+    # --no-machine probes no hardware: never from the launch alone
+    assert "ENG005" not in codes(*args, env=COMPACT, machine=False)
+    shown = invoke("check-config", *args, env=COMPACT).stdout  # the Environment table says what was found
+    assert ("no bf16 matrix instructions" in shown) is (cpuinfo is not None and "bf16 " not in cpuinfo + " ")
+
+
+def test_cpu_bf16_probe_reads_the_first_flags_line(tmp_path):
+    from sglaunch.probe.environment import cpu_native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {X86_NO_BF16}\n\nprocessor\t: 1\nflags\t\t: avx512_bf16\n")
+    assert cpu_native_bf16(str(info)) is False
+    info.write_text("processor\t: 0\nflags\t\t: avx2 avx512_bf16x\n")  # whole words only
+    assert cpu_native_bf16(str(info)) is False
+    info.write_text("processor\t: 0\nflags\t\t: avx2 avx512_bf16\n")
+    assert cpu_native_bf16(str(info)) is True
+    info.write_text("processor\t: 0\n")  # no flags line at all
+    assert cpu_native_bf16(str(info)) is None
+    assert cpu_native_bf16(str(tmp_path / "missing")) is None
+
+
 def test_every_code_is_exercised():
     """The catalogue and this table cannot drift apart (ENG003 is serve-only: tested in test_serve)."""
-    # FLAG014 (shell text in a script) is tested in test_script, CFG004 in test_config_file
-    covered = {case.code for case in CASES} | {"CFG001", "CFG002", "CFG003", "CFG004", "ENG003", "FLAG014"}
+    # FLAG014 (shell text in a script) is tested in test_script, CFG004 in test_config_file, ENG005 (the
+    # machine's CPU flags) in test_dspark_on_a_cpu_without_bf16_matrix_instructions
+    covered = {case.code for case in CASES} | {"CFG001", "CFG002", "CFG003", "CFG004", "ENG003", "ENG005", "FLAG014"}
     assert covered == set(CODES)
