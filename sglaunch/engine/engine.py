@@ -171,7 +171,8 @@ class LLMEngine:
     def profile_sps_if_missing(self) -> None:
         """compact mode without --speculative-dspark-sps-table-path: profile step costs now.
 
-        A short verify-shaped profile (median of 5 per size) gives the planner a cost model, so
+        A short verify-shaped profile (median of 5 per size; of 3 where a step takes 0.5 s or more,
+        a slow CPU's large verify) gives the planner a cost model, so
         compact trims windows instead of verifying every draft. SGLAUNCH_DSPARK_PROFILE_SPS=0
         turns it off (then compact verifies everything, as SGLang does without a table).
         """
@@ -192,8 +193,10 @@ class LLMEngine:
         # the graph, the host accept); the drafter's graphs were captured at start-up already
         # NOTE: pipelined: with overlap a stepped-aside step is a pipelined plain step, so drafting
         # is priced against that (the synchronous plain step costs ~1.3-1.5x as much on an H200)
+        # NOTE: long_step_s: a size whose steps take 0.5 s or more (a slow CPU's large verify) is timed
+        # 3 times after one warm-up instead of 5 after two
         plan = ProfilePlan(sizes, window=window, context_len=context, repeats=5, warmup=2, greedy=True,
-                           pipelined=self.overlap)
+                           pipelined=self.overlap, long_step_s=0.5)
         while len(plan.token_sizes) > 1 and plan.kv_tokens(self.config.page_size) > self.allocator.num_free * self.config.page_size:
             plan = dataclasses.replace(plan, token_sizes=plan.token_sizes[:-1])
         plan = dataclasses.replace(plan, request_counts=self._profile_request_counts(plan))
