@@ -116,8 +116,8 @@ def _cpu_without_bf16(ctx: LaunchContext) -> list[Diagnostic]:
     if (ctx.get("device") != "cpu" or ctx.get("speculative_algorithm") != "DSPARK"
             or DTYPE_NAMES.get(ctx.get("dtype")) != "bfloat16" or info is None or info.cpu_native_bf16 is not False):
         return []
-    return [diag("ENG005", "this CPU has no bf16 matrix instructions (neither avx512_bf16 nor amx_bf16 in "
-                 "/proc/cpuinfo): torch runs bf16 matmuls of several rows emulated, so a DSpark verify costs "
+    return [diag("ENG005", "this CPU has no bf16 matrix instructions (no avx512_bf16, amx_bf16 or Arm bf16 flag "
+                 "in /proc/cpuinfo): torch runs bf16 matmuls of several rows emulated, so a DSpark verify costs "
                  "several plain decode steps here and DSpark will step aside on most steps, serving at about "
                  "plain speed", flags=("--speculative-algorithm", "--dtype"),
                  fix="serve DSpark on a GPU, or on a CPU with AVX512-BF16 or AMX; `sglaunch profile-sps "

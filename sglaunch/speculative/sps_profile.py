@@ -106,7 +106,8 @@ def _median_seconds(engine, plan: ProfilePlan, run) -> float:
         times.append(time.perf_counter() - start)
         if (len(times) == 2 and warmup >= 1 and plan.long_step_s is not None and times[1] >= plan.long_step_s):
             # NOTE: judged on the second run, not the first (a first run of a shape may compile or
-            # pick kernels): a step this long is timed to well under a percent by each run
+            # pick kernels); launch and timer jitter, which five runs of a millisecond step smooth
+            # out, are lost in a step this long
             warmup, runs = 1, 1 + min(plan.repeats, 3)
     return statistics.median(times[warmup:])
 
