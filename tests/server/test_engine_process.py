@@ -190,6 +190,32 @@ def test_token_outputs_cross_the_channel_unchanged():
     assert ipc.unpack_output(packed) == out
 
 
+def test_the_fast_output_constructors_make_what_the_dataclass_makes():
+    """interface.token_output and ipc.unpack_output build a TokenOutput without its frozen
+    __init__: the result must be indistinguishable from TokenOutput(...), frozenness included."""
+    import dataclasses
+
+    from sglaunch.engine import ipc
+    from sglaunch.engine.interface import TokenOutput, token_output
+
+    fields = ("r-1", (5, 6, 7), True, "stop", 11, 3, 4, 3, (-0.1, -0.2, -0.3), "why")
+    for fast in (token_output(*fields), ipc.unpack_output(fields)):
+        slow = TokenOutput(*fields)
+        assert type(fast) is TokenOutput
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+        assert dataclasses.astuple(fast) == fields
+        assert dataclasses.replace(fast, finished=False) == dataclasses.replace(slow, finished=False)
+        try:
+            fast.finished = False
+        except dataclasses.FrozenInstanceError:
+            pass
+        else:
+            raise AssertionError("a fast-built TokenOutput must stay frozen")
+    # the defaults, as the dataclass has them
+    assert token_output("r", (1,)) == TokenOutput("r", (1,))
+    assert list(token_output("r", (1,)).__dict__) == [f.name for f in dataclasses.fields(TokenOutput)]
+
+
 def test_a_consumer_behind_the_engine_gets_its_plain_outputs_merged_in_order():
     from sglaunch.engine.engine_client import coalesce
     from sglaunch.engine.interface import TokenOutput

@@ -43,6 +43,13 @@ def test_draft_vocab_file_round_trip_errors_and_cli(tmp_path, capsys):
     assert main([str(responses), "--size", "2", "-o", str(tmp_path / "out.json")]) == 0
     assert load_draft_vocab(tmp_path / "out.json", 4) == [1, 2]
     assert "cover 85.7143%" in capsys.readouterr().out  # 6 of the 7 response tokens
+    # files of the same name (each drafter round writes responses.jsonl.gz) are told apart by folder
+    second = tmp_path / "round2" / "responses.jsonl.gz"
+    second.parent.mkdir()
+    second.write_bytes(responses.read_bytes())
+    assert main([str(responses), str(second), "--size", "2", "-o", str(tmp_path / "out2.json")]) == 0
+    source = json.loads((tmp_path / "out2.json").read_text())["source"]
+    assert f"{tmp_path.name}/responses.jsonl.gz, round2/responses.jsonl.gz" in source
 
 
 def drafter_and_block_output(tmp_path):
