@@ -1052,10 +1052,10 @@ pipeline60h3() {  # session 26, the same H100 after pipeline60h: the same at c=3
   touch "$W/all.done"
 }
 
-pipeline61() {  # session 27 (what is left of the session's device time, on whatever card comes; carry .out/pre27):
+pipeline61() {  # session 27 (what is left of the session's device time, on whatever card comes; carry .pre27):
   # the draft vocabulary refreshed from the 99,832 responses of rounds 1-14 against round 12's, through the engine
   # (dspark_accept, static mode, the held-out split); the fast TokenOutput constructor (interface.token_output)
-  # against the tree before it (.out/pre27: `git show e6ce731:sglaunch/engine/{interface,engine,ipc}.py`), HTTP
+  # against the tree before it (.pre27: `git show e6ce731:sglaunch/engine/{interface,engine,ipc}.py`), HTTP
   # against in-process at c=64; then plain against DSpark at c=1,8 (median of 3) with the new vocabulary
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
@@ -1067,7 +1067,7 @@ pipeline61() {  # session 27 (what is left of the session's device time, on what
   part acc_old 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dold --json "$W/accept_old.json"
   part acc_new 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dnew --json "$W/accept_new.json"
   touch "$W/core1.done"
-  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .out/pre27/sglaunch/. /tmp/old/sglaunch/
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .pre27/sglaunch/. /tmp/old/sglaunch/
   local H="--device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
   part http_old 100 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/http_vs_inprocess.py $H --out "$W/http_old.json"
   part http_new 100 python3 benchmarks/http_vs_inprocess.py $H --out "$W/http_new.json"
