@@ -1052,6 +1052,24 @@ pipeline60h3() {  # session 26, the same H100 after pipeline60h: the same at c=3
   touch "$W/all.done"
 }
 
+pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15's HTTP rows and SmolLM2 decode rows
+  # (pipeline60 without its GPU tests, start-up check, 1.7B and 8B rows, which need the time this call lacks)
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part bench1 200 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128
+  touch "$W/core1.done"
+  part bench3 260 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 32,64,256 "$W/bench3/bench.json" 2048
+  touch "$W/core.done"
+  pkill -f "sglaunch serve" ; sleep 1
+  part http1 100 python3 benchmarks/http_vs_inprocess.py --device cuda --model "$SMOL" --concurrency 64 --new-tokens 128 \
+    --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
+  part decode2 60 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
+    --batch-sizes 1,64 --repeats 2 --time-budget 50 --attention-backend flashinfer
+  touch "$W/all.done"
+}
+
 pipeline61() {  # session 27 (what is left of the session's device time, on whatever card comes; carry .pre27):
   # the draft vocabulary refreshed from the 99,832 responses of rounds 1-14 against round 12's, through the engine
   # (dspark_accept, static mode, the held-out split); the fast TokenOutput constructor (interface.token_output)
