@@ -59,9 +59,9 @@ def token_output(rid: str, new_token_ids: tuple[int, ...], finished: bool = Fals
                  finish_reason: FinishReason | None = None, prompt_tokens: int = 0, completion_tokens: int = 0,
                  cached_tokens: int = 0, accept_length: int | None = None, logprobs: tuple[float, ...] = (),
                  error: str | None = None) -> TokenOutput:
-    """TokenOutput(...) at about a third of the cost: the frozen dataclass's __init__ sets each
-    field through object.__setattr__ (about 4.8 us for the ten fields on the 2-core machine), this
-    installs the instance's __dict__ at once (1.8 us). The engine makes one per running request per
+    """TokenOutput(...) at less than half the cost: the frozen dataclass's __init__ sets each field
+    through object.__setattr__ (2.9 us for the ten fields on the 2-core machine), this installs the
+    instance's __dict__ at once (1.3 us; `python benchmarks/token_output_cost.py`). The engine makes one per running request per
     step, the server one per output it receives. Equal to TokenOutput(...) in every respect
     (equality, hash, repr, frozenness)."""
     out = _new(TokenOutput)

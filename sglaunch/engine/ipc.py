@@ -85,7 +85,7 @@ def pack_outputs(outputs: list[TokenOutput]) -> list[tuple]:
 
 
 def unpack_output(fields: tuple) -> TokenOutput:
-    """TokenOutput(*fields) at about a third of the cost (interface.token_output, which skips the
+    """TokenOutput(*fields) at less than half the cost (interface.token_output, which skips the
     frozen dataclass's per-field __init__; one per output on the server's receive path). Equal to
     TokenOutput(*fields) in every respect."""
     return token_output(*fields)
