@@ -65,6 +65,10 @@ def train_draft(
     batch_size: Annotated[int, typer.Option(help="Sequences per micro-batch.")] = 8,
     grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
     anchors_per_seq: Annotated[int, typer.Option(help="Anchor blocks sampled per sequence.")] = 64,
+    anchor_focus: Annotated[float, typer.Option(
+        help="Loss weight of a block whose anchor follows the drafter's own first-slot miss one position "
+             "earlier (and of a response's first anchor); other blocks weigh 1. A server's blocks start "
+             "after a rejected draft, so >1 trains for the anchors it serves. 1: uniform.")] = 1.0,
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (4% warmup, cosine to 0).")] = 6e-4,
     log_every: Annotated[int, typer.Option(help="Steps between train_log.jsonl lines.")] = 10,
     save_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 500,
@@ -96,6 +100,9 @@ def train_draft(
                         ("--extra-text-max-seqs", extra_text_max_seqs)):
         if value is not None and value <= 0:
             raise SglaunchError(f"{flag} must be positive, got {value}", hint=f"omit {flag} for the default")
+    if not anchor_focus > 0 or anchor_focus == float("inf"):
+        raise SglaunchError(f"--anchor-focus must be a positive number, got {anchor_focus}",
+                            hint="1 weighs every block alike; 3 triples the blocks served anchors look like")
     if num_procs < 1:
         raise SglaunchError(f"--num-procs must be at least 1, got {num_procs}", hint="1 trains in this process")
     if draft_vocab_size < 0:
@@ -135,7 +142,7 @@ def train_draft(
         target_layer_ids=_ints(target_layer_ids, "--target-layer-ids"), num_feature_layers=num_feature_layers,
         mask_token_id=mask_token_id, init_from=init_from, grow_layers=grow_layers, max_new_tokens=max_new_tokens, max_length=max_length,
         gen_temperatures=_floats(gen_temperatures, "--gen-temperatures"), gen_top_p=gen_top_p, epochs=epochs,
-        max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, lr=lr,
+        max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, anchor_focus=anchor_focus, lr=lr,
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, draft_vocab_size=draft_vocab_size,

@@ -98,6 +98,79 @@ def make_blocks(batch: SeqBatch, seq: torch.Tensor, anchor: torch.Tensor, block_
     return Blocks(seq, anchor, prev, labels, valid, weights)
 
 
+# ----------------------------------------------------------------------------- served-anchor focus
+#
+# A served block starts where the previous one stopped: after a rejected draft (the anchor is the
+# target's correction), after a full block, or at the response's first token. At T=0 nearly every
+# block starts after a rejection (92% on the held-out set, benchmarks/anchor_bias.py), and there
+# the bundled drafter's first slot agrees with the target 64% of the time against 74% over all
+# anchors, which is what uniform anchors train for. `anchor_focus` weights each block by what
+# precedes its anchor: a block whose anchor the drafter's own first slot, anchored one position
+# earlier, missed (the teacher-forced stand-in for "a block stopped here") and a response's first
+# anchor weigh `focus`, every other block 1 (focus 1: the uniform loss).
+
+
+@dataclass
+class AnchorLinks:
+    """Host-built, per block: the block anchored one position earlier in the same sequence."""
+
+    pred: torch.Tensor  # [N] int64 its index, -1 where that anchor was not drawn (or a padding block)
+    first: torch.Tensor  # [N] bool the anchor is its response's first token
+
+
+def anchor_links(batch: SeqBatch, seq: torch.Tensor, anchor: torch.Tensor, real: torch.Tensor) -> AnchorLinks:
+    """sample_anchors' layout: each sequence's real anchors sorted, then its padding copies."""
+    N = seq.numel()
+    idx = torch.arange(N)
+    prev = (idx - 1).clamp_min(0)
+    linked = (idx > 0) & (seq[prev] == seq) & (anchor[prev] == anchor - 1) & real[prev] & real
+    first = real & ((anchor == 0) | ~batch.loss_mask[seq, (anchor - 1).clamp_min(0)])
+    return AnchorLinks(torch.where(linked, prev, torch.full_like(idx, -1)), first)
+
+
+def focus_weights(hit0: torch.Tensor, links: AnchorLinks, valid0: torch.Tensor, focus: float
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """hit0 [N] bool (slot 0's drafter argmax equals its label), valid0 [N] bool -> (block weight
+    multipliers [N], metrics: the share of linked blocks after a miss, and slot 0's agreement after a
+    miss and after a hit). Device tensors, no sync."""
+    known = links.pred >= 0
+    pred_hit = hit0.index_select(0, links.pred.clamp_min(0))
+    after_miss = known & ~pred_hit
+    after_hit = known & pred_hit
+    mult = torch.where(after_miss | links.first, torch.full_like(hit0, focus, dtype=torch.float32),
+                       torch.ones_like(hit0, dtype=torch.float32))
+
+    def rate(mask):
+        mask = mask & valid0
+        return (hit0 & mask).float().sum() / mask.float().sum().clamp_min(1)
+
+    metrics = {"after_miss_share": after_miss.float().sum() / known.float().sum().clamp_min(1),
+               "top1@0_after_miss": rate(after_miss), "top1@0_after_hit": rate(after_hit)}
+    return mult, metrics
+
+
+@torch.no_grad()
+def slot0_hits(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | None, labels0: torch.Tensor,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The fused path's slot-0 agreement [N] bool: argmax(h_0 W^T + z_0 W2^T) == labels0, chunked over
+    rows and computed as _FusedVocabLoss computes its logits."""
+    N, V = hidden.shape[0], drafter.lm_head.weight.shape[0]
+    with torch.autocast(hidden.device.type, enabled=False):
+        W = drafter.lm_head.weight.detach().to(dtype)
+        W2 = drafter.markov_head.markov_w2.weight.detach().to(dtype) if z is not None else None
+        h0 = hidden[:, 0].detach().to(dtype)
+        z0 = z[:, 0].detach().to(dtype) if z is not None else None
+        out = torch.empty(N, dtype=torch.bool, device=hidden.device)
+        step = max(1, min(N, CHUNK_ELEMENTS // V)) if N else 1
+        for i in range(0, N, step):
+            sl = slice(i, min(N, i + step))
+            logits = F.linear(h0[sl], W).float()
+            if W2 is not None:
+                logits.add_(F.linear(z0[sl], W2))
+            out[sl] = logits.argmax(-1) == labels0[sl]
+    return out
+
+
 def draft_batch(ids: torch.Tensor, features: torch.Tensor, blocks: Blocks, groups: int = 0) -> DraftBatch:
     """Every sequence position is a context row (seq * T + pos); a block sees its sequence's
     rows < a. groups > 0: blocks come `groups` per sequence in sequence order (sample_anchors'

@@ -11,6 +11,8 @@ Output folder layout:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -65,6 +67,9 @@ class TrainArgs:
     batch_size: int = 8  # sequences per micro-batch
     grad_accum: int = 1
     anchors_per_seq: int = 64
+    # weight of a block whose anchor follows the drafter's own miss (and of a response's first
+    # anchor), every other block 1: the anchors a server's blocks start at (objective.focus_weights)
+    anchor_focus: float = 1.0
     lr: float = 6e-4
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
@@ -303,7 +308,8 @@ class Trainer:
         B, T = batch.ids.shape
         blocks = objective.make_blocks(batch, seq, anchor, self.dcfg.block_size, real)
         rows = objective.loss_rows(blocks, T)
-        ids, blocks, rows = (objective.to_device(x, self.device) for x in (batch.ids, blocks, rows))
+        links = objective.anchor_links(batch, seq, anchor, real)
+        ids, blocks, rows, links = (objective.to_device(x, self.device) for x in (batch.ids, blocks, rows, links))
         self._phase("host")
         # right-padded sequences: a real position's causal attention never reaches the padding, so
         # no mask (SDPA's flash kernel instead of a materialised [B, 1, T, T] mask)
@@ -317,10 +323,16 @@ class Trainer:
         with self.autocast():
             hidden = objective.block_hidden(self.drafter, dbatch)
             z, conf = objective.teacher_forced_markov(self.drafter, hidden, blocks.prev)
+        hit0 = objective.slot0_hits(self.drafter, hidden, z, blocks.labels[:, 0], self.dtype)
+        mult, focus_metrics = objective.focus_weights(hit0, links, blocks.valid[:, 0], a.anchor_focus)
+        if a.anchor_focus != 1.0:
+            weights = rows.weights * mult.index_select(0, rows.rows // self.dcfg.block_size)
+            rows = dataclasses.replace(rows, weights=weights, denom=weights.sum().clamp_min(1e-6))
         self._phase("drafter")
         out = objective.fused_dspark_loss(self.drafter, hidden, z, conf, p_t, t_arg, rows, self.dtype,
                                           compiled=self.compile_loss)
         self._phase("loss")
+        out[1].update(focus_metrics)
         return out
 
     def _phase(self, name: str) -> None:
@@ -344,7 +356,14 @@ class Trainer:
         with self.autocast():
             out = objective.block_forward(self.drafter, dbatch, self.dtype)
             logits, conf = objective.teacher_forced_heads(self.drafter, out, blocks.prev.to(self.device))
-        return objective.dspark_loss(logits, conf, target_logits, blocks)
+        links = objective.anchor_links(batch, seq, anchor, real)
+        hit0 = logits[:, 0].argmax(-1).cpu() == blocks.labels[:, 0]
+        mult, focus_metrics = objective.focus_weights(hit0, links, blocks.valid[:, 0], self.args.anchor_focus)
+        if self.args.anchor_focus != 1.0:
+            blocks = dataclasses.replace(blocks, weights=blocks.weights * mult[:, None])
+        loss, metrics = objective.dspark_loss(logits, conf, target_logits, blocks)
+        metrics.update({k: float(v) for k, v in focus_metrics.items()})
+        return loss, metrics
 
     def train_step(self) -> dict[str, Any]:
         a = self.args

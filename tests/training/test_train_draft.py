@@ -378,13 +378,15 @@ def test_draft_vocab_size_writes_the_most_frequent_response_tokens(tiny_target, 
 # ----------------------------------------------------------------------------- the fast step (issue 19)
 
 
-@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
-def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path, head):
+@pytest.mark.parametrize("head,focus", [("vanilla", 1.0), ("gated", 1.0), ("rnn", 1.0), ("vanilla", 3.0), ("rnn", 2.5)])
+def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path, head, focus):
     """The fused, chunked loss over supervised slots (target distribution once per position, the
-    logit gradient in closed form) gives the materialised loss's value, metrics and gradients."""
+    logit gradient in closed form) gives the materialised loss's value, metrics and gradients,
+    with the served-anchor focus (--anchor-focus) as without it."""
     from sglaunch.training import objective as obj
 
-    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / head, max_steps=1, markov_head_type=head))
+    trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / head, max_steps=1, markov_head_type=head,
+                                anchor_focus=focus))
     trainer.setup()
     with torch.no_grad():
         for p in model.own_parameters(trainer.drafter).values():
@@ -404,6 +406,7 @@ def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path
         grads = {n: p.grad.clone() for n, p in model.own_parameters(trainer.drafter).items() if p.grad is not None}
         results[(impl, chunk)] = (float(loss), Trainer.host_row(metrics), grads)
     ref_loss, ref_metrics, ref_grads = results[("reference", None)]
+    assert 0 < ref_metrics["after_miss_share"] <= 1  # linked blocks after a miss: the focus reweighs some
     for key in (("fused", None), ("fused", 7 * trainer.dcfg.vocab_size)):
         loss, metrics, grads = results[key]
         assert loss == pytest.approx(ref_loss, rel=1e-5)
@@ -416,6 +419,45 @@ def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path
             # roundings of p_d can take opposite signs of that entry (2 w p_v apart)
             err = float((grads[name] - g).norm() / g.norm().clamp_min(1e-12))
             assert err <= 2e-3, (key, name, err)
+
+
+def test_anchor_links_find_the_block_one_position_earlier():
+    """Blocks in sample_anchors' layout (per sequence: sorted real anchors, then padding copies)."""
+    from sglaunch.training import objective as obj
+
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, 3:11] = True  # sequence 0: response 3..10
+    mask[1, 5:12] = True  # sequence 1: response 5..11
+    batch = obj.SeqBatch(torch.zeros(2, 12, dtype=torch.int64), mask, torch.ones(2, 12, dtype=torch.int64))
+    seq = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    anchor = torch.tensor([3, 4, 6, 3, 5, 6, 7, 8])
+    real = torch.tensor([True, True, True, False, True, True, True, True])
+    links = obj.anchor_links(batch, seq, anchor, real)
+    # 4 follows 3; 6 does not follow 4; the padding copy links nowhere; 5 of sequence 1 is not
+    # linked to the padding block before it, 6/7/8 follow 5/6/7
+    assert links.pred.tolist() == [-1, 0, -1, -1, -1, 4, 5, 6]
+    assert links.first.tolist() == [True, False, False, False, True, False, False, False]
+
+
+def test_focus_weights_weigh_blocks_after_a_miss_and_first_anchors():
+    from sglaunch.training import objective as obj
+
+    links = obj.AnchorLinks(torch.tensor([-1, 0, 1, -1, 3]), torch.tensor([True, False, False, False, False]))
+    hit0 = torch.tensor([False, True, False, True, True])
+    valid0 = torch.ones(5, dtype=torch.bool)
+    mult, metrics = obj.focus_weights(hit0, links, valid0, 3.0)
+    # block 1 follows block 0's miss, block 2 follows block 1's hit, block 4 follows block 3's hit
+    assert mult.tolist() == [3.0, 3.0, 1.0, 1.0, 1.0]
+    assert float(metrics["after_miss_share"]) == pytest.approx(1 / 3)
+    assert float(metrics["top1@0_after_miss"]) == pytest.approx(1.0)  # block 1 hit
+    assert float(metrics["top1@0_after_hit"]) == pytest.approx(0.5)  # blocks 2 (miss) and 4 (hit)
+    assert obj.focus_weights(hit0, links, valid0, 1.0)[0].tolist() == [1.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_anchor_focus_is_checked_by_the_cli(tiny_target, prompt_file, tmp_path):
+    bad = invoke("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o",
+                 str(tmp_path / "o"), "--anchor-focus", "0")
+    assert bad.exit_code == 2 and "--anchor-focus must be a positive number" in bad.output
 
 
 def test_compiled_chunk_math_equals_the_in_place_one():

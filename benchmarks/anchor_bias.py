@@ -1,0 +1,130 @@
+"""Where served blocks start, and what that costs the drafter (issue 19's diagnostic).
+
+    python benchmarks/anchor_bias.py --target DIR --drafter DIR --prompts heldout.jsonl \
+        [--per-kind 8] [--max-new-tokens 96] [--json OUT.json]
+
+At T=0 the served accept length of a block anchored at position a is the number of leading block
+slots whose drafter argmax (Markov head fed the true previous tokens, which on the accepted prefix
+are the drafted ones) equals the target's greedy next token. So one teacher-forced drafter forward
+with an anchor at EVERY response position of the target's greedy continuation gives, per anchor,
+the run length the server would see there. From it this prints:
+
+- the marginal top-1 agreement per block slot over all anchors (what training's `top1@k` logs);
+- the served walk (first anchor at the first generated token, next anchor = a + run + 1): mean
+  accept length and conditional rate per slot, which should match `dspark_accept.py` in static
+  mode with the full vocabulary (a check that the server feeds the drafter as training does);
+- slot 0's agreement at the served anchors against all anchors, and at anchors after a rejection
+  against anchors after a full block: the selection the walk makes.
+
+The target is transformers' model (fp32 by default), the drafter the training forward
+(`sglaunch.training.objective`) over the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dspark_accept import load_prompts  # noqa: E402
+
+
+def block_hits(drafter, target, prompt: list[int], response: list[int], objective, torch):
+    """-> (hits [N, G] bool, valid [N, G] bool) of a block anchored at each response position but
+    the last: slot k's drafter argmax equals the target's greedy token (valid: inside the response)."""
+    G = drafter.config.block_size
+    ids = torch.tensor([prompt + response])
+    T = ids.shape[1]
+    out = target.run(ids)
+    start = len(prompt)
+    anchors = torch.arange(start, T - 1)
+    batch = objective.SeqBatch(ids, torch.zeros(1, T, dtype=torch.bool), torch.ones(1, T, dtype=torch.int64))
+    batch.loss_mask[0, start:] = True
+    blocks = objective.make_blocks(batch, torch.zeros(len(anchors), dtype=torch.int64), anchors, G)
+    with torch.no_grad():
+        bout = objective.block_forward(drafter, objective.draft_batch(ids, out.features.float(), blocks), torch.float32)
+        logits, _ = objective.teacher_forced_heads(drafter, bout, blocks.prev)
+    return (logits.argmax(-1) == blocks.labels) & blocks.valid, blocks.valid
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, required=True)
+    parser.add_argument("--per-kind", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    import torch
+
+    from sglaunch.server.tokenizer import load_tokenizer
+    from sglaunch.training import model, objective
+    from sglaunch.training import target as target_mod
+
+    cfg = model.init_from_checkpoint(args.drafter, json.loads((args.target / "config.json").read_text()))
+    target = target_mod.Target(args.target, list(cfg.target_layer_ids), torch.float32, torch.device("cpu"))
+    drafter = model.build_drafter(cfg, target.embed_tokens, target.lm_head, torch.device("cpu"),
+                                  args.max_new_tokens + 4096)
+    model.load_checkpoint_weights(drafter, args.drafter, cfg)
+    drafter.eval()
+    G = cfg.block_size
+    eos = {int(t) for t in ([target.model.generation_config.eos_token_id] if isinstance(
+        target.model.generation_config.eos_token_id, int) else target.model.generation_config.eos_token_id or [])}
+
+    top1 = [[0, 0] for _ in range(G)]  # slot k over every anchor: [hits, counts], earlier slots ignored
+    marginal = [[0, 0] for _ in range(G)]  # slot k over every anchor whose slots < k all hit
+    served, slot0 = defaultdict(list), defaultdict(lambda: [0, 0])
+    for kind, prompt in load_prompts(args.prompts, load_tokenizer(args.target), 10**9, args.per_kind):
+        with torch.no_grad():
+            gen = target.model.generate(torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, do_sample=False,
+                                        pad_token_id=next(iter(eos), 0))
+        response = gen[0, len(prompt):].tolist()
+        if len(response) < 2:
+            continue
+        hits, valid = block_hits(drafter, target, prompt, response, objective, torch)
+        runs = hits.int().cumprod(-1).sum(-1).tolist()
+        for k in range(G):
+            top1[k][0] += int(hits[:, k].sum())
+            top1[k][1] += int(valid[:, k].sum())
+        for n in runs:
+            for k in range(G):
+                if n >= k:
+                    marginal[k][1] += 1
+                    marginal[k][0] += n > k
+        # the walk: anchor at response index i (position len(prompt) + i); the block's drafts cover
+        # tokens i+1 .. i+G, so a run n commits n + 1 tokens and the next anchor is i + n + 1
+        i, after = 0, "first"
+        while i < len(runs):
+            n = min(runs[i], len(response) - 1 - i)
+            served[kind].append(n)
+            slot0[after][1] += 1
+            slot0[after][0] += n > 0
+            after = "full block" if n == G else "rejection"
+            i += n + 1
+    every = [n for v in served.values() for n in v]
+    result = {"drafter": str(args.drafter), "prompts_per_kind": args.per_kind, "max_new_tokens": args.max_new_tokens}
+    # slot k's agreement over all anchors, unconditional (training's top1@k) and conditional on slots < k
+    result["all_anchors_top1_per_slot"] = [round(h / max(c, 1), 4) for h, c in top1]
+    result["all_anchors_conditional_rate_per_slot"] = [round(h / max(c, 1), 4) for h, c in marginal]
+    result["served_mean_accept_length"] = round(sum(n + 1 for n in every) / max(len(every), 1), 4)
+    result["served_per_kind"] = {k: round(sum(n + 1 for n in v) / len(v), 3) for k, v in sorted(served.items())}
+    at_least = [sum(1 for n in every if n >= k) for k in range(G + 1)]
+    result["served_conditional_rate_per_slot"] = [round(at_least[k + 1] / max(at_least[k], 1), 4) for k in range(G)]
+    result["served_blocks"] = len(every)
+    result["all_anchors"] = marginal[0][1]
+    result["slot0_rate_all_anchors"] = round(marginal[0][0] / max(marginal[0][1], 1), 4)
+    result["slot0_rate_served"] = round(sum(1 for n in every if n > 0) / max(len(every), 1), 4)
+    result["slot0_rate_by_previous_block"] = {k: [round(h / max(c, 1), 4), c] for k, (h, c) in sorted(slot0.items())}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
