@@ -1070,6 +1070,20 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline62() {  # session 28, warm H100 after drafter rounds 17-18 (which measured the vocabulary A/B in their
+  # baselines): pipeline61 without its accept parts: TokenOutput's A/B over HTTP (.pre27 carried), then plain
+  # against DSpark at c=1,8 (median of 3) with the refreshed vocabulary (the bundled folder)
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .pre27/sglaunch/. /tmp/old/sglaunch/
+  local H="--device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
+  part http_old 100 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/http_vs_inprocess.py $H --out "$W/http_old.json"
+  part http_new 100 python3 benchmarks/http_vs_inprocess.py $H --out "$W/http_new.json"
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128
+  touch "$W/all.done"
+}
+
 pipeline61() {  # session 27 (what is left of the session's device time, on whatever card comes; carry .pre27):
   # the draft vocabulary refreshed from the 99,832 responses of rounds 1-14 against round 12's, through the engine
   # (dspark_accept, static mode, the held-out split); the fast TokenOutput constructor (interface.token_output)
