@@ -14,7 +14,9 @@ the run length the server would see there. From it this prints:
   accept length and conditional rate per slot, which should match `dspark_accept.py` in static
   mode with the full vocabulary (a check that the server feeds the drafter as training does);
 - slot 0's agreement at the served anchors against all anchors, and at anchors after a rejection
-  against anchors after a full block: the selection the walk makes.
+  against anchors after a full block: the selection the walk makes;
+- after a rejection, how often the target's token is slot 0's first, second or third choice, and how
+  well the confidence head's slot-0 probability separates hits from misses (AUC).
 
 The target is transformers' model (fp32 by default), the drafter the training forward
 (`sglaunch.training.objective`) over the whole vocabulary.
@@ -33,8 +35,10 @@ from dspark_accept import load_prompts  # noqa: E402
 
 
 def block_hits(drafter, target, prompt: list[int], response: list[int], objective, torch):
-    """-> (hits [N, G] bool, valid [N, G] bool) of a block anchored at each response position but
-    the last: slot k's drafter argmax equals the target's greedy token (valid: inside the response)."""
+    """-> (hits [N, G] bool, valid [N, G] bool, slot0) of a block anchored at each response position
+    but the last: slot k's drafter argmax equals the target's greedy token (valid: inside the
+    response); slot0: the rank (1-3, else 99) of the target's token among slot 0's drafter logits and
+    the confidence head's slot-0 probability."""
     G = drafter.config.block_size
     ids = torch.tensor([prompt + response])
     T = ids.shape[1]
@@ -46,8 +50,28 @@ def block_hits(drafter, target, prompt: list[int], response: list[int], objectiv
     blocks = objective.make_blocks(batch, torch.zeros(len(anchors), dtype=torch.int64), anchors, G)
     with torch.no_grad():
         bout = objective.block_forward(drafter, objective.draft_batch(ids, out.features.float(), blocks), torch.float32)
-        logits, _ = objective.teacher_forced_heads(drafter, bout, blocks.prev)
-    return (logits.argmax(-1) == blocks.labels) & blocks.valid, blocks.valid
+        logits, conf = objective.teacher_forced_heads(drafter, bout, blocks.prev)
+    label0 = blocks.labels[:, 0]
+    top3 = logits[:, 0].topk(3, dim=-1).indices
+    slot0 = {"rank": torch.where(top3 == label0[:, None], torch.arange(1, 4)[None, :], 99).min(-1).values,
+             "conf": torch.sigmoid(conf[:, 0]) if conf is not None else None}
+    return (logits.argmax(-1) == blocks.labels) & blocks.valid, blocks.valid, slot0
+
+
+def auc(pos: list[float], neg: list[float]) -> float:
+    """P(a random hit's score > a random miss's), ties counting half (Mann-Whitney)."""
+    if not pos or not neg:
+        return float("nan")
+    scored = sorted([(v, 1) for v in pos] + [(v, 0) for v in neg])
+    rank_sum, i = 0.0, 0
+    while i < len(scored):
+        j = i
+        while j < len(scored) and scored[j][0] == scored[i][0]:
+            j += 1
+        mid = (i + 1 + j) / 2  # average 1-based rank of the tied run
+        rank_sum += mid * sum(1 for _, p in scored[i:j] if p)
+        i = j
+    return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
 def main() -> int:
@@ -78,7 +102,8 @@ def main() -> int:
 
     top1 = [[0, 0] for _ in range(G)]  # slot k over every anchor: [hits, counts], earlier slots ignored
     marginal = [[0, 0] for _ in range(G)]  # slot k over every anchor whose slots < k all hit
-    served, slot0 = defaultdict(list), defaultdict(lambda: [0, 0])
+    served, slot0_by = defaultdict(list), defaultdict(lambda: [0, 0])
+    ranks, confs = [], []  # slot 0 of the walk's blocks that start after a rejection
     for kind, prompt in load_prompts(args.prompts, load_tokenizer(args.target), 10**9, args.per_kind):
         with torch.no_grad():
             gen = target.model.generate(torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, do_sample=False,
@@ -86,7 +111,7 @@ def main() -> int:
         response = gen[0, len(prompt):].tolist()
         if len(response) < 2:
             continue
-        hits, valid = block_hits(drafter, target, prompt, response, objective, torch)
+        hits, valid, slot0 = block_hits(drafter, target, prompt, response, objective, torch)
         runs = hits.int().cumprod(-1).sum(-1).tolist()
         for k in range(G):
             top1[k][0] += int(hits[:, k].sum())
@@ -102,8 +127,12 @@ def main() -> int:
         while i < len(runs):
             n = min(runs[i], len(response) - 1 - i)
             served[kind].append(n)
-            slot0[after][1] += 1
-            slot0[after][0] += n > 0
+            slot0_by[after][1] += 1
+            slot0_by[after][0] += n > 0
+            if after == "rejection":
+                ranks.append(int(slot0["rank"][i]))
+                if slot0["conf"] is not None:
+                    confs.append(float(slot0["conf"][i]))
             after = "full block" if n == G else "rejection"
             i += n + 1
     every = [n for v in served.values() for n in v]
@@ -119,7 +148,20 @@ def main() -> int:
     result["all_anchors"] = marginal[0][1]
     result["slot0_rate_all_anchors"] = round(marginal[0][0] / max(marginal[0][1], 1), 4)
     result["slot0_rate_served"] = round(sum(1 for n in every if n > 0) / max(len(every), 1), 4)
-    result["slot0_rate_by_previous_block"] = {k: [round(h / max(c, 1), 4), c] for k, (h, c) in sorted(slot0.items())}
+    result["slot0_rate_by_previous_block"] = {k: [round(h / max(c, 1), 4), c] for k, (h, c) in sorted(slot0_by.items())}
+    # after a rejection: how often the target's token is slot 0's 2nd or 3rd choice (what verifying a second
+    # candidate there could recover), and how well the confidence head tells slot 0's hits from its misses
+    m = max(len(ranks), 1)
+    result["after_rejection_slot0"] = {
+        "blocks": len(ranks), "top1": round(sum(r == 1 for r in ranks) / m, 4),
+        "top2": round(sum(r <= 2 for r in ranks) / m, 4), "top3": round(sum(r <= 3 for r in ranks) / m, 4)}
+    if confs:
+        hit = [c for c, r in zip(confs, ranks) if r == 1]
+        miss = [c for c, r in zip(confs, ranks) if r != 1]
+        result["after_rejection_slot0"].update({
+            "confidence_mean_hit": round(sum(hit) / max(len(hit), 1), 4),
+            "confidence_mean_miss": round(sum(miss) / max(len(miss), 1), 4),
+            "confidence_auc": round(auc(hit, miss), 4)})
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
