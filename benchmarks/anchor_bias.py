@@ -74,41 +74,34 @@ def auc(pos: list[float], neg: list[float]) -> float:
     return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, required=True)
-    parser.add_argument("--drafter", type=Path, required=True)
-    parser.add_argument("--prompts", type=Path, required=True)
-    parser.add_argument("--per-kind", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-
+def measure(target_dir: Path, drafter_dir: Path, prompts: list[tuple[str, list[int]]], max_new_tokens: int) -> dict:
+    """The figures above for (kind, prompt ids) pairs; "walks" holds each prompt's served run lengths
+    (accepted drafts per block, in order), which a static-mode engine at T=0 reports as run + 1."""
     import torch
 
-    from sglaunch.server.tokenizer import load_tokenizer
     from sglaunch.training import model, objective
     from sglaunch.training import target as target_mod
 
-    cfg = model.init_from_checkpoint(args.drafter, json.loads((args.target / "config.json").read_text()))
-    target = target_mod.Target(args.target, list(cfg.target_layer_ids), torch.float32, torch.device("cpu"))
-    drafter = model.build_drafter(cfg, target.embed_tokens, target.lm_head, torch.device("cpu"),
-                                  args.max_new_tokens + 4096)
-    model.load_checkpoint_weights(drafter, args.drafter, cfg)
+    cfg = model.init_from_checkpoint(drafter_dir, json.loads((target_dir / "config.json").read_text()))
+    target = target_mod.Target(target_dir, list(cfg.target_layer_ids), torch.float32, torch.device("cpu"))
+    drafter = model.build_drafter(cfg, target.embed_tokens, target.lm_head, torch.device("cpu"), max_new_tokens + 4096)
+    model.load_checkpoint_weights(drafter, drafter_dir, cfg)
     drafter.eval()
     G = cfg.block_size
-    eos = {int(t) for t in ([target.model.generation_config.eos_token_id] if isinstance(
-        target.model.generation_config.eos_token_id, int) else target.model.generation_config.eos_token_id or [])}
+    eos_cfg = target.model.generation_config.eos_token_id
+    eos = {int(t) for t in ([eos_cfg] if isinstance(eos_cfg, int) else eos_cfg or [])}
 
     top1 = [[0, 0] for _ in range(G)]  # slot k over every anchor: [hits, counts], earlier slots ignored
     marginal = [[0, 0] for _ in range(G)]  # slot k over every anchor whose slots < k all hit
     served, slot0_by = defaultdict(list), defaultdict(lambda: [0, 0])
     ranks, confs = [], []  # slot 0 of the walk's blocks that start after a rejection
-    for kind, prompt in load_prompts(args.prompts, load_tokenizer(args.target), 10**9, args.per_kind):
+    walks = []
+    for kind, prompt in prompts:
         with torch.no_grad():
-            gen = target.model.generate(torch.tensor([prompt]), max_new_tokens=args.max_new_tokens, do_sample=False,
+            gen = target.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
                                         pad_token_id=next(iter(eos), 0))
         response = gen[0, len(prompt):].tolist()
+        walks.append([])
         if len(response) < 2:
             continue
         hits, valid, slot0 = block_hits(drafter, target, prompt, response, objective, torch)
@@ -127,6 +120,7 @@ def main() -> int:
         while i < len(runs):
             n = min(runs[i], len(response) - 1 - i)
             served[kind].append(n)
+            walks[-1].append(n)
             slot0_by[after][1] += 1
             slot0_by[after][0] += n > 0
             if after == "rejection":
@@ -136,7 +130,7 @@ def main() -> int:
             after = "full block" if n == G else "rejection"
             i += n + 1
     every = [n for v in served.values() for n in v]
-    result = {"drafter": str(args.drafter), "prompts_per_kind": args.per_kind, "max_new_tokens": args.max_new_tokens}
+    result = {"drafter": str(drafter_dir), "prompts": len(prompts), "max_new_tokens": max_new_tokens}
     # slot k's agreement over all anchors, unconditional (training's top1@k) and conditional on slots < k
     result["all_anchors_top1_per_slot"] = [round(h / max(c, 1), 4) for h, c in top1]
     result["all_anchors_conditional_rate_per_slot"] = [round(h / max(c, 1), 4) for h, c in marginal]
@@ -162,6 +156,26 @@ def main() -> int:
             "confidence_mean_hit": round(sum(hit) / max(len(hit), 1), 4),
             "confidence_mean_miss": round(sum(miss) / max(len(miss), 1), 4),
             "confidence_auc": round(auc(hit, miss), 4)})
+    result["walks"] = walks
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, required=True)
+    parser.add_argument("--per-kind", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from sglaunch.server.tokenizer import load_tokenizer
+
+    prompts = load_prompts(args.prompts, load_tokenizer(args.target), 10**9, args.per_kind)
+    result = measure(args.target, args.drafter, prompts, args.max_new_tokens)
+    result.pop("walks")
+    result["prompts_per_kind"] = args.per_kind
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
