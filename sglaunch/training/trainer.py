@@ -12,7 +12,6 @@ Output folder layout:
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
