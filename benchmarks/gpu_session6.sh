@@ -1070,9 +1070,11 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
-pipeline62() {  # session 28, warm H100 after drafter rounds 17-18 (which measured the vocabulary A/B in their
-  # baselines): pipeline61 without its accept parts: TokenOutput's A/B over HTTP (.pre27 carried), then plain
-  # against DSpark at c=1,8 (median of 3) with the refreshed vocabulary (the bundled folder)
+pipeline62() {  # pipeline62 [DSPARK_FLAGS]: session 28, warm H100 after drafter rounds 17-18 (which measured the
+  # vocabulary A/B in their baselines): pipeline61 without its accept parts: TokenOutput's A/B over HTTP (.pre27
+  # carried), then plain against DSpark at c=1,8 (median of 3), by default with the bundled drafter folder.
+  # NOTE: run on a machine where no engine had run yet, the first part pays FlashInfer's JIT (session 28: http_old
+  # timed out at 100 s there, and ran in 79 s once the JIT was cached)
   rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .pre27/sglaunch/. /tmp/old/sglaunch/
   local H="--device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
   part http_old 100 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/http_vs_inprocess.py $H --out "$W/http_old.json"
@@ -1080,7 +1082,7 @@ pipeline62() {  # session 28, warm H100 after drafter rounds 17-18 (which measur
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128
+  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128 ${1:+"$1"}
   touch "$W/all.done"
 }
 
@@ -1099,15 +1101,7 @@ pipeline61() {  # session 27 (what is left of the session's device time, on what
   part acc_old 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dold --json "$W/accept_old.json"
   part acc_new 100 python3 benchmarks/dspark_accept.py $A --drafter /tmp/dnew --json "$W/accept_new.json"
   touch "$W/core1.done"
-  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks tests /tmp/old/ && cp -a .pre27/sglaunch/. /tmp/old/sglaunch/
-  local H="--device cuda --model $SMOL --concurrency 64 --new-tokens 128 --requests 1024 --repeats 3 --sides http,in-process"
-  part http_old 100 env PYTHONPATH=/tmp/site:/tmp/old python3 /tmp/old/benchmarks/http_vs_inprocess.py $H --out "$W/http_old.json"
-  part http_new 100 python3 benchmarks/http_vs_inprocess.py $H --out "$W/http_new.json"
-  touch "$W/core.done"
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part bench1 240 env ROUNDS=3 bash -c 'dspark_vs_plain "$@"' _ 1,8 "$W/bench1/bench.json" 128 "--speculative-draft-model-path /tmp/dnew"
-  touch "$W/all.done"
+  pipeline62 "--speculative-draft-model-path /tmp/dnew"  # the TokenOutput A/B, then c=1,8 with the new vocabulary
 }
 
 pipeline60() {  # session 26 on an H200: issue 15's table, every ratio the median of 3 rounds, with session 25's

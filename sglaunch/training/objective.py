@@ -155,7 +155,7 @@ def focus_weights(hit0: torch.Tensor, links: AnchorLinks, valid0: torch.Tensor, 
 def slot0_hits(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | None, labels0: torch.Tensor,
                dtype: torch.dtype) -> torch.Tensor:
     """The fused path's slot-0 agreement [N] bool: argmax(h_0 W^T + z_0 W2^T) == labels0, chunked over
-    rows and computed as _FusedVocabLoss computes its logits."""
+    rows, with _FusedVocabLoss's logits (_head_logits)."""
     N, V = hidden.shape[0], drafter.lm_head.weight.shape[0]
     with torch.autocast(hidden.device.type, enabled=False):
         W = drafter.lm_head.weight.detach().to(dtype)
@@ -166,10 +166,7 @@ def slot0_hits(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | N
         step = max(1, min(N, CHUNK_ELEMENTS // V)) if N else 1
         for i in range(0, N, step):
             sl = slice(i, min(N, i + step))
-            logits = F.linear(h0[sl], W).float()
-            if W2 is not None:
-                logits.add_(F.linear(z0[sl], W2))
-            out[sl] = logits.argmax(-1) == labels0[sl]
+            out[sl] = _head_logits(h0[sl], W, z0[sl] if z0 is not None else None, W2).argmax(-1) == labels0[sl]
     return out
 
 
@@ -392,6 +389,14 @@ def compiled_chunk_grad():
     return _COMPILED["fn"]
 
 
+def _head_logits(h: torch.Tensor, W: torch.Tensor, z: torch.Tensor | None, W2: torch.Tensor | None) -> torch.Tensor:
+    """A chunk's fp32 logits h W^T + z W2^T, the matmuls in the inputs' dtype (bf16 under autocast)."""
+    logits = F.linear(h, W).float()
+    if W2 is not None:
+        logits.add_(F.linear(z, W2))
+    return logits
+
+
 class _FusedVocabLoss(torch.autograd.Function):
     """sum_r w_ce[r] CE_r + w_l1[r] L1_r over the rows' logits l_r = h_r W^T + z_r W2^T, chunk by
     chunk; the gradients w.r.t. h, z and W2 are formed in the forward (the loss is a scalar) and
@@ -416,9 +421,7 @@ class _FusedVocabLoss(torch.autograd.Function):
             chunk_fn = compiled_chunk_grad() if compiled else _chunk_grad
             for i in range(0, R, step):
                 sl = slice(i, min(R, i + step))
-                logits = F.linear(hd[sl], W).float()
-                if W2 is not None:
-                    logits.add_(F.linear(zd[sl], W2))
+                logits = _head_logits(hd[sl], W, zd[sl] if zd is not None else None, W2)
                 inv = inverse[sl]
                 g, ce[sl], l1[sl], top1[sl] = chunk_fn(logits, p_t.index_select(0, inv), labels[sl], w_ce[sl],
                                                         w_l1[sl], t_arg.index_select(0, inv))
