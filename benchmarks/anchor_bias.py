@@ -95,7 +95,7 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[tuple[str, list[i
     marginal = [[0, 0] for _ in range(G)]  # slot k over every anchor whose slots < k all hit
     served, slot0_by = defaultdict(list), defaultdict(lambda: [0, 0])
     ranks, confs = [], []  # slot 0 of the walk's blocks that start after a rejection
-    walks = []
+    walks, per_prompt = [], []
     for kind, prompt in prompts:
         with torch.no_grad():
             gen = target.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
@@ -106,6 +106,13 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[tuple[str, list[i
             continue
         hits, valid, slot0 = block_hits(drafter, target, prompt, response, objective, torch)
         runs = hits.int().cumprod(-1).sum(-1).tolist()
+        # a second (third) chain whose slot 0 is slot 0's second (third) choice: its later slots differ from the
+        # first chain's only through the Markov head's previous token, so where that choice IS the target's
+        # token its run is 1 + the teacher-forced leading hits of slots 1.. (the Markov head fed the truth)
+        lead1 = (1 + hits[:, 1:].int().cumprod(-1).sum(-1)).tolist()
+        rank0 = slot0["rank"].tolist()
+        conf0 = slot0["conf"].tolist() if slot0["conf"] is not None else [0.0] * len(runs)
+        per_prompt.append((kind, response, runs, lead1, rank0, conf0))
         for k in range(G):
             top1[k][0] += int(hits[:, k].sum())
             top1[k][1] += int(valid[:, k].sum())
@@ -156,8 +163,38 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[tuple[str, list[i
             "confidence_mean_hit": round(sum(hit) / max(len(hit), 1), 4),
             "confidence_mean_miss": round(sum(miss) / max(len(miss), 1), 4),
             "confidence_auc": round(auc(hit, miss), 4)})
+    result["branches"] = branch_walks(per_prompt, G)
     result["walks"] = walks
     return result
+
+
+BRANCH_THRESHOLDS = (0.4, 0.5, 0.6, 0.7, 0.8, 1.01)
+
+
+def branch_walks(per_prompt, G: int) -> dict:
+    """Served walks at T=0 when a block also verifies a second (or second and third) chain starting from
+    slot 0's next choices, always or only where the confidence head's slot-0 probability is below a
+    threshold: mean accept length and the share of blocks that carried the extra chain(s), whose rows a
+    verify step would pay for (G each)."""
+    out = {}
+    for width in (2, 3):
+        for th in BRANCH_THRESHOLDS:
+            lengths, extra = [], 0
+            for _kind, response, runs, lead1, rank0, conf0 in per_prompt:
+                i = 0
+                while i < len(runs):
+                    n = runs[i]
+                    if conf0[i] < th:
+                        extra += 1
+                        if 2 <= rank0[i] <= width:
+                            n = max(n, lead1[i])
+                    n = min(n, len(response) - 1 - i)
+                    lengths.append(n + 1)
+                    i += n + 1
+            key = f"top{width}_conf_below_{th:g}" if th <= 1 else f"top{width}_always"
+            out[key] = {"mean_accept_length": round(sum(lengths) / max(len(lengths), 1), 4),
+                        "extra_chain_share": round(extra / max(len(lengths), 1), 4), "blocks": len(lengths)}
+    return out
 
 
 def main() -> int:

@@ -73,6 +73,8 @@
 #   --train-args "..." (--lr 1e-3 --batch-size 32 --anchors-per-seq 128)  --save-every N (300)
 #   --grow-layers N (none: the INIT drafter's depth)  --anchor-focus F (none: train-draft's 1, uniform blocks;
 #   added to the training arguments, --smoke's too: the weight of blocks after the drafter's own miss)
+#   --train-extra "..." (train-draft options added after the others, --smoke's too: e.g. the loss's
+#   "--ce-label argmax --loss-ce-weight 0.5 --l1-temperatures 1,0.7")
 #   --eval-per-kind N (24)  --eval-tokens N (96)  --eval-reserve S (80)  --draft-vocab-size K (0: keep INIT's)
 #   --no-baseline  --device cpu|cuda
 set -uo pipefail
@@ -151,7 +153,7 @@ run() {
   local start budget=540 out=${OUT:-} prompts="" corpus="" pstart=0 count=20000 heldout=$REPO/benchmarks/prompt_set/heldout.jsonl
   local target="" wheel="" init=$HUB_DRAFTER seed=0 gen_s="" train_s="" max_gen=30000 gen_batch="" max_new=192
   local max_len=768 gen_temps=0,0.7 gen_backend=torch train_args="--lr 1e-3 --batch-size 32 --anchors-per-seq 128"
-  local save_every=300 rate_cap="" eval_k=24 eval_tokens=96 eval_reserve=80 vocab=0 baseline=1 device="" smoke=0 grow="" focus=""
+  local save_every=300 rate_cap="" eval_k=24 eval_tokens=96 eval_reserve=80 vocab=0 baseline=1 device="" smoke=0 grow="" focus="" extra=""
   local -a responses=() staged=()
   start=$(date +%s)
   while [ $# -gt 0 ]; do
@@ -169,6 +171,7 @@ run() {
       --eval-reserve) eval_reserve=$2; shift 2 ;; --draft-vocab-size) vocab=$2; shift 2 ;;
       --no-baseline) baseline=0; shift ;; --device) device=$2; shift 2 ;;
       --smoke) smoke=1; shift ;; --grow-layers) grow=$2; shift 2 ;; --anchor-focus) focus=$2; shift 2 ;;
+      --train-extra) extra=$2; shift 2 ;;
       *) die "run: unknown option $1" ;;
     esac
   done
@@ -179,6 +182,7 @@ run() {
   fi
   [ -z "$grow" ] || train_args="$train_args --grow-layers $grow"
   [ -z "$focus" ] || train_args="$train_args --anchor-focus $focus"
+  [ -z "$extra" ] || train_args="$train_args $extra"
   device=${device:-cuda}
   # generation defaults by backend: the torch one (no graphs) makes ~3,200 tok/s at 512 running
   # (session 8), FlashInfer with decode graphs ~10x that at 256 (graphs up to --gen-batch)

@@ -69,6 +69,15 @@ def train_draft(
         help="Loss weight of a block whose anchor follows the drafter's own first-slot miss one position "
              "earlier (and of a response's first anchor); other blocks weigh 1. A server's blocks start "
              "after a rejected draft, so >1 trains for the anchors it serves. 1: uniform.")] = 1.0,
+    loss_ce_weight: Annotated[float, typer.Option(help="Weight of the loss's cross-entropy term.")] = 0.1,
+    loss_l1_weight: Annotated[float, typer.Option(
+        help="Weight of the loss's ||p_d - p_t||_1 term (one minus the acceptance rate of sampling).")] = 0.9,
+    ce_label: Annotated[str, typer.Option(
+        help="The cross-entropy's label: response (the response's token) or argmax (the target's greedy "
+             "token, what a T=0 server verifies against; the same token in a T=0 response).")] = "response",
+    l1_temperatures: Annotated[str, typer.Option(
+        help="Temperatures the L1 term is taken at, averaged (e.g. 1,0.7: the acceptance of requests "
+             "sampled at 0.7 as well as at 1).")] = "1",
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (4% warmup, cosine to 0).")] = 6e-4,
     log_every: Annotated[int, typer.Option(help="Steps between train_log.jsonl lines.")] = 10,
     save_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 500,
@@ -105,6 +114,19 @@ def train_draft(
                             hint="1 weighs every block alike; 3 triples the blocks served anchors look like")
     if num_procs < 1:
         raise SglaunchError(f"--num-procs must be at least 1, got {num_procs}", hint="1 trains in this process")
+    if ce_label not in ("response", "argmax"):
+        raise SglaunchError(f"--ce-label {ce_label!r} is not response or argmax",
+                            hint="response is DeepSpec's; argmax trains toward the target's greedy token")
+    l1_temps = _floats(l1_temperatures, "--l1-temperatures")
+    if not l1_temps or any(not t > 0 or t == float("inf") for t in l1_temps):
+        raise SglaunchError(f"--l1-temperatures must be positive numbers, got {l1_temperatures!r}",
+                            hint="e.g. 1 (the default) or 1,0.7")
+    for flag, value in (("--loss-ce-weight", loss_ce_weight), ("--loss-l1-weight", loss_l1_weight)):
+        if not 0 <= value < float("inf"):
+            raise SglaunchError(f"{flag} must be 0 or more, got {value}", hint="the defaults are 0.1 and 0.9")
+    if loss_ce_weight + loss_l1_weight == 0:
+        raise SglaunchError("--loss-ce-weight and --loss-l1-weight are both 0: nothing would train the drafter's "
+                            "tokens", hint="the defaults are 0.1 and 0.9")
     if draft_vocab_size < 0:
         raise SglaunchError(f"--draft-vocab-size must be 0 or more, got {draft_vocab_size}",
                             hint="0 drafts over the whole vocabulary")
@@ -143,6 +165,7 @@ def train_draft(
         mask_token_id=mask_token_id, init_from=init_from, grow_layers=grow_layers, max_new_tokens=max_new_tokens, max_length=max_length,
         gen_temperatures=_floats(gen_temperatures, "--gen-temperatures"), gen_top_p=gen_top_p, epochs=epochs,
         max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, anchor_focus=anchor_focus, lr=lr,
+        loss_ce_weight=loss_ce_weight, loss_l1_weight=loss_l1_weight, ce_label=ce_label, l1_temperatures=l1_temps,
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,
         eval_max_new_tokens=eval_max_new_tokens, fit_sts=fit_sts, draft_vocab_size=draft_vocab_size,

@@ -25,6 +25,45 @@ CE_ALPHA, L1_ALPHA, CONF_ALPHA = 0.1, 0.9, 1.0
 LOSS_DECAY = 4.0
 
 
+@dataclass(frozen=True)
+class LossSpec:
+    """The vocabulary terms' weights and targets (`train-draft --loss-ce-weight/--loss-l1-weight/
+    --ce-label/--l1-temperatures`). The default is DeepSpec's: 0.1 CE against the response token plus
+    0.9 ||p_d - p_t||_1 at temperature 1.
+    - ce_label "argmax": CE against the target's greedy token instead of the response's (the same token
+      in a T=0 response; in a sampled one the response's token is a draw, the greedy token is what a
+      T=0 server verifies against).
+    - l1_temperatures: the L1 term is the mean over these temperatures tau of ||softmax(l_d / tau) -
+      softmax(l_t / tau)||_1, i.e. one minus the acceptance rate of a request sampled at tau (for
+      tau != 1 the target's distribution is p_t^(1/tau) renormalised). The confidence head's target c*
+      always uses tau = 1, as the server's confidences do."""
+
+    ce: float = CE_ALPHA
+    l1: float = L1_ALPHA
+    ce_label: str = "response"
+    l1_temperatures: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self):
+        if self.ce_label not in ("response", "argmax"):
+            raise ValueError(f"ce_label must be response or argmax, got {self.ce_label!r}")
+        if not self.l1_temperatures or any(not t > 0 for t in self.l1_temperatures):
+            raise ValueError(f"l1_temperatures must be positive, got {self.l1_temperatures}")
+        if self.ce < 0 or self.l1 < 0 or self.ce + self.l1 == 0:
+            raise ValueError(f"loss weights must be >= 0 and not both 0, got ce={self.ce} l1={self.l1}")
+
+    @property
+    def tempered(self) -> tuple[float, ...]:
+        """The L1 temperatures other than 1 (each weighs l1 / len(l1_temperatures))."""
+        return tuple(t for t in self.l1_temperatures if t != 1.0)
+
+
+def tempered_probs(p: torch.Tensor, tau: float) -> torch.Tensor:
+    """softmax(l / tau) from p = softmax(l): p^(1/tau) renormalised (fp32; underflow only drops mass
+    too small to count)."""
+    q = p.pow(1.0 / tau)
+    return q.div_(q.sum(-1, keepdim=True))
+
+
 @dataclass
 class SeqBatch:
     ids: torch.Tensor  # [B, T] int64, right-padded with 0
@@ -218,10 +257,12 @@ def teacher_forced_heads(drafter: DSparkDrafter, out: BlockOutput, prev: torch.T
 
 
 def dspark_loss(logits: torch.Tensor, conf: torch.Tensor | None, target_logits: torch.Tensor,
-                blocks: Blocks) -> tuple[torch.Tensor, dict[str, float]]:
+                blocks: Blocks, spec: LossSpec = LossSpec()) -> tuple[torch.Tensor, dict[str, float]]:
     """logits/target_logits [N, G, V] float32, conf [N, G] -> (total loss, metrics)."""
     dev = logits.device
     w, valid, labels = blocks.weights.to(dev), blocks.valid.to(dev), blocks.labels.to(dev)
+    if spec.ce_label == "argmax":
+        labels = target_logits.argmax(-1)
     denom = w.sum().clamp_min(1e-6)
     logp_d = torch.log_softmax(logits.float(), dim=-1)
     p_d, p_t = logp_d.exp(), torch.softmax(target_logits.float(), dim=-1)
@@ -229,8 +270,14 @@ def dspark_loss(logits: torch.Tensor, conf: torch.Tensor | None, target_logits: 
     ce = -logp_d.gather(-1, labels[..., None])[..., 0]
     loss_ce, loss_l1 = (w * ce).sum() / denom, (w * l1).sum() / denom
     c_star = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
-    loss = CE_ALPHA * loss_ce + L1_ALPHA * loss_l1
+    per_t = spec.l1 / len(spec.l1_temperatures)
+    loss = spec.ce * loss_ce + (per_t * loss_l1 if 1.0 in spec.l1_temperatures else 0.0)
     metrics = {"ce": loss_ce.item(), "l1": loss_l1.item()}
+    for tau in spec.tempered:
+        l1_t = (torch.softmax(logits.float() / tau, -1) - torch.softmax(target_logits.float() / tau, -1)).abs().sum(-1)
+        loss_t = (w * l1_t).sum() / denom
+        loss = loss + per_t * loss_t
+        metrics[f"l1@{tau:g}"] = loss_t.item()
     if conf is not None:
         bce = F.binary_cross_entropy_with_logits(conf.float(), c_star, reduction="none")
         loss_conf = (w * bce).sum() / denom
@@ -347,12 +394,29 @@ def teacher_forced_markov(drafter: DSparkDrafter, hidden: torch.Tensor, prev: to
     return z, conf
 
 
+def _tempered_l1(logits: torch.Tensor, p_t: torch.Tensor, taus: tuple[float, ...], w_t: torch.Tensor):
+    """-> (sum over taus of d/d logits of w_t ||softmax(l / tau) - p_t^(tau)||_1 [c, V], or None without taus;
+    the weighted sum of those L1 distances per row [c]). The gradient of one term w.r.t. logit v is
+    (w_t / tau) q_v (s_v - <q, s>), q = softmax(l / tau), s = sign(q - p_t^(tau))."""
+    g, val = None, torch.zeros_like(w_t)
+    for tau in taus:  # two [c, V] temporaries a temperature (in place on tensors made here only)
+        q = torch.softmax(logits / tau, -1)
+        d = tempered_probs(p_t, tau).neg_().add_(q)  # q - p_t^(tau)
+        val = val + w_t * torch.linalg.vector_norm(d, 1, dim=-1)
+        qs = d.sign_().mul_(q)
+        gt = qs.addcmul_(q, qs.sum(-1, keepdim=True), value=-1.0).mul_((w_t / tau)[:, None])
+        g = gt if g is None else g.add_(gt)
+    return g, val
+
+
 def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w_ce: torch.Tensor,
-                w_l1: torch.Tensor, t_arg: torch.Tensor):
+                w_l1: torch.Tensor, t_arg: torch.Tensor, taus: tuple[float, ...] = (), w_t: torch.Tensor | None = None):
     """One chunk, in place on its fp32 logits [c, V] (then free): -> (d loss / d logits [c, V] in
-    logits' storage, ce [c], l1 [c], top1 [c]). loss = sum_r w_ce CE + w_l1 ||p_d - p_t||_1, whose
-    gradient w.r.t. logit v is w_ce (p_v - [v = label]) + w_l1 p_v (s_v - <p, s>), s = sign(p_d - p_t)."""
+    logits' storage, ce [c], l1 [c], top1 [c], the weighted tempered L1 terms [c]). loss = sum_r w_ce CE +
+    w_l1 ||p_d - p_t||_1 (+ the tempered terms of `_tempered_l1`), whose gradient w.r.t. logit v is
+    w_ce (p_v - [v = label]) + w_l1 p_v (s_v - <p, s>), s = sign(p_d - p_t)."""
     top1 = logits.argmax(-1) == t_arg
+    g_t, l1_t = _tempered_l1(logits, p_t, taus, w_t if w_t is not None else torch.zeros_like(w_ce))
     lse = torch.logsumexp(logits, -1)
     ce = lse - logits.gather(1, labels[:, None])[:, 0]
     p = logits.sub_(lse[:, None]).exp_()  # p_d
@@ -362,12 +426,15 @@ def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w
     ps = q.sum(-1)  # <p, s>
     g = q.mul_(w_l1[:, None]).addcmul_(p, (w_ce - w_l1 * ps)[:, None])
     g.scatter_add_(1, labels[:, None], -w_ce[:, None])
-    return g, ce, l1, top1
+    if g_t is not None:
+        g.add_(g_t)
+    return g, ce, l1, top1, l1_t
 
 
-def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg):
+def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus=(), w_t=None):
     """_chunk_grad without in-place ops, for torch.compile (which fuses it into a few passes)."""
     top1 = logits.argmax(-1) == t_arg
+    g_t, l1_t = _tempered_l1(logits, p_t, taus, w_t if w_t is not None else torch.zeros_like(w_ce))
     lse = torch.logsumexp(logits, -1, keepdim=True)
     ce = lse[:, 0] - logits.gather(1, labels[:, None])[:, 0]
     p = torch.exp(logits - lse)
@@ -377,7 +444,9 @@ def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg):
     ps = (p * s).sum(-1, keepdim=True)
     g = p * (w_l1[:, None] * (s - ps) + w_ce[:, None])
     g = g - w_ce[:, None] * F.one_hot(labels, logits.shape[1]).to(g.dtype)
-    return g, ce, l1, top1
+    if g_t is not None:
+        g = g + g_t
+    return g, ce, l1, top1, l1_t
 
 
 _COMPILED: dict[str, object] = {}
@@ -404,7 +473,8 @@ class _FusedVocabLoss(torch.autograd.Function):
     as the unfused step's) with their outputs rounded to it before the fp32 softmax, as there."""
 
     @staticmethod
-    def forward(ctx, hidden, z, head_w, w2, p_t, t_arg, inverse, labels, w_ce, w_l1, dtype, compiled):
+    def forward(ctx, hidden, z, head_w, w2, p_t, t_arg, inverse, labels, w_ce, w_l1, dtype, compiled, taus=(),
+                w_t=None):
         R, V = hidden.shape[0], head_w.shape[0]
         dev = hidden.device
         with torch.autocast(dev.type, enabled=False):
@@ -415,38 +485,40 @@ class _FusedVocabLoss(torch.autograd.Function):
             gh = torch.empty(R, hidden.shape[1], dtype=hidden.dtype, device=dev)
             gz = torch.empty(R, z.shape[1], dtype=z.dtype, device=dev) if z is not None else None
             gw2 = torch.zeros(V, w2.shape[1], dtype=torch.float32, device=dev) if w2 is not None else None
-            ce, l1 = torch.empty(R, device=dev), torch.empty(R, device=dev)
+            ce, l1, l1_t = torch.empty(R, device=dev), torch.empty(R, device=dev), torch.zeros(R, device=dev)
             top1 = torch.empty(R, dtype=torch.bool, device=dev)
-            step = max(1, min(R, CHUNK_ELEMENTS // V))
+            step = max(1, min(R, CHUNK_ELEMENTS // V // (1 + len(taus))))  # the tempered terms' temporaries
             chunk_fn = compiled_chunk_grad() if compiled else _chunk_grad
             for i in range(0, R, step):
                 sl = slice(i, min(R, i + step))
                 logits = _head_logits(hd[sl], W, zd[sl] if zd is not None else None, W2)
                 inv = inverse[sl]
-                g, ce[sl], l1[sl], top1[sl] = chunk_fn(logits, p_t.index_select(0, inv), labels[sl], w_ce[sl],
-                                                        w_l1[sl], t_arg.index_select(0, inv))
+                g, ce[sl], l1[sl], top1[sl], l1_t[sl] = chunk_fn(
+                    logits, p_t.index_select(0, inv), labels[sl], w_ce[sl], w_l1[sl], t_arg.index_select(0, inv),
+                    taus, w_t[sl] if w_t is not None else None)
                 g = g.to(dtype)
                 gh[sl] = g @ W
                 if W2 is not None:
                     gz[sl] = g @ W2
                     gw2.add_((g.t() @ zd[sl]).float())
                 del logits, g
-            loss = (w_ce * ce).sum() + (w_l1 * l1).sum()
+            loss = (w_ce * ce).sum() + (w_l1 * l1).sum() + l1_t.sum()
         ctx.save_for_backward(gh, gz, gw2)
         ctx.has_z, ctx.w2_dtype = z is not None, (w2.dtype if w2 is not None else None)
-        ctx.mark_non_differentiable(ce, l1, top1)
-        return loss, ce, l1, top1
+        ctx.mark_non_differentiable(ce, l1, top1, l1_t)
+        return loss, ce, l1, top1, l1_t
 
     @staticmethod
     def backward(ctx, g_loss, *unused):
         gh, gz, gw2 = ctx.saved_tensors
         return (gh * g_loss.to(gh.dtype), gz * g_loss.to(gz.dtype) if ctx.has_z else None, None,
-                (gw2 * g_loss).to(ctx.w2_dtype) if gw2 is not None else None) + (None,) * 8
+                (gw2 * g_loss).to(ctx.w2_dtype) if gw2 is not None else None) + (None,) * 10
 
 
 def fused_dspark_loss(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | None,
                       conf: torch.Tensor | None, p_t: torch.Tensor, t_arg: torch.Tensor, rows: LossRows,
-                      dtype: torch.dtype, compiled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                      dtype: torch.dtype, compiled: bool = False, spec: LossSpec = LossSpec()
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """dspark_loss's loss and metrics, from the block states h [N, G, d], the Markov input z
     [N, G, r] and the confidence logits [N, G], against the target's distribution p_t [P, V] (fp32)
     and argmax t_arg [P] at rows.target_rows. Metrics stay device tensors (no sync)."""
@@ -456,14 +528,20 @@ def fused_dspark_loss(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Ten
         raise ValueError("fused_dspark_loss expects an LM head without bias")
     dev = hidden.device
     w = rows.weights
-    w_ce, w_l1 = (CE_ALPHA / rows.denom) * w, (L1_ALPHA / rows.denom) * w
+    per_t = spec.l1 / len(spec.l1_temperatures)
+    w_ce = (spec.ce / rows.denom) * w
+    w_l1 = (per_t / rows.denom) * w if 1.0 in spec.l1_temperatures else torch.zeros_like(w)
+    w_t = (per_t / rows.denom) * w if spec.tempered else None
+    labels = t_arg.index_select(0, rows.inverse) if spec.ce_label == "argmax" else rows.labels
     h_rows = hidden.reshape(N * G, d).index_select(0, rows.rows)
     z_rows = z.reshape(N * G, -1).index_select(0, rows.rows) if z is not None else None
     w2 = drafter.markov_head.markov_w2.weight if z is not None else None
-    vocab_loss, ce, l1, top1 = _FusedVocabLoss.apply(h_rows, z_rows, head.weight, w2, p_t, t_arg, rows.inverse,
-                                                     rows.labels, w_ce, w_l1, dtype, compiled)
+    vocab_loss, ce, l1, top1, l1_t = _FusedVocabLoss.apply(h_rows, z_rows, head.weight, w2, p_t, t_arg, rows.inverse,
+                                                           labels, w_ce, w_l1, dtype, compiled, spec.tempered, w_t)
     loss = vocab_loss
     metrics = {"ce": (w * ce).sum() / rows.denom, "l1": (w * l1).sum() / rows.denom}
+    if spec.tempered:  # the tempered terms' mean L1 (their sum over taus, each weighed like the others)
+        metrics["l1_tempered"] = l1_t.sum() / (per_t * len(spec.tempered))
     c_rows = (1.0 - 0.5 * l1).clamp(0.0, 1.0)  # c* of the supervised slots (detached: l1 has no grad)
     if conf is not None:
         c_star = torch.zeros(N * G, device=dev).index_copy_(0, rows.rows, c_rows)

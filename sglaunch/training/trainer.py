@@ -69,6 +69,12 @@ class TrainArgs:
     # weight of a block whose anchor follows the drafter's own miss (and of a response's first
     # anchor), every other block 1: the anchors a server's blocks start at (objective.focus_weights)
     anchor_focus: float = 1.0
+    # the vocabulary terms of the loss (objective.LossSpec): CE weight and label (the response's token
+    # or the target's greedy one), L1 weight and the temperatures its distance is taken at
+    loss_ce_weight: float = 0.1
+    loss_l1_weight: float = 0.9
+    ce_label: str = "response"
+    l1_temperatures: list[float] = field(default_factory=lambda: [1.0])
     lr: float = 6e-4
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
@@ -95,6 +101,11 @@ class TrainArgs:
     # the drafter's grouped-layout attention (training/attention.py): auto (flex on CUDA, sdpa
     # elsewhere; SGLAUNCH_TRAIN_ATTENTION overrides), sdpa (the reference), dense, flex (CUDA)
     attention: str = "auto"
+
+    def loss_spec(self):
+        from sglaunch.training.objective import LossSpec
+
+        return LossSpec(self.loss_ce_weight, self.loss_l1_weight, self.ce_label, tuple(self.l1_temperatures))
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -329,7 +340,7 @@ class Trainer:
             rows = dataclasses.replace(rows, weights=weights, denom=weights.sum().clamp_min(1e-6))
         self._phase("drafter")
         out = objective.fused_dspark_loss(self.drafter, hidden, z, conf, p_t, t_arg, rows, self.dtype,
-                                          compiled=self.compile_loss)
+                                          compiled=self.compile_loss, spec=a.loss_spec())
         self._phase("loss")
         out[1].update(focus_metrics)
         return out
@@ -360,7 +371,7 @@ class Trainer:
         mult, focus_metrics = objective.focus_weights(hit0, links, blocks.valid[:, 0], self.args.anchor_focus)
         if self.args.anchor_focus != 1.0:
             blocks = dataclasses.replace(blocks, weights=blocks.weights * mult[:, None])
-        loss, metrics = objective.dspark_loss(logits, conf, target_logits, blocks)
+        loss, metrics = objective.dspark_loss(logits, conf, target_logits, blocks, self.args.loss_spec())
         metrics.update({k: float(v) for k, v in focus_metrics.items()})
         return loss, metrics
 

@@ -62,3 +62,31 @@ def test_the_walk_is_what_the_engine_serves(dspark_files, drafter):
     # slot 0's first choice is the target's token exactly where the walk's block accepted slot 0
     assert after["top1"] == pytest.approx(result["slot0_rate_by_previous_block"]["rejection"][0], abs=1e-4)
     assert after["top1"] <= after["top2"] <= after["top3"]
+
+
+def test_branch_walks_take_the_second_chain_where_its_first_token_is_the_targets():
+    """The walk with a second (third) chain at slot 0: where slot 0's second (third) choice is the
+    target's token, the block's run is 1 + the teacher-forced leading hits of slots 1.. (if longer
+    than the first chain's), and only where the confidence is below the threshold."""
+    branch_walks = load_anchor_bias().branch_walks
+    # one response of 9 tokens: per anchor 0..7 the first chain's run, 1 + the leading hits from slot 1,
+    # the rank of the target's token among slot 0's choices, and slot 0's confidence
+    runs = [0, 2, 0, 0, 1, 0, 4, 0]
+    lead1 = [3, 1, 1, 2, 1, 1, 1, 1]
+    rank0 = [2, 1, 3, 2, 1, 99, 1, 2]
+    conf0 = [0.5, 0.9, 0.2, 0.9, 0.6, 0.1, 0.9, 0.1]
+    out = branch_walks([("k", list(range(9)), runs, lead1, rank0, conf0)], 4)
+    # without a second chain the walk is anchors 0, 1, 4, 6 (the last block cut to the response's end)
+    assert out["top2_conf_below_0.4"]["mean_accept_length"] == pytest.approx((1 + 3 + 2 + 3) / 4)
+    assert out["top2_conf_below_0.4"]["extra_chain_share"] == 0
+    # with it at anchor 0 (rank 2): run 3, then anchors 4 and 6
+    assert out["top2_always"]["mean_accept_length"] == pytest.approx((4 + 2 + 3) / 3)
+    assert out["top2_always"]["extra_chain_share"] == 1.0
+    assert out["top2_conf_below_0.6"]["mean_accept_length"] == pytest.approx((4 + 2 + 3) / 3)
+    assert out["top2_conf_below_0.6"]["extra_chain_share"] == pytest.approx(1 / 3, abs=1e-4)
+    # a rank-3 token needs the third chain; anchor 2 is never visited here, so top-3 walks alike
+    assert out["top3_always"] == out["top2_always"]
+    # a rank-3 token needs the third chain: a 4-token response whose every anchor has it
+    out2 = branch_walks([("k", list(range(4)), [0, 0, 0], [2, 2, 2], [3, 3, 3], [0.0] * 3)], 4)
+    assert out2["top2_always"]["mean_accept_length"] == 1.0  # three blocks of the bonus token alone
+    assert out2["top3_always"]["mean_accept_length"] == 3.0  # one block: 2 drafts + the bonus

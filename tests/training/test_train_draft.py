@@ -378,15 +378,24 @@ def test_draft_vocab_size_writes_the_most_frequent_response_tokens(tiny_target, 
 # ----------------------------------------------------------------------------- the fast step (issue 19)
 
 
-@pytest.mark.parametrize("head,focus", [("vanilla", 1.0), ("gated", 1.0), ("rnn", 1.0), ("vanilla", 3.0), ("rnn", 2.5)])
-def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path, head, focus):
+LOSS_VARIANTS = {"default": {}, "argmax-ce": dict(ce_label="argmax", loss_ce_weight=0.5),
+                 "tempered": dict(l1_temperatures=[1.0, 0.7]), "tempered-only": dict(l1_temperatures=[0.7, 0.5],
+                                                                                       loss_l1_weight=0.6)}
+
+
+@pytest.mark.parametrize("head,focus,loss", [("vanilla", 1.0, "default"), ("gated", 1.0, "default"),
+                                             ("rnn", 1.0, "default"), ("vanilla", 3.0, "default"),
+                                             ("rnn", 2.5, "default"), ("vanilla", 1.0, "argmax-ce"),
+                                             ("rnn", 1.0, "tempered"), ("vanilla", 2.0, "tempered-only")])
+def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path, head, focus, loss):
     """The fused, chunked loss over supervised slots (target distribution once per position, the
     logit gradient in closed form) gives the materialised loss's value, metrics and gradients,
-    with the served-anchor focus (--anchor-focus) as without it."""
+    with the served-anchor focus (--anchor-focus) as without it, and with each loss variant
+    (--ce-label argmax, --l1-temperatures)."""
     from sglaunch.training import objective as obj
 
     trainer = Trainer(fast_args(tiny_target, prompt_file, tmp_path / head, max_steps=1, markov_head_type=head,
-                                anchor_focus=focus))
+                                anchor_focus=focus, **LOSS_VARIANTS[loss]))
     trainer.setup()
     with torch.no_grad():
         for p in model.own_parameters(trainer.drafter).values():
@@ -406,10 +415,15 @@ def test_fused_step_equals_the_reference_step(tiny_target, prompt_file, tmp_path
         grads = {n: p.grad.clone() for n, p in model.own_parameters(trainer.drafter).items() if p.grad is not None}
         results[(impl, chunk)] = (float(loss), Trainer.host_row(metrics), grads)
     ref_loss, ref_metrics, ref_grads = results[("reference", None)]
+    # the reference reports the L1 at each temperature other than 1, the fused step their mean
+    tempered = {k: ref_metrics.pop(k) for k in list(ref_metrics) if k.startswith("l1@")}
+    assert len(tempered) == len([t for t in trainer.args.l1_temperatures if t != 1.0])
     assert 0 < ref_metrics["after_miss_share"] <= 1  # linked blocks after a miss: the focus reweighs some
     for key in (("fused", None), ("fused", 7 * trainer.dcfg.vocab_size)):
         loss, metrics, grads = results[key]
         assert loss == pytest.approx(ref_loss, rel=1e-5)
+        if tempered:
+            assert metrics.pop("l1_tempered") == pytest.approx(sum(tempered.values()) / len(tempered), rel=1e-4)
         assert metrics.keys() == ref_metrics.keys()
         for name, value in ref_metrics.items():
             assert metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
@@ -480,6 +494,46 @@ def test_compiled_chunk_math_equals_the_in_place_one():
     loss = (w_ce * -logp.gather(1, labels[:, None])[:, 0]).sum() + (w_l1 * (logp.exp() - p_t).abs().sum(-1)).sum()
     loss.backward()
     torch.testing.assert_close(want[0], x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_tempered_l1_gradient_is_autograds():
+    """--l1-temperatures: the chunk's closed-form gradient of w_t ||softmax(l / tau) - p_t^(tau)||_1 summed
+    over taus (plus the tau = 1 and CE terms) is autograd's, in place and functional alike."""
+    from sglaunch.training import objective as obj
+
+    torch.manual_seed(1)
+    c, V = 6, 13
+    logits = torch.randn(c, V) * 2
+    t_logits = torch.randn(c, V) * 2
+    p_t = torch.softmax(t_logits, -1)
+    labels, t_arg = torch.randint(0, V, (c,)), torch.randint(0, V, (c,))
+    w_ce, w_l1, w_t = torch.rand(c), torch.rand(c), torch.rand(c)
+    taus = (0.7, 0.4)
+    want = obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus, w_t)
+    got = obj._chunk_grad(logits.clone(), p_t.clone(), labels, w_ce, w_l1, t_arg, taus, w_t)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    x = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(x, -1)
+    loss = (w_ce * -logp.gather(1, labels[:, None])[:, 0]).sum() + (w_l1 * (logp.exp() - p_t).abs().sum(-1)).sum()
+    tempered = sum(w_t * (torch.softmax(x / tau, -1) - torch.softmax(t_logits / tau, -1)).abs().sum(-1)
+                   for tau in taus)
+    (loss + tempered.sum()).backward()
+    torch.testing.assert_close(want[0], x.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(want[4], tempered.detach(), rtol=1e-5, atol=1e-6)
+    # the temperature matters: tau = 1 alone would be another gradient
+    assert not torch.allclose(obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, (1.0,), w_t)[0],
+                              want[0], atol=1e-4)
+
+
+def test_loss_options_are_checked_by_the_cli(tiny_target, prompt_file, tmp_path):
+    base = ("train-draft", "--target", str(tiny_target), "--prompts", str(prompt_file), "-o", str(tmp_path / "o"))
+    for extra, message in ((("--ce-label", "sampled"), "--ce-label 'sampled' is not response or argmax"),
+                           (("--l1-temperatures", "1,0"), "--l1-temperatures must be positive numbers"),
+                           (("--loss-ce-weight", "-1"), "--loss-ce-weight must be 0 or more"),
+                           (("--loss-ce-weight", "0", "--loss-l1-weight", "0"), "are both 0")):
+        bad = invoke(*base, *extra)
+        assert bad.exit_code == 2 and message in bad.output, (extra, bad.output)
 
 
 def test_a_step_reads_nothing_back_until_it_is_logged(tiny_target, prompt_file, tmp_path):
