@@ -179,8 +179,8 @@ def branch_walks(per_prompt, G: int) -> dict:
     out = {}
     for width in (2, 3):
         for th in BRANCH_THRESHOLDS:
-            lengths, extra = [], 0
-            for _kind, response, runs, lead1, rank0, conf0 in per_prompt:
+            lengths, extra, by_kind = [], 0, defaultdict(list)
+            for kind, response, runs, lead1, rank0, conf0 in per_prompt:
                 i = 0
                 while i < len(runs):
                     n = runs[i]
@@ -190,10 +190,12 @@ def branch_walks(per_prompt, G: int) -> dict:
                             n = max(n, lead1[i])
                     n = min(n, len(response) - 1 - i)
                     lengths.append(n + 1)
+                    by_kind[kind].append(n + 1)
                     i += n + 1
             key = f"top{width}_conf_below_{th:g}" if th <= 1 else f"top{width}_always"
             out[key] = {"mean_accept_length": round(sum(lengths) / max(len(lengths), 1), 4),
-                        "extra_chain_share": round(extra / max(len(lengths), 1), 4), "blocks": len(lengths)}
+                        "extra_chain_share": round(extra / max(len(lengths), 1), 4), "blocks": len(lengths),
+                        "per_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())}}
     return out
 
 
