@@ -432,7 +432,7 @@ def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w
 
 
 def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus=(), w_t=None):
-    """_chunk_grad without in-place ops, for torch.compile (which fuses it into a few passes)."""
+    """_chunk_grad without in-place ops on its inputs, for torch.compile (which fuses it into a few passes)."""
     top1 = logits.argmax(-1) == t_arg
     g_t, l1_t = _tempered_l1(logits, p_t, taus, w_t if w_t is not None else torch.zeros_like(w_ce))
     lse = torch.logsumexp(logits, -1, keepdim=True)

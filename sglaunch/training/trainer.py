@@ -71,8 +71,8 @@ class TrainArgs:
     anchor_focus: float = 1.0
     # the vocabulary terms of the loss (objective.LossSpec): CE weight and label (the response's token
     # or the target's greedy one), L1 weight and the temperatures its distance is taken at
-    loss_ce_weight: float = 0.1
-    loss_l1_weight: float = 0.9
+    loss_ce_weight: float = objective.CE_ALPHA
+    loss_l1_weight: float = objective.L1_ALPHA
     ce_label: str = "response"
     l1_temperatures: list[float] = field(default_factory=lambda: [1.0])
     lr: float = 6e-4
@@ -102,10 +102,8 @@ class TrainArgs:
     # elsewhere; SGLAUNCH_TRAIN_ATTENTION overrides), sdpa (the reference), dense, flex (CUDA)
     attention: str = "auto"
 
-    def loss_spec(self):
-        from sglaunch.training.objective import LossSpec
-
-        return LossSpec(self.loss_ce_weight, self.loss_l1_weight, self.ce_label, tuple(self.l1_temperatures))
+    def loss_spec(self) -> objective.LossSpec:
+        return objective.LossSpec(self.loss_ce_weight, self.loss_l1_weight, self.ce_label, tuple(self.l1_temperatures))
 
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
