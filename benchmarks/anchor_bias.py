@@ -169,33 +169,43 @@ def measure(target_dir: Path, drafter_dir: Path, prompts: list[tuple[str, list[i
 
 
 BRANCH_THRESHOLDS = (0.4, 0.5, 0.6, 0.7, 0.8, 1.01)
+SHORT_CHAINS = (1, 2, 3, 4)
+
+
+def branch_walk(per_prompt, width: int, threshold: float, chain_len: int) -> dict:
+    """One served walk at T=0 whose blocks also verify chains 2..width (slot 0's next choices), each of
+    chain_len drafts, where the confidence head's slot-0 probability is below threshold."""
+    lengths, extra, by_kind = [], 0, defaultdict(list)
+    for kind, response, runs, lead1, rank0, conf0 in per_prompt:
+        i = 0
+        while i < len(runs):
+            n = runs[i]
+            if conf0[i] < threshold:
+                extra += 1
+                if 2 <= rank0[i] <= width:
+                    n = max(n, min(lead1[i], chain_len))
+            n = min(n, len(response) - 1 - i)
+            lengths.append(n + 1)
+            by_kind[kind].append(n + 1)
+            i += n + 1
+    return {"mean_accept_length": round(sum(lengths) / max(len(lengths), 1), 4),
+            "extra_chain_share": round(extra / max(len(lengths), 1), 4), "blocks": len(lengths),
+            "per_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())}}
 
 
 def branch_walks(per_prompt, G: int) -> dict:
     """Served walks at T=0 when a block also verifies a second (or second and third) chain starting from
     slot 0's next choices, always or only where the confidence head's slot-0 probability is below a
     threshold: mean accept length and the share of blocks that carried the extra chain(s), whose rows a
-    verify step would pay for (G each)."""
+    verify step would pay for (G each); and with shorter extra chains (`top2_len{L}_always`: L drafts,
+    L + 1 verify rows with the anchor)."""
     out = {}
     for width in (2, 3):
         for th in BRANCH_THRESHOLDS:
-            lengths, extra, by_kind = [], 0, defaultdict(list)
-            for kind, response, runs, lead1, rank0, conf0 in per_prompt:
-                i = 0
-                while i < len(runs):
-                    n = runs[i]
-                    if conf0[i] < th:
-                        extra += 1
-                        if 2 <= rank0[i] <= width:
-                            n = max(n, lead1[i])
-                    n = min(n, len(response) - 1 - i)
-                    lengths.append(n + 1)
-                    by_kind[kind].append(n + 1)
-                    i += n + 1
             key = f"top{width}_conf_below_{th:g}" if th <= 1 else f"top{width}_always"
-            out[key] = {"mean_accept_length": round(sum(lengths) / max(len(lengths), 1), 4),
-                        "extra_chain_share": round(extra / max(len(lengths), 1), 4), "blocks": len(lengths),
-                        "per_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_kind.items())}}
+            out[key] = branch_walk(per_prompt, width, th, G)
+    for length in SHORT_CHAINS:
+        out[f"top2_len{length}_always"] = branch_walk(per_prompt, 2, BRANCH_THRESHOLDS[-1], length)
     return out
 
 

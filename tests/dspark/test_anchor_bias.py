@@ -82,6 +82,9 @@ def test_branch_walks_take_the_second_chain_where_its_first_token_is_the_targets
     # with it at anchor 0 (rank 2): run 3, then anchors 4 and 6
     assert out["top2_always"]["mean_accept_length"] == pytest.approx((4 + 2 + 3) / 3)
     assert out["top2_always"]["extra_chain_share"] == 1.0
+    # a second chain of 1 draft: anchor 0 gets run 1, then anchors 2 (rank 3: nothing), 3 (rank 2: run 1), 5, 6
+    assert out["top2_len1_always"]["mean_accept_length"] == pytest.approx((2 + 1 + 2 + 1 + 3) / 5)
+    assert out["top2_len4_always"] == out["top2_always"]  # G = 4: the whole block
     assert out["top2_conf_below_0.6"]["mean_accept_length"] == pytest.approx((4 + 2 + 3) / 3)
     assert out["top2_conf_below_0.6"]["extra_chain_share"] == pytest.approx(1 / 3, abs=1e-4)
     # a rank-3 token needs the third chain; anchor 2 is never visited here, so top-3 walks alike
