@@ -394,14 +394,15 @@ def teacher_forced_markov(drafter: DSparkDrafter, hidden: torch.Tensor, prev: to
     return z, conf
 
 
-def _tempered_l1(logits: torch.Tensor, p_t: torch.Tensor, taus: tuple[float, ...], w_t: torch.Tensor):
+def _tempered_l1(logits: torch.Tensor, taus: tuple[float, ...], p_taus, w_t: torch.Tensor):
     """-> (sum over taus of d/d logits of w_t ||softmax(l / tau) - p_t^(tau)||_1 [c, V], or None without taus;
-    the weighted sum of those L1 distances per row [c]). The gradient of one term w.r.t. logit v is
-    (w_t / tau) q_v (s_v - <q, s>), q = softmax(l / tau), s = sign(q - p_t^(tau))."""
+    the weighted sum of those L1 distances per row [c]). p_taus: the chunk's own copies of the target's tempered
+    distributions p_t^(tau) [c, V] (tempered_probs), one per tau; overwritten. The gradient of one term w.r.t.
+    logit v is (w_t / tau) q_v (s_v - <q, s>), q = softmax(l / tau), s = sign(q - p_t^(tau))."""
     g, val = None, torch.zeros_like(w_t)
-    for tau in taus:  # two [c, V] temporaries a temperature (in place on tensors made here only)
+    for tau, p_tau in zip(taus, p_taus):  # one more [c, V] temporary a temperature
         q = torch.softmax(logits / tau, -1)
-        d = tempered_probs(p_t, tau).neg_().add_(q)  # q - p_t^(tau)
+        d = p_tau.neg_().add_(q)  # q - p_t^(tau), in the chunk's copy
         val = val + w_t * torch.linalg.vector_norm(d, 1, dim=-1)
         qs = d.sign_().mul_(q)
         gt = qs.addcmul_(q, qs.sum(-1, keepdim=True), value=-1.0).mul_((w_t / tau)[:, None])
@@ -410,13 +411,14 @@ def _tempered_l1(logits: torch.Tensor, p_t: torch.Tensor, taus: tuple[float, ...
 
 
 def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w_ce: torch.Tensor,
-                w_l1: torch.Tensor, t_arg: torch.Tensor, taus: tuple[float, ...] = (), w_t: torch.Tensor | None = None):
+                w_l1: torch.Tensor, t_arg: torch.Tensor, taus: tuple[float, ...] = (), w_t: torch.Tensor | None = None,
+                p_taus=()):
     """One chunk, in place on its fp32 logits [c, V] (then free): -> (d loss / d logits [c, V] in
     logits' storage, ce [c], l1 [c], top1 [c], the weighted tempered L1 terms [c]). loss = sum_r w_ce CE +
     w_l1 ||p_d - p_t||_1 (+ the tempered terms of `_tempered_l1`), whose gradient w.r.t. logit v is
     w_ce (p_v - [v = label]) + w_l1 p_v (s_v - <p, s>), s = sign(p_d - p_t)."""
     top1 = logits.argmax(-1) == t_arg
-    g_t, l1_t = _tempered_l1(logits, p_t, taus, w_t if w_t is not None else torch.zeros_like(w_ce))
+    g_t, l1_t = _tempered_l1(logits, taus, p_taus, w_t if w_t is not None else torch.zeros_like(w_ce))
     lse = torch.logsumexp(logits, -1)
     ce = lse - logits.gather(1, labels[:, None])[:, 0]
     p = logits.sub_(lse[:, None]).exp_()  # p_d
@@ -431,10 +433,11 @@ def _chunk_grad(logits: torch.Tensor, p_t: torch.Tensor, labels: torch.Tensor, w
     return g, ce, l1, top1, l1_t
 
 
-def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus=(), w_t=None):
-    """_chunk_grad without in-place ops on its inputs, for torch.compile (which fuses it into a few passes)."""
+def _chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus=(), w_t=None, p_taus=()):
+    """_chunk_grad without in-place ops on its inputs (but p_taus, the chunk's own copies), for torch.compile
+    (which fuses it into a few passes)."""
     top1 = logits.argmax(-1) == t_arg
-    g_t, l1_t = _tempered_l1(logits, p_t, taus, w_t if w_t is not None else torch.zeros_like(w_ce))
+    g_t, l1_t = _tempered_l1(logits, taus, p_taus, w_t if w_t is not None else torch.zeros_like(w_ce))
     lse = torch.logsumexp(logits, -1, keepdim=True)
     ce = lse[:, 0] - logits.gather(1, labels[:, None])[:, 0]
     p = torch.exp(logits - lse)
@@ -474,7 +477,7 @@ class _FusedVocabLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, z, head_w, w2, p_t, t_arg, inverse, labels, w_ce, w_l1, dtype, compiled, taus=(),
-                w_t=None):
+                w_t=None, p_taus=()):
         R, V = hidden.shape[0], head_w.shape[0]
         dev = hidden.device
         with torch.autocast(dev.type, enabled=False):
@@ -495,7 +498,7 @@ class _FusedVocabLoss(torch.autograd.Function):
                 inv = inverse[sl]
                 g, ce[sl], l1[sl], top1[sl], l1_t[sl] = chunk_fn(
                     logits, p_t.index_select(0, inv), labels[sl], w_ce[sl], w_l1[sl], t_arg.index_select(0, inv),
-                    taus, w_t[sl] if w_t is not None else None)
+                    taus, w_t[sl] if w_t is not None else None, [p.index_select(0, inv) for p in p_taus])
                 g = g.to(dtype)
                 gh[sl] = g @ W
                 if W2 is not None:
@@ -512,7 +515,7 @@ class _FusedVocabLoss(torch.autograd.Function):
     def backward(ctx, g_loss, *unused):
         gh, gz, gw2 = ctx.saved_tensors
         return (gh * g_loss.to(gh.dtype), gz * g_loss.to(gz.dtype) if ctx.has_z else None, None,
-                (gw2 * g_loss).to(ctx.w2_dtype) if gw2 is not None else None) + (None,) * 10
+                (gw2 * g_loss).to(ctx.w2_dtype) if gw2 is not None else None) + (None,) * 11
 
 
 def fused_dspark_loss(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Tensor | None,
@@ -533,11 +536,13 @@ def fused_dspark_loss(drafter: DSparkDrafter, hidden: torch.Tensor, z: torch.Ten
     w_l1 = (per_t / rows.denom) * w if 1.0 in spec.l1_temperatures else torch.zeros_like(w)
     w_t = (per_t / rows.denom) * w if spec.tempered else None
     labels = t_arg.index_select(0, rows.inverse) if spec.ce_label == "argmax" else rows.labels
+    p_taus = [tempered_probs(p_t, tau) for tau in spec.tempered]  # once per distinct position, as p_t
     h_rows = hidden.reshape(N * G, d).index_select(0, rows.rows)
     z_rows = z.reshape(N * G, -1).index_select(0, rows.rows) if z is not None else None
     w2 = drafter.markov_head.markov_w2.weight if z is not None else None
     vocab_loss, ce, l1, top1, l1_t = _FusedVocabLoss.apply(h_rows, z_rows, head.weight, w2, p_t, t_arg, rows.inverse,
-                                                           labels, w_ce, w_l1, dtype, compiled, spec.tempered, w_t)
+                                                           labels, w_ce, w_l1, dtype, compiled, spec.tempered, w_t,
+                                                           p_taus)
     loss = vocab_loss
     metrics = {"ce": (w * ce).sum() / rows.denom, "l1": (w * l1).sum() / rows.denom}
     if spec.tempered:  # the tempered terms' mean L1 (their sum over taus, each weighed like the others)

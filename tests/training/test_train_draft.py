@@ -509,8 +509,9 @@ def test_tempered_l1_gradient_is_autograds():
     labels, t_arg = torch.randint(0, V, (c,)), torch.randint(0, V, (c,))
     w_ce, w_l1, w_t = torch.rand(c), torch.rand(c), torch.rand(c)
     taus = (0.7, 0.4)
-    want = obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus, w_t)
-    got = obj._chunk_grad(logits.clone(), p_t.clone(), labels, w_ce, w_l1, t_arg, taus, w_t)
+    p_taus = [obj.tempered_probs(p_t, tau) for tau in taus]
+    want = obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, taus, w_t, [p.clone() for p in p_taus])
+    got = obj._chunk_grad(logits.clone(), p_t.clone(), labels, w_ce, w_l1, t_arg, taus, w_t, [p.clone() for p in p_taus])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     x = logits.clone().requires_grad_(True)
@@ -522,8 +523,8 @@ def test_tempered_l1_gradient_is_autograds():
     torch.testing.assert_close(want[0], x.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(want[4], tempered.detach(), rtol=1e-5, atol=1e-6)
     # the temperature matters: tau = 1 alone would be another gradient
-    assert not torch.allclose(obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, (1.0,), w_t)[0],
-                              want[0], atol=1e-4)
+    assert not torch.allclose(obj._chunk_grad_functional(logits, p_t, labels, w_ce, w_l1, t_arg, (1.0,), w_t,
+                                                         [p_t.clone()])[0], want[0], atol=1e-4)
 
 
 def test_loss_options_are_checked_by_the_cli(tiny_target, prompt_file, tmp_path):
