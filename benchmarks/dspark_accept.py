@@ -2,7 +2,7 @@
 
     python benchmarks/dspark_accept.py --target DIR --drafter DIR --prompts heldout.jsonl \
         [--temperatures 0 0.7] [--max-prompts 40 | --per-kind 20] [--max-new-tokens 96] [--device cpu] \
-        [--json OUT.json] [--time-budget S]
+        [--json OUT.json] [--time-budget S] [--second-chain N]
 
 Runs every prompt (JSONL, optionally .gz, with `prompt`, `messages` or `input_ids`, optional
 `type` or `kind`) through the engine with `--speculative-algorithm DSPARK` in static mode (every
@@ -14,6 +14,9 @@ reach rate P(draft k accepted) and the conditional accept rate P(draft k accepte
 accepted) (from the accept lengths: in static mode every step verifies the whole block, except
 where a request's remaining token budget cuts it). `--time-budget S` stops decoding a temperature
 after S seconds and reports what was measured (marked `"cut_by_time_budget": true`).
+`--second-chain N` also verifies the block's runner-up chain of N drafts at T = 0
+(SGLAUNCH_DSPARK_SECOND_CHAIN; page size 1) and turns bursts off (SGLAUNCH_DSPARK_BURST=0: they run
+one chain), so every drafting step is a synchronous one that can verify it.
 Exactness is the test suite's job; this measures acceptance.
 """
 
@@ -96,8 +99,13 @@ def run(args) -> dict:
     from sglaunch.engine.launch import create_engine
     from sglaunch.server.tokenizer import load_tokenizer
 
+    import os
+
     prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts, args.per_kind)
     block = json.loads((args.drafter / "config.json").read_text())["block_size"]
+    if args.second_chain:
+        os.environ["SGLAUNCH_DSPARK_SECOND_CHAIN"] = str(args.second_chain)
+        os.environ["SGLAUNCH_DSPARK_BURST"] = "0"
     engine, cluster = create_engine(engine_config(args))
     results = {}
     try:
@@ -120,6 +128,7 @@ def run(args) -> dict:
                     if out.accept_length is not None:
                         lengths[kinds[out.rid]].append(out.accept_length)
             every = [n for values in lengths.values() for n in values]
+            stats, before = engine.spec.stats.to_dict(), results.get("_stats", {})
             results[str(temperature)] = {
                 "mean_accept_length": sum(every) / max(len(every), 1),
                 "per_type": {k: sum(v) / max(len(v), 1) for k, v in sorted(lengths.items())},
@@ -130,9 +139,14 @@ def run(args) -> dict:
                 "cut_by_time_budget": cut,
                 "all": position_figures(every, block),
                 "per_type_positions": {k: position_figures(v, block) for k, v in sorted(lengths.items())},
+                "second_chain": args.second_chain,
+                "second_chains": stats["second_chains"] - before.get("second_chains", 0),
+                "second_chain_wins": stats["second_chain_wins"] - before.get("second_chain_wins", 0),
             }
+            results["_stats"] = stats
     finally:
         cluster.stop(engine)
+    results.pop("_stats", None)
     return results
 
 
@@ -150,12 +164,16 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="requests decoded at once")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--second-chain", type=int, default=0,
+                        help="drafts of the runner-up chain verified at T = 0 (0: none); turns bursts off")
     args = parser.parse_args()
     results = run(args)
     for temperature, figures in results.items():
         types = ", ".join(f"{k} {v:.2f}" for k, v in figures["per_type"].items())
         print(f"T={temperature}: mean accept length {figures['mean_accept_length']:.2f} "
               f"over {figures['prompts']} prompts ({types})")
+        if figures["second_chains"]:
+            print(f"  second chain won {figures['second_chain_wins']} of {figures['second_chains']} request-steps")
         print("  conditional accept rate per position: "
               + " ".join(f"{x:.2f}" for x in figures["all"]["accept_rate_per_position"]))
     if args.json:

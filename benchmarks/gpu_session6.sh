@@ -1070,6 +1070,26 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline63() {  # session 30: DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAIN, greedy steps verify the block's
+  # runner-up chain too; bursts run one chain, so every arm here has them off but `burst`). The graph test of the
+  # second chain; dspark_accept (static mode, the held-out split, T=0) without it, with a chain of 3 and of 7 drafts;
+  # then DSpark compact over HTTP at c=1,8: one chain against two (bursts off both), and bursts against two chains.
+  # NOTE: the first engine part pays FlashInfer's JIT on a fresh machine (about 80 s)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain or drafts_left"
+  local A="--target $SMOL --drafter $DRAFTER --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0 --device cuda"
+  part acc_c0 120 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept_c0.json"
+  part acc_c3 90 python3 benchmarks/dspark_accept.py $A --second-chain 3 --json "$W/accept_c3.json"
+  part acc_c7 90 python3 benchmarks/dspark_accept.py $A --second-chain 7 --json "$W/accept_c7.json"
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 200 bash -c 'dspark_ab one SGLAUNCH_DSPARK_BURST=0 two "SGLAUNCH_DSPARK_BURST=0 SGLAUNCH_DSPARK_SECOND_CHAIN=3" 1,8 96 "$W/bench1/bench.json"'
+  part bench2 150 bash -c 'dspark_ab burst "" two "SGLAUNCH_DSPARK_BURST=0 SGLAUNCH_DSPARK_SECOND_CHAIN=3" 1 96 "$W/bench2/bench.json"'
+  touch "$W/all.done"
+}
+
 pipeline62() {  # pipeline62 [DSPARK_FLAGS]: session 28, warm H100 after drafter rounds 17-18 (which measured the
   # vocabulary A/B in their baselines): pipeline61 without its accept parts: TokenOutput's A/B over HTTP (.pre27
   # carried), then plain against DSpark at c=1,8 (median of 3), by default with the bundled drafter folder.
@@ -1164,7 +1184,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3; do
+    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3 gputest acc_c0 acc_c3 acc_c7; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in

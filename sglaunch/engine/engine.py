@@ -315,24 +315,34 @@ class LLMEngine:
         failed: dict[int, Exception] = {}  # chunk index -> why its request could not be sampled
         if chunks:
             proposal = self._propose(chunks, decision)
-            step = build_step_input(chunks, self.config.page_size)
-            if self.context_skip:
-                step.draft_context = self._draft_context(chunks, proposal is not None, step)
-            if step.future_rows:
-                raise RuntimeError("a synchronous step with placeholder tokens (the pipeline was not drained)")
-            # NOTE: an all-greedy step needs no logits, only each row's greedy choice
-            step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead)
-            start = time.perf_counter()
-            logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
-            rows = sample_rows(chunks)
-            self._sample(chunks, logits, rows, sampled, logprobs, failed)
-            if proposal is not None:
-                self._accept(proposal, logits, rows, chunks, sampled, logprobs, time.perf_counter() - start)
-            self.counters["steps"] += 1
+            try:
+                self._forward_and_accept(chunks, proposal, sampled, logprobs, failed)
+            finally:  # second chains' pages: the winner's kept by the accept, every other one freed
+                if proposal is not None and proposal.second_lens:
+                    for chunk in proposal.chunks:
+                        self.scheduler.settle_second_chain(chunk, None)
         finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
         return outputs + [out for i, exc in failed.items()
                           if (out := self.fail_request(chunks[i].req.rid, exc)) is not None]
+
+    def _forward_and_accept(self, chunks: list[Chunk], proposal, sampled: list, logprobs: list,
+                            failed: dict[int, Exception]) -> None:
+        """_step_now's device part: the forward on every rank, then sampling and the accept."""
+        step = build_step_input(chunks, self.config.page_size)
+        if self.context_skip:
+            step.draft_context = self._draft_context(chunks, proposal is not None, step)
+        if step.future_rows:
+            raise RuntimeError("a synchronous step with placeholder tokens (the pipeline was not drained)")
+        # NOTE: an all-greedy step needs no logits, only each row's greedy choice
+        step.logits = not all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead)
+        start = time.perf_counter()
+        logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
+        rows = sample_rows(chunks)
+        self._sample(chunks, logits, rows, sampled, logprobs, failed)
+        if proposal is not None:
+            self._accept(proposal, logits, rows, chunks, sampled, logprobs, time.perf_counter() - start)
+        self.counters["steps"] += 1
 
     # ---- overlap: step N + 1 launched before step N is read back ------------------------
     def _step_overlapped(self) -> list[TokenOutput]:
@@ -675,8 +685,11 @@ class LLMEngine:
         if not spec_chunks:
             return None
         extra += sum(c.end - c.start for c in candidates if not c.lookahead)
+        # a second chain where every row the step samples is greedy (the host accept judges it)
+        second = (self.scheduler.reserve_second_chain if self.spec.second_chain
+                  and all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead) else None)
         return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
-                                 self._verify_tiers(chunks), budget)
+                                 self._verify_tiers(chunks), budget, **({"second_pages": second} if second else {}))
 
     def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
         """Captured verify-graph tiers a step of these chunks can replay; none when it will run
@@ -738,6 +751,8 @@ class LLMEngine:
         for chunk, accepted in zip(proposal.chunks, results):
             i = index[id(chunk)]
             sampled[i], logprobs[i] = accepted.tokens, accepted.logprobs
+            if chunk.second_pages:
+                self.scheduler.settle_second_chain(chunk, accepted.accept_length - 1 if accepted.second_won else None)
 
     def _outputs(self, chunks: list[Chunk], sampled: list, logprobs: list, finished: list[Req]) -> list[TokenOutput]:
         done = {req.rid for req in finished}

@@ -28,7 +28,7 @@ from sglaunch.engine.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from sglaunch.engine.loader import load_checkpoint
 from sglaunch.engine.model_spec import ModelSpec, find_weight_files, resolve_context_length
 from sglaunch.engine.models import CausalLM
-from sglaunch.engine.step import DraftStepInput, StepInput
+from sglaunch.engine.step import SECOND_CHAIN_BASE, DraftStepInput, StepInput
 from sglaunch.engine.transfer import to_device
 
 logger = logging.getLogger(__name__)
@@ -274,7 +274,16 @@ class ModelRunner:
         from its own drafter output (the same on every rank, as its greedy choices are)."""
         if not step.draft_rows:
             return
-        tokens, rows, sources = self.draft.block_tokens(), step.draft_rows, step.draft_sources
+        rows, sources = step.draft_rows, step.draft_sources
+        if max(sources) >= SECOND_CHAIN_BASE:  # a second chain's markers (filled from its own buffer)
+            first = [(r, s) for r, s in zip(rows, sources) if s < SECOND_CHAIN_BASE]
+            second = [(r, s - SECOND_CHAIN_BASE) for r, s in zip(rows, sources) if s >= SECOND_CHAIN_BASE]
+            (index,) = to_device([torch.tensor(second, dtype=torch.int64).T], self.device)
+            input_ids[index[0]] = self.draft.second_tokens()[index[1]]
+            if not first:
+                return
+            rows, sources = [r for r, _ in first], [s for _, s in first]
+        tokens = self.draft.block_tokens()
         G = self.draft.block_size
         R = len(step.query_lens)
         # NOTE: the common layout, every request [anchor, G drafts] in draft order: one strided copy

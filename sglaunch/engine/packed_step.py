@@ -4,7 +4,8 @@ without pickle, and the exact inverse the workers run. Torch-free (numpy and `ar
 A command travels as a code (COMMAND_CODES) and a payload of bytes (TPGroup.send_command). The
 per-step ones are packed:
 
-- "step" (StepInput) and "draft" (DraftStepInput): int64 words, then the page ids as int32:
+- "step" (StepInput) and "draft" (DraftStepInput, whose one flag is its second_chain length):
+  int64 words, then the page ids as int32:
 
       [flags...] [len of each list field...] [number of page tables] [total page ids]
       [list fields, back to back] [page count of each table]   <- int64
@@ -82,12 +83,12 @@ def unpack_step(body) -> StepInput:
 
 
 def pack_draft(step: DraftStepInput) -> bytearray:
-    return _pack((), [getattr(step, name) for name in DRAFT_LISTS], step.page_tables)
+    return _pack((step.second_chain,), [getattr(step, name) for name in DRAFT_LISTS], step.page_tables)
 
 
 def unpack_draft(body) -> DraftStepInput:
-    _, (anchor_tokens, anchor_positions), tables = _unpack(body, 0, len(DRAFT_LISTS))
-    return DraftStepInput(anchor_tokens, anchor_positions, tables)
+    (second_chain,), (anchor_tokens, anchor_positions), tables = _unpack(body, 1, len(DRAFT_LISTS))
+    return DraftStepInput(anchor_tokens, anchor_positions, tables, second_chain)
 
 
 def _pack(flags: Sequence[int], lists: list[Sequence[int]], tables: Sequence[Sequence[int]]) -> bytearray:

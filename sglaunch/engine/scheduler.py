@@ -55,13 +55,19 @@ class Chunk:
 
     Speculative decoding: a decoding chunk (its one token is the anchor) with `lookahead` > 0
     has KV pages reserved for `lookahead` more positions; the engine puts the drafts it verifies
-    in `draft_tokens` (computed after the anchor) and commits several tokens."""
+    in `draft_tokens` (computed after the anchor) and commits several tokens. A second chain
+    (DSpark at T = 0, page size 1) is one more verify window of the same request: the anchor
+    again, then `second_tokens`, at the same positions, reading the request's pages before the
+    anchor and writing its own K/V to `second_pages` (one page per row); the engine keeps the
+    winning chain's pages (Scheduler.settle_second_chain)."""
 
     req: Req
     start: int
     end: int
     lookahead: int = 0
     draft_tokens: list[int] = field(default_factory=list)
+    second_tokens: list[int] = field(default_factory=list)
+    second_pages: list[int] = field(default_factory=list)
     committed: int = 0  # tokens commit() kept (stop rules truncate a multi-token commit)
 
     @property
@@ -421,6 +427,36 @@ class Scheduler:
         for chunk in chunks:
             if chunk.lookahead and chunk.req.status is ReqStatus.RUNNING:
                 self._trim_pages(chunk.req)
+
+    # ---- DSpark's second chain -----------------------------------------------------------
+    def reserve_second_chain(self, chunk: Chunk, drafts: int) -> bool:
+        """Pages for a second chain of `drafts` drafts after the chunk's anchor (its anchor row
+        again, then its drafts: 1 + drafts slots; page size 1 only). False, nothing taken, when
+        the free pages (radix pages are not evicted for it) cannot hold them."""
+        if self.limits.page_size != 1:
+            raise RuntimeError("a second chain needs page size 1")
+        pages = self.allocator.alloc(1 + drafts) if drafts > 0 else None
+        if pages is None:
+            return False
+        chunk.second_pages = pages
+        return True
+
+    def settle_second_chain(self, chunk: Chunk, accepted: int | None) -> None:
+        """After the accept: when the second chain won with `accepted` drafts (None: it lost),
+        the request's pages of the anchor and those drafts become the chain's (whose K/V and
+        draft context they hold), and the pages they replace join the loser's; then every
+        losing page is freed. Call it once for every chunk given second pages, even when the
+        step failed (accepted=None)."""
+        pages = chunk.second_pages
+        if not pages:
+            return
+        if accepted is not None:
+            own = chunk.req.pages
+            for i in range(accepted + 1):
+                pos = chunk.start + i
+                own[pos], pages[i] = pages[i], own[pos]
+        chunk.second_pages, chunk.second_tokens = [], []
+        self.allocator.free(pages)
 
     def _trim_pages(self, req: Req) -> None:
         """Roll back: free whole pages that only held rejected drafts' KV."""

@@ -8,6 +8,7 @@ chunk, one decode token, or several tokens to verify), laid out back to back.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from sglaunch.engine.scheduler import Chunk
@@ -89,7 +90,26 @@ def build_step_input(chunks: list[Chunk], page_size: int) -> StepInput:
             samples.extend(range(len(input_ids) - len(ids), len(input_ids)))
         elif stop == len(tokens):
             samples.append(len(input_ids) - 1)
+        if chunk.second_pages:  # DSpark's second chain: one more window (page size 1), after the first
+            _second_window(step, chunk)
     return step
+
+
+def _second_window(step: StepInput, chunk: Chunk) -> None:
+    """The second chain's rows: its anchor (the chunk's, again) and drafts at the same positions
+    as the first chain's, over the request's pages before the anchor and its own pages after."""
+    second, start = chunk.second_tokens, chunk.start
+    ids = [chunk.req.token_ids[start]] + second
+    first = len(step.input_ids)
+    if second and second[0] <= DRAFT_MARK:
+        step.draft_rows.extend(range(first + 1, first + len(ids)))
+        step.draft_sources.extend(DRAFT_MARK - t for t in second)
+    step.input_ids.extend(ids)
+    step.positions.extend(range(start, start + len(ids)))
+    step.query_lens.append(len(ids))
+    step.kv_lens.append(start + len(ids))
+    step.page_tables.append(chunk.req.pages[:start] + array("i", chunk.second_pages[: len(ids)]))
+    step.sample_indices.extend(range(first, first + len(ids)))
 
 
 def placeholder(logit_row: int) -> int:
@@ -105,6 +125,21 @@ def placeholder_source(token: int) -> int:
 DRAFT_MARK = -(1 << 40)
 
 
+# flat indices of second-chain drafts start here (request * its length + slot past it)
+SECOND_CHAIN_BASE = 1 << 32
+
+
+def second_marker(flat_index: int) -> int:
+    """The token id standing for draft `flat_index` (request * length + slot) of the drafter's
+    last second chain (DraftStepInput.second_chain), still on the device."""
+    return draft_marker(SECOND_CHAIN_BASE + flat_index)
+
+
+def second_row(row: int, chunk: Chunk) -> int:
+    """The logits row of a chunk's second-chain anchor, from its first row (sample_rows)."""
+    return row + 1 + len(chunk.draft_tokens)
+
+
 def draft_marker(flat_index: int) -> int:
     """The token id standing for draft `flat_index` (request * gamma + slot) of the drafter's
     last block, still on the device (DSpark's verify inputs filled in there)."""
@@ -112,12 +147,13 @@ def draft_marker(flat_index: int) -> int:
 
 
 def sample_rows(chunks: list[Chunk]) -> list[int | None]:
-    """Per chunk, the row of the logits (ordered like sample_indices) where its samples start."""
+    """Per chunk, the row of the logits (ordered like sample_indices) where its samples start
+    (a second chain's rows follow its first chain's: second_row)."""
     rows, next_row = [], 0
     for chunk in chunks:
         if chunk.lookahead:
             rows.append(next_row)
-            next_row += 1 + len(chunk.draft_tokens)
+            next_row += 1 + len(chunk.draft_tokens) + (1 + len(chunk.second_tokens) if chunk.second_pages else 0)
         elif chunk.samples:
             rows.append(next_row)
             next_row += 1
@@ -135,3 +171,6 @@ class DraftStepInput:
     anchor_tokens: list[int]  # [batch]
     anchor_positions: list[int]  # [batch] p: the block occupies p .. p + gamma - 1
     page_tables: list[list[int]]  # [batch][ceil(p / page_size)] KV page ids of positions < p
+    # drafts of the block's runner-up chain (DSparkDrafter.second_chain) every rank computes after
+    # the block, for verify rows that a second chain's markers fill in (0: none this step)
+    second_chain: int = 0

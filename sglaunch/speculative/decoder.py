@@ -28,7 +28,7 @@ from sglaunch.config import EngineConfig
 from sglaunch.engine.interface import SamplingParams
 from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
-from sglaunch.engine.step import DraftStepInput, draft_marker
+from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker
 from sglaunch.speculative import kernels
 from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
@@ -41,7 +41,22 @@ logger = logging.getLogger(__name__)
 LAG_ENV = "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS"
 RECORD_ENV = "SGLAUNCH_DSPARK_RECORD_PATH"  # JSONL of drafted blocks for `sglaunch fit-sts`
 STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even where it does not pay
+SECOND_CHAIN_ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"  # N > 0: greedy steps also verify a runner-up chain of N drafts
 LOG_INTERVAL_S = 10.0
+
+
+def second_chain_length(gamma: int, page_size: int) -> int:
+    """SGLAUNCH_DSPARK_SECOND_CHAIN, read once at start-up: the drafts of the runner-up chain an
+    all-greedy drafting step also verifies (0, the default: none). At most gamma; needs page size 1
+    (the chain's window shares the request's pages before the anchor and writes pages of its own)."""
+    from sglaunch.config import env_int
+
+    n = env_int(SECOND_CHAIN_ENV, 0, 0)
+    if n and page_size != 1:
+        logger.warning("%s=%d ignored: a second chain needs --page-size 1 (this engine has %d)",
+                       SECOND_CHAIN_ENV, n, page_size)
+        return 0
+    return min(n, gamma)
 
 
 def host_mode_lengths(mode: str, window: int, gamma: int) -> tuple[int, int]:
@@ -70,6 +85,10 @@ class Proposal:
     # with the forward's choices; survival [R, G] (None: no confidence head) for the lagged budget
     device_drafts: bool = False
     survival: torch.Tensor | None = None
+    # the second chain (all-greedy steps): the drafter's runner-up chains [R, S] on the device and
+    # per request the drafts its window verifies (0: no second window; then the chunk has no pages)
+    second: torch.Tensor | None = None
+    second_lens: list[int] | None = None
 
 
 @dataclass
@@ -77,6 +96,7 @@ class Accepted:
     tokens: list[int]  # accepted drafts + correction/bonus token
     logprobs: list[float]
     accept_length: int  # len(tokens): accepted drafts + 1
+    second_won: bool = False  # the tokens are the second chain's (its pages hold their K/V)
 
 
 class DSparkDecoder:
@@ -108,6 +128,7 @@ class DSparkDecoder:
                                      step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0",
                                      start_prior=measured_survivals(spec.draft_model_path, self.gamma))
         self.stats = SpecStats(self.gamma)
+        self.second_chain = second_chain_length(self.gamma, page_size)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
         self.log_suffix: Callable[[], str] | None = None  # more for the periodic log line (the engine's bursts)
@@ -132,18 +153,42 @@ class DSparkDecoder:
 
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
                 run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = (),
-                budget: int | None = None) -> Proposal:
+                budget: int | None = None, second_pages: Callable[[Chunk, int], bool] | None = None) -> Proposal:
         """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies.
         budget: plan()'s K (None: the planner's budget, no stepping aside).
-        verify_tiers: the captured verify-graph tiers this step could replay (empty: eager)."""
+        verify_tiers: the captured verify-graph tiers this step could replay (empty: eager).
+        second_pages: where the step may verify second chains (every row it samples is greedy),
+        what reserves a chunk's pages for one of n drafts (Scheduler.reserve_second_chain)."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
         if budget is None:
             budget = self.planner.budget([r.rid for r in reqs], extra_tokens)
-        step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
-                              [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)])
-        out = run_draft(step)
         greedy = [is_greedy(r.sampling) for r in reqs]
+        second = self.second_chain if second_pages is not None and all(greedy) else 0
+        step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
+                              [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)], second)
+        out = run_draft(step)
+        proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start)
+        if second:
+            self._second_windows(proposal, out.second, second_pages)
+        return proposal
+
+    def _second_windows(self, proposal: Proposal, second: torch.Tensor, second_pages) -> None:
+        """Each request whose first window verifies its first draft also verifies the runner-up
+        chain's first min(S, lookahead) drafts (markers the forward fills in), where pages allow."""
+        S, lens = self.second_chain, []
+        for r, (chunk, v) in enumerate(zip(proposal.chunks, proposal.verify_lens)):
+            n = min(S, chunk.lookahead) if v > 0 else 0
+            if n and second_pages(chunk, n):
+                chunk.second_tokens = [second_marker(r * S + j) for j in range(n)]
+            else:
+                n = 0
+            lens.append(n)
+        proposal.second, proposal.second_lens = second, lens
+
+    def _propose(self, chunks, out: BlockOutput, greedy: list[bool], generators: dict, budget: int,
+                 extra_tokens: int, verify_tiers: Sequence[int], start: float) -> Proposal:
+        reqs = [c.req for c in chunks]
         if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
             # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
             # accept is the host one (accept_greedy), so the Proposal carries no device inputs
@@ -159,7 +204,7 @@ class DSparkDecoder:
         host_u = self._uniforms(reqs, greedy, generators)
         temps, anchors, caps, greedy_mask, *moved = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
-            torch.tensor(step.anchor_tokens, dtype=torch.int64),
+            torch.tensor([r.token_ids[-1] for r in reqs], dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
             torch.tensor(greedy, dtype=torch.bool)] + ([host_u] if host_u is not None else []), self.device)
         G = self.gamma
@@ -268,6 +313,8 @@ class DSparkDecoder:
     def accept(self, proposal: Proposal, logits: torch.Tensor, row_starts: list[int],
                verify_seconds: float) -> list[Accepted]:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
+        if proposal.second_lens is not None and any(proposal.second_lens):
+            raise RuntimeError("a step with second chains is accepted on the host (accept_greedy)")
         if proposal.device_drafts:  # NOTE: the device accept reads the block itself; the host needs the drafts too
             self._read_device_drafts(proposal)
         params = [c.req.sampling for c in proposal.chunks]
@@ -298,25 +345,44 @@ class DSparkDecoder:
         drafts while each equals the target's choice at the row before it (at most its planned
         accept length L), then commits the target's choice at the row after the last accepted."""
         eligible = proposal.planned_accepts
+        second = proposal.second_lens or [0] * len(eligible)
         logit_rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
+        logit_rows += [start + 1 + len(c.draft_tokens) + j for start, c, n in zip(row_starts, proposal.chunks, second)
+                       if n for j in range(n + 1)]  # the second windows' rows (step.second_row), after the first's
         tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
         if proposal.device_drafts:
             self._read_device_drafts(proposal)
-        out, offset = [], 0
-        for chunk, a in zip(proposal.chunks, eligible):
+        # NOTE: read after the forward, which filled its rows from them: no wait
+        second_drafts = proposal.second.tolist() if any(second) else None
+        out, offset, second_offset = [], 0, sum(a + 1 for a in eligible)
+        for r, (chunk, a) in enumerate(zip(proposal.chunks, eligible)):
             drafts, n = chunk.draft_tokens, 0
             while n < a and drafts[n] == tokens[offset + n]:
                 n += 1
-            out.append(Accepted(list(drafts[:n]) + [tokens[offset + n]], values[offset: offset + n + 1], n + 1))
+            best = Accepted(list(drafts[:n]) + [tokens[offset + n]], values[offset: offset + n + 1], n + 1)
+            if second[r]:  # the runner-up chain, judged by its own rows: kept when it commits more
+                drafts, m, o = second_drafts[r], 0, second_offset
+                while m < second[r] and drafts[m] == tokens[o + m]:
+                    m += 1
+                if m > n:
+                    best = Accepted(list(drafts[:m]) + [tokens[o + m]], values[o: o + m + 1], m + 1, True)
+                second_offset += second[r] + 1
+            out.append(best)
             offset += a + 1
         return self._finish(proposal, out, verify_seconds)
 
     def _finish(self, proposal: Proposal, out: list[Accepted], verify_seconds: float) -> list[Accepted]:
-        accepted = [a.accept_length - 1 for a in out]
+        # NOTE: the planner and the STS record learn the first chain's outcome (what its confidences
+        # predict); a second chain that won means the first chain's first draft was rejected
+        accepted = [0 if a.second_won else a.accept_length - 1 for a in out]
         self.planner.observe_outcome([c.req.rid for c in proposal.chunks], proposal.planned_accepts, accepted)
         self._record(proposal, accepted)
-        self.stats.record_step([a.accept_length for a in out], sum(1 + v for v in proposal.verify_lens),
+        second = proposal.second_lens or []
+        self.stats.record_step([a.accept_length for a in out],
+                               sum(1 + v for v in proposal.verify_lens) + sum(1 + n for n in second if n),
                                proposal.draft_seconds, verify_seconds)
+        if any(second):
+            self.stats.record_second_chains(sum(1 for n in second if n), sum(1 for a in out if a.second_won))
         self._maybe_log()
         return out
 

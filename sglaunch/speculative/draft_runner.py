@@ -46,6 +46,7 @@ class DraftRunner:
         self.block_size = c.block_size
         self.pool: DraftKVPool | None = None
         self.graphs = None  # DraftGraphRunner, when enable_graphs() was called
+        self.second: torch.Tensor | None = None  # the last second chain [B, length] (_second_chain)
 
     def _use_draft_vocab(self, folder: str) -> None:
         """A draft_vocab.json beside the drafter restricts what it drafts (draft_vocab.py)."""
@@ -133,7 +134,11 @@ class DraftRunner:
         key = self.graphs.pick(batch, context) if self.graphs is not None else None
         if key is not None:  # one copy down, from the graphs' persistent pinned buffer
             table = context_slots(step.page_tables, step.anchor_positions, page_size)
-            return self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table)
+            out = self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table)
+            if step.second_chain:
+                (anchors,) = to_device([torch.tensor(step.anchor_tokens, dtype=torch.int64)], self.device)
+                self._second_chain(out, anchors, step.second_chain)
+            return out
         host = [torch.tensor(step.anchor_tokens, dtype=torch.int64),
                 torch.tensor(step.anchor_positions, dtype=torch.int64),
                 context_slots(step.page_tables, step.anchor_positions, page_size)]
@@ -145,7 +150,22 @@ class DraftRunner:
             ctx_features=torch.empty(0, width, device=self.device), ctx_positions=empty, ctx_slots=empty,
             slot_table=slot_table, ctx_lens=positions,
         )
-        return self.drafter.forward_block(batch, self.pool)
+        out = self.drafter.forward_block(batch, self.pool)
+        if step.second_chain:
+            self._second_chain(out, anchors, step.second_chain)
+        return out
+
+    def _second_chain(self, out: BlockOutput, anchors: torch.Tensor, length: int) -> None:
+        """The block's runner-up chain (DSparkDrafter.second_chain), eagerly after the block, on
+        every rank: out.second [B, length], and second_tokens() for the verify's markers."""
+        out.second = self.drafter.second_chain(out, anchors, length)
+        self.second = out.second
+
+    def second_tokens(self) -> torch.Tensor:
+        """The last second chain's drafts, flat [batch * length] (request r's slot j at r * length + j)."""
+        if self.second is None:
+            raise RuntimeError("a verify step holds second-chain markers but no second chain was drafted")
+        return self.second.view(-1)
 
 
 def context_slots(page_tables, lengths: list[int], page_size: int) -> torch.Tensor:

@@ -82,6 +82,7 @@ class BlockOutput:
     hidden: torch.Tensor  # [B, gamma, d] final-normed block states h_k
     logits: torch.Tensor  # [B, gamma, V] float32 base logits U_k (slot k predicts position p + k + 1)
     greedy: DraftBlock | None = None  # the all-greedy sample_block, when a drafter graph computed it too
+    second: torch.Tensor | None = None  # [B, length] the runner-up chain (second_chain), when asked for
 
 
 @dataclass
@@ -424,6 +425,31 @@ class DSparkDrafter(nn.Module):
             q_all = full.index_copy_(2, self.draft_vocab, q_all)
         return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1) if logits else None,
                           torch.stack(conf, 1) if conf else None)
+
+    @torch.inference_mode()
+    def second_chain(self, out: BlockOutput, anchor_tokens: torch.Tensor, length: int) -> torch.Tensor:
+        """The greedy block's runner-up chain [B, length] (target ids): slot 0 takes the Markov-
+        corrected logits' second choice instead of the first, and slots 1 .. length - 1 go on
+        greedily from it. The chains share the block's hidden states and base logits U_k; they
+        differ only through the Markov head's previous token. At T = 0 the target accepts this
+        chain's first draft exactly where it rejects the block's first draft for that token."""
+        B, G, _ = out.logits.shape
+        if not 1 <= length <= G:
+            raise ValueError(f"a second chain takes 1 .. {G} drafts, not {length}")
+        prev, state, tokens = anchor_tokens, None, []
+        for k in range(length):
+            l_k = out.logits[:, k]
+            if self.markov_head is not None:
+                e = self.markov_head.markov_w1(prev)
+                state = self.markov_head.init_state(B, e) if state is None else state
+                bias, state = self.markov_head.bias(e, out.hidden[:, k], state, self.draft_markov_w2)
+                l_k = l_k + bias
+            x = l_k.topk(2, dim=-1).indices[:, 1] if k == 0 else l_k.argmax(-1)
+            if self.draft_vocab is not None:
+                x = self.draft_vocab[x]
+            tokens.append(x)
+            prev = x
+        return torch.stack(tokens, 1)
 
     def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):

@@ -26,6 +26,8 @@ class SpecStats:
         self.verify_seconds = 0.0
         self.step_aside_steps = 0  # steps where drafting did not pay: plain decodes, no drafter
         self.step_aside_request_steps = 0
+        self.second_chains = 0  # request-steps that also verified a runner-up chain (SGLAUNCH_DSPARK_SECOND_CHAIN)
+        self.second_chain_wins = 0  # ...whose committed tokens came from it
 
     def record_step(self, accept_lengths: Sequence[int], verify_tokens: int, draft_seconds: float = 0.0,
                     verify_seconds: float = 0.0) -> None:
@@ -47,6 +49,12 @@ class SpecStats:
         with self._lock:
             self.step_aside_steps += 1
             self.step_aside_request_steps += int(requests)
+
+    def record_second_chains(self, chains: int, wins: int) -> None:
+        """A step's request-steps that verified a second chain, and how many of them it won."""
+        with self._lock:
+            self.second_chains += int(chains)
+            self.second_chain_wins += int(wins)
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -70,6 +78,8 @@ class SpecStats:
                 "step_aside_steps": self.step_aside_steps,
                 "step_aside_request_steps": self.step_aside_request_steps,
                 "step_aside_fraction": self.step_aside_steps / max(1, self.steps + self.step_aside_steps),
+                "second_chains": self.second_chains,
+                "second_chain_wins": self.second_chain_wins,
             }
 
     def prometheus_samples(self, prefix: str = "sglaunch_spec_") -> list[tuple[str, str, str, float, dict]]:
@@ -87,6 +97,10 @@ class SpecStats:
                 (prefix + "verify_seconds_total", "counter", "Time spent verifying.", self.verify_seconds, {}),
                 (prefix + "step_aside_steps_total", "counter", "Decode steps that drafted nothing (drafting would "
                  "not pay at that load).", self.step_aside_steps, {}),
+                (prefix + "second_chains_total", "counter", "Request-steps that also verified a runner-up chain.",
+                 self.second_chains, {}),
+                (prefix + "second_chain_wins_total", "counter", "Request-steps whose tokens came from the runner-up "
+                 "chain.", self.second_chain_wins, {}),
             ]
             cumulative = 0
             for length in range(1, self.block_size + 2):
@@ -104,4 +118,5 @@ class SpecStats:
         return (f"spec: accept len {d['mean_accept_length']:.2f}, verify tok/step {d['verify_tokens_per_step']:.1f}, "
                 f"draft {d['mean_draft_ms']:.1f} ms, verify {d['mean_verify_ms']:.1f} ms, "
                 f"stepped aside {d['step_aside_steps']} of {d['steps'] + d['step_aside_steps']} steps "
-                f"({100 * d['step_aside_fraction']:.0f}%)")
+                f"({100 * d['step_aside_fraction']:.0f}%)"
+                + (f", second chain won {d['second_chain_wins']} of {d['second_chains']}" if d["second_chains"] else ""))

@@ -79,7 +79,7 @@ def random_step(rng: random.Random) -> StepInput:
 def random_draft(rng: random.Random) -> DraftStepInput:
     batch = rng.choice([0, 1, rng.randrange(1, 70)])
     return DraftStepInput([random_token(rng) for _ in range(batch)], [rng.randrange(100_000) for _ in range(batch)],
-                          random_tables(rng, batch))
+                          random_tables(rng, batch), rng.choice([0, 0, rng.randrange(1, 16)]))
 
 
 def plain(step) -> dict:
@@ -99,6 +99,8 @@ def assert_same(decoded, step) -> None:
             assert all(type(v) is int for v in value), name  # Python ints, as rank 0's
     if isinstance(step, StepInput):
         assert type(decoded.logits) is bool and type(decoded.draft_context) is bool
+    else:
+        assert type(decoded.second_chain) is int
 
 
 @pytest.mark.parametrize("seed", range(400))
@@ -257,4 +259,4 @@ def test_every_field_is_packed():
     from sglaunch.engine.packed_step import DRAFT_LISTS, STEP_LISTS
 
     assert {f.name for f in fields(StepInput)} == {*STEP_LISTS, "page_tables", "logits", "draft_context"}
-    assert {f.name for f in fields(DraftStepInput)} == {*DRAFT_LISTS, "page_tables"}
+    assert {f.name for f in fields(DraftStepInput)} == {*DRAFT_LISTS, "page_tables", "second_chain"}

@@ -452,6 +452,26 @@ def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch)
     assert_same_greedy(spec, plain, "DSpark static (drafts on the device, graphs on) vs plain greedy")
 
 
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_dspark_second_chain_with_graphs_equals_plain_greedy(files, mode, monkeypatch):
+    """SGLAUNCH_DSPARK_SECOND_CHAIN=3 (bursts off: they run one chain): each all-greedy drafting
+    step also verifies the runner-up chain in a window of its own, its drafts filled in on the
+    device beside the block's, inside graph replays; the winner's pages kept, the output plain greedy."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SECOND_CHAIN", "3")
+    batch = prompts(10, seed=5)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 24)
+    config = cuda_config(files, drafter="oracle")
+    config = dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
+        config.speculative, ragged_verify_mode=mode, sps_table_path=None))
+    seen = []
+    spec, replays = greedy_outputs(config, batch, 24, prepare=seen.append)
+    stats = seen[0].spec.stats.to_dict()
+    assert replays.get("verify", 0) > 0, replays
+    assert stats["second_chains"] > 0, stats
+    assert_same_greedy(spec, plain, f"DSpark second chain ({mode}, graphs on) vs plain greedy")
+
+
 def test_torch_backend_on_cuda_runs_eagerly(files):
     batch = prompts(4, seed=4)
     torch_out, replays = greedy_outputs(cuda_config(files, backend="torch"), batch, 8)

@@ -1,0 +1,154 @@
+"""DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAIN): at T = 0 a drafting step also verifies
+the block's runner-up chain (slot 0's second choice, then greedy) in a window of its own.
+
+The drafter here is the oracle's Markov head with a decoy: for an even previous token u its top
+choice is a wrong token h(u) and its second the target's g(u), for an odd u it is g(u) itself. So
+the first chain is rejected at its first draft after every even anchor, where the second chain
+takes g(anchor) and goes on while the chain stays on odd tokens. The output must still be plain
+greedy decoding's, token for token, with every page accounted for after every step."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from dspark_helpers import VOCAB, bigram_successor, drafter_config, engine_config, prompts
+from sglaunch.engine.launch import create_engine, generate_batch
+from sglaunch.engine.step import DraftStepInput
+from sglaunch.speculative.checkpoint import init_drafter_state, save_drafter
+from test_engine_dspark import greedy, make_requests, run
+
+ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"
+
+
+def decoy(u: int, g: torch.Tensor) -> int:
+    """A token the target does not choose after u."""
+    return int((g[u] + 1) % (VOCAB - 1))
+
+
+@pytest.fixture(scope="module")
+def decoy_drafter(dspark_files, tmp_path_factory):
+    cfg = drafter_config(markov_rank=VOCAB)
+    state = init_drafter_state(cfg, seed=11, with_embed=False, with_lm_head=False)
+    g = bigram_successor(dspark_files["target"])
+    w2 = torch.zeros(VOCAB, VOCAB)
+    w2[g, torch.arange(VOCAB)] = 50.0
+    for u in range(0, VOCAB, 2):
+        w2[decoy(u, g), u] = 60.0
+    state["markov_head.markov_w1.weight"] = torch.eye(VOCAB)
+    state["markov_head.markov_w2.weight"] = w2
+    state["confidence_head.proj.bias"] = torch.tensor([2.0])
+    return save_drafter(tmp_path_factory.mktemp("decoy"), cfg, state), g
+
+
+BATCH = prompts(8, seed=21)
+
+
+def run_checked(config, batch=BATCH, max_new=24):
+    """Tokens per request and the spec stats; after every step each running request holds
+    exactly the pages of its computed KV (page size 1) and the pool nothing else."""
+    def check(engine):
+        running = engine.scheduler.running
+        for req in running:
+            assert len(req.pages) == req.num_computed, req
+        cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
+        assert engine.allocator.num_used == sum(len(r.pages) - r.num_borrowed_pages for r in running) + cached
+
+    engine, cluster = create_engine(config)
+    try:
+        out = run(engine, make_requests(batch, "c", greedy(max_new)), check)
+        stats = engine.spec.stats.to_dict()
+        cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
+        assert engine.allocator.num_used == cached
+    finally:
+        cluster.stop(engine)
+    return [out[f"c-{i}"][0] for i in range(len(batch))], [out[f"c-{i}"][1] for i in range(len(batch))], stats
+
+
+@pytest.fixture(scope="module")
+def plain(dspark_files):
+    return generate_batch(engine_config(dspark_files["target"], page_size=1), BATCH, greedy(24))
+
+
+@pytest.mark.parametrize("mode,radix", [("static", True), ("compact", False), ("cap-accept", True)])
+def test_second_chain_is_lossless_and_wins_after_the_decoy(dspark_files, decoy_drafter, plain, monkeypatch,
+                                                          mode, radix):
+    drafter, _ = decoy_drafter
+    config = engine_config(dspark_files["target"], drafter, mode, sps=dspark_files["sps"] if mode != "static" else None,
+                           page_size=1, disable_radix_cache=not radix)
+    monkeypatch.delenv(ENV, raising=False)
+    one, one_lps, one_stats = run_checked(config)
+    monkeypatch.setenv(ENV, "3")
+    two, two_lps, two_stats = run_checked(config)
+    assert one == plain and two == plain
+    torch.testing.assert_close(torch.tensor(two_lps), torch.tensor(one_lps), atol=1e-4, rtol=0)
+    assert one_stats["second_chains"] == 0
+    assert two_stats["second_chains"] > 0 and two_stats["second_chain_wins"] > 0
+    # a win commits at least 2 tokens where the first chain's rejected first draft committed 1
+    assert two_stats["mean_accept_length"] > one_stats["mean_accept_length"] + 0.2
+    hist = two_stats["accept_length_histogram"]
+    assert sum(hist[str(k)] for k in range(3, 5)) > 0  # the second chain also ran past its first draft
+
+
+def test_second_chain_drafts_the_runner_up(dspark_files, decoy_drafter):
+    """DSparkDrafter.second_chain: slot 0's second choice, then the Markov chain from it."""
+    drafter_path, g = decoy_drafter
+    monkey_config = engine_config(dspark_files["target"], drafter_path, "static", page_size=1)
+    engine, cluster = create_engine(monkey_config)
+    try:
+        runner = engine.runner.draft
+        anchors = [4, 6, 9]  # even anchors: the first chain drafts the decoy, the second g(u)
+        step = DraftStepInput(anchors, [0, 0, 0], [[], [], []], second_chain=3)
+        out = runner.forward(step, 1)
+        second = out.second.tolist()
+        for u, row in zip(anchors, second):
+            first = decoy(u, g) if u % 2 == 0 else int(g[u])
+            assert row[0] != first
+            if u % 2 == 0:
+                assert row[0] == int(g[u])
+            prev = row[0]
+            for x in row[1:]:  # greedy after slot 0: the Markov head's top choice from the previous draft
+                assert x == (decoy(prev, g) if prev % 2 == 0 else int(g[prev]))
+                prev = x
+        assert runner.second_tokens().tolist() == [x for row in second for x in row]
+    finally:
+        cluster.stop(engine)
+
+
+def test_second_chain_needs_page_size_one(dspark_files, decoy_drafter, monkeypatch, caplog):
+    monkeypatch.setenv(ENV, "2")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=4)
+    with caplog.at_level(logging.WARNING):
+        engine, cluster = create_engine(config)
+    try:
+        assert engine.spec.second_chain == 0
+        assert any(ENV in r.getMessage() and "page-size 1" in r.getMessage() for r in caplog.records)
+    finally:
+        cluster.stop(engine)
+    monkeypatch.setenv(ENV, "-1")
+    with pytest.raises(ValueError, match=ENV):
+        create_engine(engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1))
+
+
+def test_second_chain_off_for_sampled_steps(dspark_files, decoy_drafter, monkeypatch):
+    """A step with a sampled request verifies no second chain (its accept is the device one)."""
+    from sglaunch.engine.interface import SamplingParams
+
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1)
+    params = SamplingParams(max_new_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
+    engine, cluster = create_engine(config)
+    try:
+        run(engine, make_requests(BATCH[:3], "s", params))
+        assert engine.spec.stats.to_dict()["second_chains"] == 0
+        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+    finally:
+        cluster.stop(engine)
+
+
+def test_second_chain_under_tensor_parallelism(dspark_files, decoy_drafter, plain, monkeypatch):
+    monkeypatch.setenv(ENV, "2")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, tp_size=2)
+    assert generate_batch(config, BATCH, greedy(24)) == plain
