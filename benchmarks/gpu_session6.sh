@@ -231,7 +231,7 @@ dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpar
     --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
-    --concurrency "$5" --temperature 0 --output "$7" --no-plot
+    --concurrency "$5" --temperature 0 --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
@@ -1070,23 +1070,23 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
-pipeline63() {  # session 30: DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAIN, greedy steps verify the block's
-  # runner-up chain too; bursts run one chain, so every arm here has them off but `burst`). The graph test of the
-  # second chain; dspark_accept (static mode, the held-out split, T=0) without it, with a chain of 3 and of 7 drafts;
-  # then DSpark compact over HTTP at c=1,8: one chain against two (bursts off both), and bursts against two chains.
+pipeline63() {  # session 30: DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAIN=3: all-greedy drafting steps also
+  # verify the block's runner-up chain, 3 drafts in a synchronous step, gamma in a burst). The GPU tests of it (graphs,
+  # bursts); dspark_accept (static mode, bursts off, the held-out split, T=0) without it and with a chain of 3;
+  # then DSpark compact over HTTP at c=1,8: one chain against two (bursts on, their default; median of 3 rounds), and
+  # plain against two.
   # NOTE: the first engine part pays FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
-  part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain or drafts_left"
+  part gputest 240 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain or drafts_left"
   local A="--target $SMOL --drafter $DRAFTER --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0 --device cuda"
-  part acc_c0 120 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept_c0.json"
+  part acc_c0 90 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept_c0.json"
   part acc_c3 90 python3 benchmarks/dspark_accept.py $A --second-chain 3 --json "$W/accept_c3.json"
-  part acc_c7 90 python3 benchmarks/dspark_accept.py $A --second-chain 7 --json "$W/accept_c7.json"
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench1 200 bash -c 'dspark_ab one SGLAUNCH_DSPARK_BURST=0 two "SGLAUNCH_DSPARK_BURST=0 SGLAUNCH_DSPARK_SECOND_CHAIN=3" 1,8 96 "$W/bench1/bench.json"'
-  part bench2 150 bash -c 'dspark_ab burst "" two "SGLAUNCH_DSPARK_BURST=0 SGLAUNCH_DSPARK_SECOND_CHAIN=3" 1 96 "$W/bench2/bench.json"'
+  part bench1 300 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,8 128 "$W/bench1/bench.json"'
+  part bench2 200 env SGLAUNCH_DSPARK_SECOND_CHAIN=3 bash -c 'dspark_vs_plain 1,8 "$W/bench2/bench.json" 128'
   touch "$W/all.done"
 }
 

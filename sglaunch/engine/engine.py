@@ -502,10 +502,25 @@ class LLMEngine:
         if not policy.worth(R, plain, prior, n, count=count, plain_scale=scale):
             self._burst_declined += count
             return policy.skip("not worth", count)
-        if not self.scheduler.reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
+        if not self._reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
             return policy.skip("kv", count)
         self._burst_declined = 0
         return n
+
+    def _reserve_burst(self, chunks: list[Chunk], positions: int) -> bool:
+        """Scheduler.reserve_burst, and first (a burst runner with a second chain) each chunk's
+        gamma + 1 pages for that chain's window; all or nothing."""
+        if self.runner.burst.chains == 2:
+            for i, chunk in enumerate(chunks):
+                if not self.scheduler.reserve_second_chain(chunk, self.spec.gamma):
+                    for taken in chunks[:i]:
+                        self.scheduler.settle_second_chain(taken, None)
+                    return False
+        if self.scheduler.reserve_burst(chunks, positions):
+            return True
+        for chunk in chunks:
+            self.scheduler.settle_second_chain(chunk, None)
+        return False
 
     def _chain_plan(self) -> tuple[list[Chunk], int] | None:
         """The next burst of a batch whose burst has just been committed, planned before that
@@ -544,14 +559,21 @@ class LLMEngine:
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
         the stop rules, request by request."""
-        return self._collect_burst(self._launch_burst(chunks, iterations))
+        try:
+            flight = self._launch_burst(chunks, iterations)
+        except BaseException:
+            for chunk in chunks:  # a second chain's pages (the burst's own are the requests')
+                self.scheduler.settle_second_chain(chunk, None)
+            raise
+        return self._collect_burst(flight)
 
     def _launch_burst(self, chunks: list[Chunk], iterations: int, chained: bool = False) -> BurstFlight:
         from sglaunch.speculative.burst import LEAD, BurstInput
 
         start = time.perf_counter()
+        second = [c.second_pages for c in chunks] if self.runner.burst.chains == 2 else None
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
-                           [c.req.pages for c in chunks], iterations)
+                           [c.req.pages for c in chunks], iterations, second)
         if self.burst_early_stop and self.burst.stop_pays(len(chunks), iterations - LEAD):
             # NOTE: one rank (burst_early_stop): no command for the workers
             pending = self.runner.launch_burst(burst, queue=LEAD)
@@ -604,6 +626,9 @@ class LLMEngine:
                 chunks.append(chunk)
                 sampled.append(tokens)
                 logprobs.append(lps)
+                # NOTE: before the commit: where the second chain won, its pages hold the KV
+                result.swap_second_pages(r, chunk.start, chunk.req.pages, chunk.second_pages)
+            self.scheduler.settle_second_chain(chunk, None)  # the chain's pages now hold losers only
         self.counters["steps"] += flight.iterations
         self._aside_streak = 0
         # NOTE: the pages reserved past what was committed stay while the next burst is planned:
@@ -617,8 +642,13 @@ class LLMEngine:
         else:
             self.scheduler.trim(chunks)
         gamma, R = self.spec.gamma, len(flight.chunks)
+        chains = self.runner.burst.chains
         for accepted in result.accepted:
-            self.spec.stats.record_step([n + 1 for n in accepted], R * (gamma + 1), 0.0, seconds / flight.iterations)
+            self.spec.stats.record_step([n + 1 for n in accepted], chains * R * (gamma + 1), 0.0,
+                                        seconds / flight.iterations)
+        if chains == 2:
+            wins = sum(map(sum, result.second_won)) if result.second_won is not None else 0
+            self.spec.stats.record_second_chains(R * flight.iterations, wins)
         self.spec.planner.skip_step()
         self.spec.planner.observe_accepts(result.accepted)
         outputs = self._outputs(chunks, sampled, logprobs, finished)
@@ -733,6 +763,9 @@ class LLMEngine:
     def fail_running(self, error: BaseException) -> list[TokenOutput]:
         """A step failed where no single request is to blame: fail the requests it may have run."""
         self._in_flight = None  # NOTE: its placeholders are in running or preempted requests
+        if self._burst_in_flight is not None:  # a second chain's pages
+            for chunk in self._burst_in_flight.chunks:
+                self.scheduler.settle_second_chain(chunk, None)
         self._burst_in_flight = None
         rids = [req.rid for req in self.scheduler.running]
         rids += [req.rid for req in self.scheduler.waiting if req.token_ids[-1] < 0]

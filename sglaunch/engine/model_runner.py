@@ -143,8 +143,11 @@ class ModelRunner:
         iterations = iterations_from_env(self.device.type, self.graphs is not None)
         if not iterations:
             return None
+        from sglaunch.speculative.decoder import second_chain_length
+
         sizes = list(self.graphs.plan.decode_sizes) if self.graphs is not None else [1]
-        burst = BurstRunner(self, iterations, sizes, self.context_length, graphs=self.graphs is not None)
+        burst = BurstRunner(self, iterations, sizes, self.context_length, graphs=self.graphs is not None,
+                            second_chain=second_chain_length(self.draft.block_size, self.kv_pool.page_size) > 0)
         burst.capture_all()
         return burst
 

@@ -134,24 +134,30 @@ class BurstInput:
     starts: list[int]  # [R] its position (= tokens in the KV)
     page_tables: list  # [R] its pages, covering starts[r] + iterations * (gamma + 1) positions
     iterations: int
+    # a burst runner with a second chain: per request gamma + 1 pages of its own (page size 1) for
+    # the runner-up chain's window; an iteration the chain wins swaps its pages into the table
+    second_pages: list | None = None
 
 
 @dataclass
 class BurstResult:
     """accepted[k][r]: the drafts request r accepted at iteration k; tokens[r] / logprobs[r]: its
-    committed tokens over the whole burst (n + 1 an iteration) and their log-probabilities."""
+    committed tokens over the whole burst (n + 1 an iteration) and their log-probabilities;
+    second_won[k][r]: whether they were the runner-up chain's (a runner with a second chain)."""
 
     accepted: list[list[int]]
     tokens: list[list[int]]
     logprobs: list[list[float]]
+    second_won: list[list[bool]] | None = None
 
     def request_tokens(self, r: int) -> tuple[list[int], list[float]]:
         return self.tokens[r], self.logprobs[r]
 
     @classmethod
     def from_rows(cls, rows, gamma: int) -> "BurstResult":
-        """rows: float64 numpy [N, R, 2 * (gamma + 1) + 1], an iteration's result per request
-        (choices, their log-probabilities, accepted drafts). NOTE: array work, no loop over
+        """rows: float64 numpy [N, R, 2 * (gamma + 1) + 2], an iteration's result per request
+        (choices, their log-probabilities, accepted drafts, whether the second chain won; that
+        column is 0 without one). NOTE: array work, no loop over
         iterations: a burst of 32 requests commits about 300 tokens, and with chaining this runs
         while the device waits for the next burst's launch."""
         import numpy as np
@@ -162,7 +168,23 @@ class BurstResult:
         tokens = rows[:, :, :Q].transpose(1, 0, 2)[keep].astype(np.int64)  # request-major, then k, then i
         lps = rows[:, :, Q: 2 * Q].transpose(1, 0, 2)[keep]
         cuts = np.cumsum((n + 1).sum(axis=0))[:-1]
-        return cls(n.tolist(), [t.tolist() for t in np.split(tokens, cuts)], [x.tolist() for x in np.split(lps, cuts)])
+        won = rows[:, :, 2 * Q + 1] > 0
+        return cls(n.tolist(), [t.tolist() for t in np.split(tokens, cuts)], [x.tolist() for x in np.split(lps, cuts)],
+                   won.tolist() if won.any() else None)
+
+    def swap_second_pages(self, r: int, start: int, pages, second: list[int]) -> None:
+        """Replay, on request r's page table `pages` (from position `start`) and its second
+        chain's pages, the swaps the device made where that chain won: its anchor's and accepted
+        drafts' pages become the request's, iteration after iteration."""
+        if self.second_won is None:
+            return
+        pos = start
+        for accepted, won in zip(self.accepted, self.second_won):
+            n = accepted[r]
+            if won[r]:
+                for i in range(n + 1):
+                    pages[pos + i], second[i] = second[i], pages[pos + i]
+            pos += n + 1
 
 
 @dataclass
@@ -174,7 +196,7 @@ class PendingBurst:
 
     requests: int
     iterations: int
-    host: object  # torch [max_iterations, B, 2 * Q + 1] float64, pinned on CUDA
+    host: object  # torch [max_iterations, B, 2 * Q + 2] float64, pinned on CUDA
     ready: object = None  # torch.cuda.Event
     key: object = None  # BurstKey
     queued: int = 0  # iterations queued on the device so far
@@ -289,7 +311,8 @@ class BurstRunner:
     """The burst of one rank: static device buffers, one iteration body per BurstKey (a CUDA graph
     captured at start-up on GPUs, run eagerly on CPUs), the ring of per-iteration results."""
 
-    def __init__(self, runner, max_iterations: int, batch_sizes: Sequence[int], max_context: int, graphs: bool):
+    def __init__(self, runner, max_iterations: int, batch_sizes: Sequence[int], max_context: int, graphs: bool,
+                 second_chain: bool = False):
         import torch
 
         from sglaunch.speculative.draft_graphs import MAX_CELLS, MIN_CONTEXT, _round_up_pow2
@@ -298,6 +321,9 @@ class BurstRunner:
         self.draft = runner.draft
         self.gamma = self.draft.block_size
         self.Q = self.gamma + 1
+        # a second chain (SGLAUNCH_DSPARK_SECOND_CHAIN): every iteration also verifies the block's
+        # runner-up chain of gamma drafts (the attention's batch doubles: chains x requests rows)
+        self.chains = 2 if second_chain else 1
         self.max_iterations = max_iterations
         self.page_size = runner.kv_pool.page_size
         self.device = runner.device
@@ -307,8 +333,9 @@ class BurstRunner:
         self.max_cells = MAX_CELLS
         Bmax = max(self.batch_sizes) if graphs else MAX_BATCH
         self.max_batch = Bmax
-        # anchors, starts, live [3 * B], then the slot table: a key's B * C is at most max_cells
-        self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * MIN_CONTEXT)
+        # anchors, starts, live [3 * B], then the slot table: a key's B * C is at most max_cells;
+        # then (a second chain) its window's slots [B, Q]
+        self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * MIN_CONTEXT) + (Bmax * self.Q if second_chain else 0)
         heads, kv_heads = runner.spec.num_heads // runner.tp.size, runner.spec.num_kv_heads // runner.tp.size
         self.attn = BurstAttention(runner.kv_pool, heads, kv_heads, runner.spec.head_dim)
         # padding slot: the KV pool's padding page with graphs (dummy rows write there); slot 0
@@ -320,8 +347,8 @@ class BurstRunner:
             # flat int64 input: anchors [B], starts [B], live [B], slot table [B, C] (per key)
             self.flat = torch.zeros(self.max_flat, dtype=torch.int64, device=dev)
             self.host_flat = torch.zeros(self.max_flat, dtype=torch.int64, pin_memory=dev.type == "cuda")
-            self.result = torch.zeros(Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
-            self.ring = torch.zeros(max(1, max_iterations), Bmax, 2 * self.Q + 1, dtype=torch.float64, device=dev)
+            self.result = torch.zeros(Bmax, 2 * self.Q + 2, dtype=torch.float64, device=dev)
+            self.ring = torch.zeros(max(1, max_iterations), Bmax, 2 * self.Q + 2, dtype=torch.float64, device=dev)
             # two host copies of the ring: a burst may be launched before the one before it is read
             # (LLMEngine._collect_burst), and each burst's rows go to the copy the other is not using
             self.host_rings = [torch.zeros(self.ring.shape, dtype=torch.float64, pin_memory=dev.type == "cuda")
@@ -336,12 +363,13 @@ class BurstRunner:
             from sglaunch.kernels.burst_attention import combine_from_env, counters_numel, device_sm_count
 
             self.sm_count = device_sm_count(dev)
-            need = max((self._scratch_numel(key) for key in self.keys()), default=0)
+            need = max((self._scratch_numel(self._attention_key(key)) for key in self.keys()), default=0)
             self.attn_scratch = torch.empty(need, dtype=torch.float32, device=dev)
             # SGLAUNCH_DSPARK_BURST_COMBINE (read once): "fold" merges the splits in the split kernel,
             # with tickets every launch leaves at 0 (one buffer for every layer, key and replay)
             self.attn.combine = combine_from_env()
-            self.attn.counters = torch.zeros(counters_numel(Bmax, kv_heads), dtype=torch.int32, device=dev)
+            self.attn.counters = torch.zeros(counters_numel(Bmax * self.chains, kv_heads), dtype=torch.int32,
+                                             device=dev)
         self.graphs: dict[BurstKey, object] = {}
         self.replays = 0
         self.bursts = 0
@@ -398,10 +426,22 @@ class BurstRunner:
             self.attn_scratch = torch.empty(need, dtype=torch.float32, device=self.device)
         return self.attn_scratch
 
+    def _attention_key(self, key: BurstKey) -> BurstKey:
+        """The attention's shape of a key: one row block per request and chain."""
+        return BurstKey(key.batch * self.chains, key.context)
+
     def _views(self, key: BurstKey):
         B, C = key.batch, key.context
         f = self.flat
         return f[:B], f[B: 2 * B], f[2 * B: 3 * B], f[3 * B: 3 * B + B * C].view(B, C)
+
+    def _second_view(self, key: BurstKey):
+        """The second chain's window slots [B, Q], after the key's slot table in the flat input."""
+        B, C = key.batch, key.context
+        return self.flat[3 * B + B * C: 3 * B + B * C + B * self.Q].view(B, self.Q)
+
+    def flat_size(self, key: BurstKey) -> int:
+        return 3 * key.batch + key.batch * key.context + (key.batch * self.Q if self.chains == 2 else 0)
 
     def _body(self, key: BurstKey) -> None:
         """One drafting step of the burst, from and into the static buffers."""
@@ -419,14 +459,23 @@ class BurstRunner:
         out = drafter.forward_block(batch, self.draft.pool)
         drafts = drafter.greedy_block(out, anchors).tokens  # [B, G]
         ids = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)  # [B * Q]
-        positions = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
-        slots = table.gather(1, positions).reshape(-1)
-        positions = positions.reshape(-1)
+        grid = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
+        slots = table.gather(1, grid).reshape(-1)
+        positions = grid.reshape(-1)
+        tables = table
+        if self.chains == 2:  # the runner-up chain: the same positions, its own slots from the anchor on
+            second = self._second_view(key)
+            drafts2 = drafter.second_chain(out, anchors, G)  # [B, G]
+            ids = torch.cat([ids, torch.cat([anchors[:, None], drafts2], dim=1).reshape(-1)])
+            tables = torch.cat([table, table.scatter(1, grid, second)])  # [2B, C]
+            slots = torch.cat([slots, second.reshape(-1)])
+            positions = torch.cat([positions, positions])
+        akey = self._attention_key(key)
         if self.attn.use_triton:
-            self.attn.bind(table, positions, slots, Q, runner.model_dtype, splits=self.attention_splits(key),
-                           scratch=self._attention_scratch(key))
+            self.attn.bind(tables, positions, slots, Q, runner.model_dtype, splits=self.attention_splits(akey),
+                           scratch=self._attention_scratch(akey))
         else:
-            self.attn.bind(table, positions, slots, Q, runner.model_dtype)
+            self.attn.bind(tables, positions, slots, Q, runner.model_dtype)
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
@@ -435,10 +484,23 @@ class BurstRunner:
         from sglaunch.kernels.vocab_reduce import greedy_logprob
 
         choice, lp = greedy_logprob(logits, self.attn.use_triton)
-        choice = choice.view(B, Q)
-        n = torch.cumprod(drafts == choice[:, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
+        choice, lp = choice.view(self.chains * B, Q), lp.view(self.chains * B, Q)
+        n = torch.cumprod(drafts == choice[:B, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
+        if self.chains == 2:  # the runner-up chain where it commits more (only after a rejected first draft)
+            n2 = torch.cumprod(drafts2 == choice[B:, :G], dim=1).sum(dim=1)
+            won = n2 > n
+            n = torch.where(won, n2, n)
+            choice = torch.where(won[:, None], choice[B:], choice[:B])
+            lp = torch.where(won[:, None], lp[B:], lp[:B])
+            # its anchor's and accepted drafts' slots become the request's (the K/V and draft context
+            # there are the winner's), the ones they replace the chain's for the next iteration
+            swap = won[:, None] & (self.arange[None, :] <= n[:, None])  # [B, Q]
+            mine = table.gather(1, grid)
+            table.scatter_(1, grid, torch.where(swap, second, mine))
+            second.copy_(torch.where(swap, mine, second))
+            self.result[:B, 2 * Q + 1].copy_(won)
         self.result[:B, :Q].copy_(choice)
-        self.result[:B, Q: 2 * Q].copy_(lp.view(B, Q))
+        self.result[:B, Q: 2 * Q].copy_(lp)
         self.result[:B, 2 * Q].copy_(n)
         # the next iteration's inputs, written in place (no copy): anchor = the choice after the last
         # accepted draft, start + n + 1; dummy rows (live 0) stay at token 0, position 0
@@ -460,6 +522,8 @@ class BurstRunner:
                 anchors, starts, live, table = self._views(key)
                 anchors.zero_(), starts.zero_(), live.zero_()
                 table.fill_(self.fill_slot)
+                if self.chains == 2:
+                    self._second_view(key).fill_(self.fill_slot)
                 self._body(key)  # warm-up (dummy rows only: they write the padding page)
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
@@ -485,6 +549,8 @@ class BurstRunner:
         only the first k iterations; `extend` queues more and `close` ends the burst where it is
         (LLMEngine._drive_burst). NOTE: the host buffers it fills were last read by a burst that
         has been read back (the engine launches at most one burst ahead)."""
+        import numpy as np
+
         torch, Q = self.torch, self.Q
         R, N = len(burst.anchors), burst.iterations
         if not 1 <= N <= self.max_iterations:
@@ -493,18 +559,25 @@ class BurstRunner:
         if key is None:
             raise ValueError(f"no burst graph for {R} requests up to position {self.context_needed(burst.starts, N)}")
         B, C = key.batch, key.context
-        host = self.host_flat[: 3 * B + B * C].numpy()
+        size = self.flat_size(key)
+        host = self.host_flat[:size].numpy()
         host[: 3 * B] = 0
         host[:R] = burst.anchors
         host[B: B + R] = burst.starts
         host[2 * B: 2 * B + R] = 1
         lengths = [s + N * Q for s in burst.starts]
-        grid = host[3 * B:].reshape(B, C)
+        grid = host[3 * B: 3 * B + B * C].reshape(B, C)
         grid[:R] = slot_rows(burst.page_tables, lengths, self.page_size, C, self.fill_slot)
         grid[R:] = self.fill_slot
+        if self.chains == 2:
+            if burst.second_pages is None or len(burst.second_pages) != R:
+                raise ValueError("a burst runner with a second chain needs gamma + 1 second pages per request")
+            second = host[3 * B + B * C: size].reshape(B, Q)
+            second[:R] = np.asarray(burst.second_pages, dtype=np.int64).reshape(R, Q) * self.page_size
+            second[R:] = self.fill_slot
         pending = PendingBurst(R, N, None, key=key, copy=copy)
         with torch.inference_mode():
-            self.flat[: 3 * B + B * C].copy_(self.host_flat[: 3 * B + B * C], non_blocking=True)
+            self.flat[:size].copy_(self.host_flat[:size], non_blocking=True)
         self.bursts += 1
         incremental = queue is not None and queue < N
         for _ in range(min(N, queue) if incremental else N):
@@ -730,18 +803,22 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             continue
         borrowed: list[int] = []
         try:
-            tables = []
+            tables, second = [], []
             for _ in range(R):
                 pages = engine.allocator.alloc(math.ceil((context_len + N * runner.Q) / page))
-                if pages is None:
+                extra = engine.allocator.alloc(runner.Q) if pages is not None and runner.chains == 2 else []
+                if pages is None or extra is None:
+                    borrowed += pages or []
                     break
-                borrowed += pages
+                borrowed += pages + extra
                 tables.append(pages)
+                second.append(extra)
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
             anchors = [rng.randrange(vocab) for _ in range(R)]
-            one = timed(BurstInput(anchors, [context_len] * R, tables, 1))
-            most = timed(BurstInput(anchors, [context_len] * R, tables, N)) if N > 1 else one
+            second_pages = second if runner.chains == 2 else None
+            one = timed(BurstInput(anchors, [context_len] * R, tables, 1, second_pages))
+            most = timed(BurstInput(anchors, [context_len] * R, tables, N, second_pages)) if N > 1 else one
             step = (most - one) / (N - 1) if N > 1 else one
             per_iteration[R] = max(step, most / N / 2)  # NOTE: noise cannot make an iteration nearly free
             fixed[R] = max(0.0, most - N * per_iteration[R])

@@ -251,11 +251,14 @@ def test_burst_rows_parse_like_the_iteration_loop():
 
     rng = np.random.default_rng(0)
     N, R, Q = 5, 7, GAMMA + 1
-    rows = np.zeros((N, R, 2 * Q + 1))
+    rows = np.zeros((N, R, 2 * Q + 2))
     rows[:, :, :Q] = rng.integers(0, 50_000, size=(N, R, Q))
     rows[:, :, Q: 2 * Q] = -rng.random((N, R, Q))
     rows[:, :, 2 * Q] = rng.integers(0, Q, size=(N, R))
+    assert BurstResult.from_rows(rows, GAMMA).second_won is None  # no second chain won (or ran)
+    rows[:, :, 2 * Q + 1] = rng.integers(0, 2, size=(N, R))
     result = BurstResult.from_rows(rows, GAMMA)
+    assert result.second_won == (rows[:, :, 2 * Q + 1] > 0).tolist()
     for r in range(R):
         tokens, lps = [], []
         for k in range(N):

@@ -148,7 +148,52 @@ def test_second_chain_off_for_sampled_steps(dspark_files, decoy_drafter, monkeyp
         cluster.stop(engine)
 
 
-def test_second_chain_under_tensor_parallelism(dspark_files, decoy_drafter, plain, monkeypatch):
+@pytest.mark.parametrize("burst", ["0", "3"])
+def test_second_chain_under_tensor_parallelism(dspark_files, decoy_drafter, plain, monkeypatch, burst):
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", burst)
     monkeypatch.setenv(ENV, "2")
     config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, tp_size=2)
     assert generate_batch(config, BATCH, greedy(24)) == plain
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_bursts_verify_the_second_chain(dspark_files, decoy_drafter, plain, monkeypatch, radix):
+    """Bursts (SGLAUNCH_DSPARK_BURST=3) with a second chain: each iteration also verifies the
+    runner-up chain of gamma drafts; where it wins, the device swaps its slots into the burst's
+    table and the host replays the swaps on the request's pages before committing. Plain greedy
+    output; the chain wins; nothing left reserved."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1,
+                           disable_radix_cache=not radix)
+    figures = {}
+    for chain in ("0", "3"):
+        monkeypatch.setenv(ENV, chain)
+        engine, cluster = create_engine(config)
+        try:
+            assert engine.runner.burst.chains == (2 if chain != "0" else 1)
+            out = run(engine, make_requests(BATCH, "b", greedy(24)))
+            assert engine.runner.burst.bursts > 0
+            assert engine.allocator.num_used == (engine.scheduler.radix.cached_pages if radix else 0)
+            figures[chain] = engine.spec.stats.to_dict()
+        finally:
+            cluster.stop(engine)
+        assert [out[f"b-{i}"][0] for i in range(len(BATCH))] == plain
+    assert figures["0"]["second_chains"] == 0
+    assert figures["3"]["second_chains"] > 0 and figures["3"]["second_chain_wins"] > 0
+    assert figures["3"]["mean_accept_length"] > figures["0"]["mean_accept_length"] + 0.2
+
+
+def test_burst_result_replays_the_swaps():
+    """BurstResult.swap_second_pages: per iteration, where the chain won, the anchor's and the
+    accepted drafts' pages trade places with the chain's, from the position the iteration began."""
+    from array import array
+
+    from sglaunch.speculative.burst import BurstResult
+
+    result = BurstResult(accepted=[[1], [0], [2]], tokens=[[]], logprobs=[[]], second_won=[[True], [False], [True]])
+    pages, second = array("i", range(100, 112)), [1, 2, 3, 4]
+    result.swap_second_pages(0, 3, pages, second)
+    # iteration 0 at position 3 (anchor + 1 draft): 3, 4 take 1, 2; iteration 1 at 5 (lost);
+    # iteration 2 at 6 (anchor + 2 drafts): 6, 7, 8 take what the chain holds then (103, 104, 3)
+    assert list(pages) == [100, 101, 102, 1, 2, 105, 103, 104, 3, 109, 110, 111]
+    assert second == [106, 107, 108, 4]

@@ -472,6 +472,26 @@ def test_dspark_second_chain_with_graphs_equals_plain_greedy(files, mode, monkey
     assert_same_greedy(spec, plain, f"DSpark second chain ({mode}, graphs on) vs plain greedy")
 
 
+def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch):
+    """Bursts with SGLAUNCH_DSPARK_SECOND_CHAIN: every iteration's graph also drafts and verifies
+    the runner-up chain (the Triton attention over twice the rows) and swaps the winner's slots
+    into the burst's table; the host replays the swaps. Plain greedy output (near ties aside, as
+    for bursts), and the chain was verified."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "auto")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SECOND_CHAIN", "3")
+    batch = prompts(10, seed=6)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 40)
+    config = cuda_config(files, drafter="oracle")
+    config = dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
+        config.speculative, ragged_verify_mode="static", sps_table_path=None))
+    seen = []
+    spec, replays = greedy_outputs(config, batch, 40, prepare=seen.append)
+    assert seen[0].runner.burst.chains == 2
+    assert replays["bursts"] > 0, replays
+    assert seen[0].spec.stats.to_dict()["second_chains"] > 0
+    assert_same_greedy(spec, plain, "DSpark bursts with a second chain (graphs on) vs plain greedy", max_diverged=3)
+
+
 def test_torch_backend_on_cuda_runs_eagerly(files):
     batch = prompts(4, seed=4)
     torch_out, replays = greedy_outputs(cuda_config(files, backend="torch"), batch, 8)
