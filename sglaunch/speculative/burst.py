@@ -457,7 +457,11 @@ class BurstRunner:
                                                     dtype=drafter.dtype, device=anchors.device),
                            ctx_positions=empty, ctx_slots=empty, slot_table=table, ctx_lens=starts)
         out = drafter.forward_block(batch, self.draft.pool)
-        drafts = drafter.greedy_block(out, anchors).tokens  # [B, G]
+        if self.chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
+            block, drafts2 = drafter.greedy_two_chains(out, anchors)
+            drafts = block.tokens  # [B, G]
+        else:
+            drafts = drafter.greedy_block(out, anchors).tokens  # [B, G]
         ids = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)  # [B * Q]
         grid = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
         slots = table.gather(1, grid).reshape(-1)
@@ -465,7 +469,6 @@ class BurstRunner:
         tables = table
         if self.chains == 2:  # the runner-up chain: the same positions, its own slots from the anchor on
             second = self._second_view(key)
-            drafts2 = drafter.second_chain(out, anchors, G)  # [B, G]
             ids = torch.cat([ids, torch.cat([anchors[:, None], drafts2], dim=1).reshape(-1)])
             tables = torch.cat([table, table.scatter(1, grid, second)])  # [2B, C]
             slots = torch.cat([slots, second.reshape(-1)])

@@ -451,6 +451,48 @@ class DSparkDrafter(nn.Module):
             prev = x
         return torch.stack(tokens, 1)
 
+    def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> tuple[DraftBlock, torch.Tensor]:
+        """greedy_block and second_chain(out, anchors, gamma) in one Markov loop: slot 0 (the same
+        previous token, the anchor, for both) once, its top two choices starting the chains, then
+        slots 1 .. gamma - 1 over both chains' 2B rows at once, so the second chain adds no kernel
+        launch a slot (what a burst's graph replays). -> (the greedy block, confidence logits
+        included, with logits not kept; the runner-up chain [B, gamma])."""
+        B, G, _ = out.logits.shape
+        e = self.markov_head.markov_w1(anchor_tokens) if self.markov_head is not None else None
+        l_0, state = out.logits[:, 0], None
+        if self.markov_head is not None:
+            state = self.markov_head.init_state(B, e)
+            bias, state = self.markov_head.bias(e, out.hidden[:, 0], state, self.draft_markov_w2)
+            l_0 = l_0 + bias
+        conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None else []
+        x = l_0.topk(2, dim=-1).indices.t().reshape(-1)  # [2B]: the first choices, then the second
+        if self.draft_vocab is not None:
+            x = self.draft_vocab[x]
+        tokens = [x]
+        hidden, logits = out.hidden.repeat(2, 1, 1), out.logits.repeat(2, 1, 1)  # [2B, G, *]
+        state = state.repeat(2, 1) if state is not None else None
+        for k in range(1, G):
+            e = self.markov_head.markov_w1(x) if self.markov_head is not None else None
+            h = hidden[:, k]
+            if self.confidence_head is not None:
+                conf.append(self.confidence_head(h[:B], e[:B] if e is not None else None))
+            if self.markov_head is not None:
+                bias, state = self.markov_head.bias(e, h, state, self.draft_markov_w2)
+                if self.fused_argmax:
+                    from sglaunch.kernels.layer_ops import add_argmax_triton
+
+                    x = add_argmax_triton(logits[:, k], bias)
+                else:
+                    x = (logits[:, k] + bias).argmax(-1)
+            else:
+                x = logits[:, k].argmax(-1)
+            if self.draft_vocab is not None:
+                x = self.draft_vocab[x]
+            tokens.append(x)
+        both = torch.stack(tokens, 1)  # [2B, G]
+        block = DraftBlock(both[:B], None, None, torch.stack(conf, 1) if conf else None)
+        return block, both[B:]
+
     def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):
         what a drafter CUDA graph captures after the forward (the block's logits not kept)."""

@@ -197,3 +197,22 @@ def test_burst_result_replays_the_swaps():
     # iteration 2 at 6 (anchor + 2 drafts): 6, 7, 8 take what the chain holds then (103, 104, 3)
     assert list(pages) == [100, 101, 102, 1, 2, 105, 103, 104, 3, 109, 110, 111]
     assert second == [106, 107, 108, 4]
+
+
+@pytest.mark.parametrize("drafter_kind", ["decoy", "random"])
+def test_two_chains_in_one_loop_equal_the_separate_samplers(dspark_files, decoy_drafter, drafter_kind):
+    """DSparkDrafter.greedy_two_chains (what a burst runs) == greedy_block + second_chain(gamma)."""
+    path = decoy_drafter[0] if drafter_kind == "decoy" else dspark_files["random"]
+    engine, cluster = create_engine(engine_config(dspark_files["target"], path, "static", page_size=1))
+    try:
+        runner = engine.runner.draft
+        anchors = [4, 6, 9, 200]
+        out = runner.forward(DraftStepInput(anchors, [0] * 4, [[]] * 4), 1)
+        anchor_tensor = torch.tensor(anchors)
+        block, second = runner.drafter.greedy_two_chains(out, anchor_tensor)
+        single = runner.drafter.greedy_block(out, anchor_tensor)
+        assert block.tokens.tolist() == single.tokens.tolist()
+        torch.testing.assert_close(block.conf_logits, single.conf_logits)
+        assert second.tolist() == runner.drafter.second_chain(out, anchor_tensor, second.shape[1]).tolist()
+    finally:
+        cluster.stop(engine)
