@@ -48,15 +48,18 @@ def burst_input(engine, requests: int, context: int, borrowed: list[int]):
 
     runner, rng = engine.runner.burst, random.Random(requests)
     page, vocab = engine.config.page_size, engine.runner.spec.vocab_size
-    tables = []
+    tables, second = [], []
     for _ in range(requests):
         pages = engine.allocator.alloc(math.ceil((context + runner.max_iterations * runner.Q) / page))
-        if pages is None:
+        extra = engine.allocator.alloc(runner.Q) if pages is not None and runner.chains == 2 else []
+        if pages is None or extra is None:
             raise ValueError(f"the KV pool cannot hold {requests} requests")
-        borrowed += pages
+        borrowed += pages + extra
         tables.append(pages)
+        second.append(extra)
+    # a second chain (SGLAUNCH_DSPARK_SECOND_CHAIN set): its window's pages too
     return BurstInput([rng.randrange(vocab) for _ in range(requests)], [context] * requests, tables,
-                      runner.max_iterations)
+                      runner.max_iterations, second if runner.chains == 2 else None)
 
 
 def attention_splits(engine, requests: int, context: int) -> int | None:

@@ -510,7 +510,8 @@ class LLMEngine:
     def _reserve_burst(self, chunks: list[Chunk], positions: int) -> bool:
         """Scheduler.reserve_burst, and first (a burst runner with a second chain) each chunk's
         gamma + 1 pages for that chain's window; all or nothing."""
-        if self.runner.burst.chains == 2:
+        if self.runner.burst.uses_second_chain(len(chunks), self.runner.burst.context_needed(
+                [c.start for c in chunks], (positions + 1) // (self.spec.gamma + 1))):
             for i, chunk in enumerate(chunks):
                 if not self.scheduler.reserve_second_chain(chunk, self.spec.gamma):
                     for taken in chunks[:i]:
@@ -571,7 +572,7 @@ class LLMEngine:
         from sglaunch.speculative.burst import LEAD, BurstInput
 
         start = time.perf_counter()
-        second = [c.second_pages for c in chunks] if self.runner.burst.chains == 2 else None
+        second = [c.second_pages for c in chunks] if chunks[0].second_pages else None
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
                            [c.req.pages for c in chunks], iterations, second)
         if self.burst_early_stop and self.burst.stop_pays(len(chunks), iterations - LEAD):
@@ -615,6 +616,7 @@ class LLMEngine:
             self._drive_burst(flight)
         result = self.runner.burst.read(flight.pending)
         read_at = time.perf_counter()
+        chains = 2 if flight.chunks[0].second_pages else 1  # a burst that verified a second chain
         # NOTE: a chained burst's cost is the time between the rows of the burst before and its
         # own: the commit and launch between them left the device idle, the tail after the launch did not
         seconds = read_at - (self._burst_read_at if flight.chained else flight.started)
@@ -642,7 +644,6 @@ class LLMEngine:
         else:
             self.scheduler.trim(chunks)
         gamma, R = self.spec.gamma, len(flight.chunks)
-        chains = self.runner.burst.chains
         for accepted in result.accepted:
             self.spec.stats.record_step([n + 1 for n in accepted], chains * R * (gamma + 1), 0.0,
                                         seconds / flight.iterations)

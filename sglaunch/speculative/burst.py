@@ -67,6 +67,11 @@ DEFAULT_ITERATIONS = 8
 WIDE_BATCH = 4
 WIDE_ITERATIONS = 4
 MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
+# bursts of up to this many requests (their batch bucket) verify the second chain, where one is asked for
+# (SGLAUNCH_DSPARK_SECOND_CHAIN): H100, session 30 (bench, compact, bursts, median of 3 rounds) two chains
+# against one 1.017 / 1.015 / 1.014 at c=1 / 2 / 4, 0.946 at c=8 (an iteration +6% at 1 request, +11% at 8,
+# for 7.6% more tokens; benchmarks/gpu30/)
+SECOND_CHAIN_MAX_BATCH = 4
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
 EARLY_STOP_ENV = "SGLAUNCH_DSPARK_BURST_EARLY_STOP"  # 1: a burst ends early for an arrival when that pays
 LEAD = 2  # iterations a burst launched a few at a time keeps queued ahead of the device
@@ -321,9 +326,10 @@ class BurstRunner:
         self.draft = runner.draft
         self.gamma = self.draft.block_size
         self.Q = self.gamma + 1
-        # a second chain (SGLAUNCH_DSPARK_SECOND_CHAIN): every iteration also verifies the block's
-        # runner-up chain of gamma drafts (the attention's batch doubles: chains x requests rows)
-        self.chains = 2 if second_chain else 1
+        # a second chain (SGLAUNCH_DSPARK_SECOND_CHAIN): every iteration of a key of at most
+        # SECOND_CHAIN_MAX_BATCH requests also verifies the block's runner-up chain of gamma drafts
+        # (the attention's batch doubles: chains x requests rows); larger keys run one chain
+        self.second_chain = second_chain
         self.max_iterations = max_iterations
         self.page_size = runner.kv_pool.page_size
         self.device = runner.device
@@ -336,6 +342,7 @@ class BurstRunner:
         # anchors, starts, live [3 * B], then the slot table: a key's B * C is at most max_cells;
         # then (a second chain) its window's slots [B, Q]
         self.max_flat = 3 * Bmax + max(self.max_cells, Bmax * MIN_CONTEXT) + (Bmax * self.Q if second_chain else 0)
+        self._two = SECOND_CHAIN_MAX_BATCH if second_chain else 0  # NOTE: before keys() and the scratch
         heads, kv_heads = runner.spec.num_heads // runner.tp.size, runner.spec.num_kv_heads // runner.tp.size
         self.attn = BurstAttention(runner.kv_pool, heads, kv_heads, runner.spec.head_dim)
         # padding slot: the KV pool's padding page with graphs (dummy rows write there); slot 0
@@ -368,7 +375,7 @@ class BurstRunner:
             # SGLAUNCH_DSPARK_BURST_COMBINE (read once): "fold" merges the splits in the split kernel,
             # with tickets every launch leaves at 0 (one buffer for every layer, key and replay)
             self.attn.combine = combine_from_env()
-            self.attn.counters = torch.zeros(counters_numel(Bmax * self.chains, kv_heads), dtype=torch.int32,
+            self.attn.counters = torch.zeros(counters_numel(max(Bmax, 2 * self._two), kv_heads), dtype=torch.int32,
                                              device=dev)
         self.graphs: dict[BurstKey, object] = {}
         self.replays = 0
@@ -426,9 +433,19 @@ class BurstRunner:
             self.attn_scratch = torch.empty(need, dtype=torch.float32, device=self.device)
         return self.attn_scratch
 
+    def chains(self, key: BurstKey) -> int:
+        """The chains a key's iterations verify: 2 with a second chain up to SECOND_CHAIN_MAX_BATCH."""
+        return 2 if key.batch <= self._two else 1
+
+    def uses_second_chain(self, requests: int, context: int) -> bool:
+        """Whether a burst of `requests` touching positions < context verifies a second chain
+        (its requests need gamma + 1 second pages each); False where no key fits."""
+        key = self.pick(requests, context)
+        return key is not None and self.chains(key) == 2
+
     def _attention_key(self, key: BurstKey) -> BurstKey:
         """The attention's shape of a key: one row block per request and chain."""
-        return BurstKey(key.batch * self.chains, key.context)
+        return BurstKey(key.batch * self.chains(key), key.context)
 
     def _views(self, key: BurstKey):
         B, C = key.batch, key.context
@@ -441,7 +458,7 @@ class BurstRunner:
         return self.flat[3 * B + B * C: 3 * B + B * C + B * self.Q].view(B, self.Q)
 
     def flat_size(self, key: BurstKey) -> int:
-        return 3 * key.batch + key.batch * key.context + (key.batch * self.Q if self.chains == 2 else 0)
+        return 3 * key.batch + key.batch * key.context + (key.batch * self.Q if self.chains(key) == 2 else 0)
 
     def _body(self, key: BurstKey) -> None:
         """One drafting step of the burst, from and into the static buffers."""
@@ -457,7 +474,8 @@ class BurstRunner:
                                                     dtype=drafter.dtype, device=anchors.device),
                            ctx_positions=empty, ctx_slots=empty, slot_table=table, ctx_lens=starts)
         out = drafter.forward_block(batch, self.draft.pool)
-        if self.chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
+        chains = self.chains(key)
+        if chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
             block, drafts2 = drafter.greedy_two_chains(out, anchors)
             drafts = block.tokens  # [B, G]
         else:
@@ -467,7 +485,7 @@ class BurstRunner:
         slots = table.gather(1, grid).reshape(-1)
         positions = grid.reshape(-1)
         tables = table
-        if self.chains == 2:  # the runner-up chain: the same positions, its own slots from the anchor on
+        if chains == 2:  # the runner-up chain: the same positions, its own slots from the anchor on
             second = self._second_view(key)
             ids = torch.cat([ids, torch.cat([anchors[:, None], drafts2], dim=1).reshape(-1)])
             tables = torch.cat([table, table.scatter(1, grid, second)])  # [2B, C]
@@ -487,9 +505,9 @@ class BurstRunner:
         from sglaunch.kernels.vocab_reduce import greedy_logprob
 
         choice, lp = greedy_logprob(logits, self.attn.use_triton)
-        choice, lp = choice.view(self.chains * B, Q), lp.view(self.chains * B, Q)
+        choice, lp = choice.view(chains * B, Q), lp.view(chains * B, Q)
         n = torch.cumprod(drafts == choice[:B, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
-        if self.chains == 2:  # the runner-up chain where it commits more (only after a rejected first draft)
+        if chains == 2:  # the runner-up chain where it commits more (only after a rejected first draft)
             n2 = torch.cumprod(drafts2 == choice[B:, :G], dim=1).sum(dim=1)
             won = n2 > n
             n = torch.where(won, n2, n)
@@ -525,7 +543,7 @@ class BurstRunner:
                 anchors, starts, live, table = self._views(key)
                 anchors.zero_(), starts.zero_(), live.zero_()
                 table.fill_(self.fill_slot)
-                if self.chains == 2:
+                if self.chains(key) == 2:
                     self._second_view(key).fill_(self.fill_slot)
                 self._body(key)  # warm-up (dummy rows only: they write the padding page)
                 torch.cuda.synchronize(self.device)
@@ -572,7 +590,7 @@ class BurstRunner:
         grid = host[3 * B: 3 * B + B * C].reshape(B, C)
         grid[:R] = slot_rows(burst.page_tables, lengths, self.page_size, C, self.fill_slot)
         grid[R:] = self.fill_slot
-        if self.chains == 2:
+        if self.chains(key) == 2:
             if burst.second_pages is None or len(burst.second_pages) != R:
                 raise ValueError("a burst runner with a second chain needs gamma + 1 second pages per request")
             second = host[3 * B + B * C: size].reshape(B, Q)
@@ -809,7 +827,8 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             tables, second = [], []
             for _ in range(R):
                 pages = engine.allocator.alloc(math.ceil((context_len + N * runner.Q) / page))
-                extra = engine.allocator.alloc(runner.Q) if pages is not None and runner.chains == 2 else []
+                two = runner.uses_second_chain(R, context_len + N * runner.Q)
+                extra = engine.allocator.alloc(runner.Q) if pages is not None and two else []
                 if pages is None or extra is None:
                     borrowed += pages or []
                     break
@@ -819,7 +838,7 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
             anchors = [rng.randrange(vocab) for _ in range(R)]
-            second_pages = second if runner.chains == 2 else None
+            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q) else None
             one = timed(BurstInput(anchors, [context_len] * R, tables, 1, second_pages))
             most = timed(BurstInput(anchors, [context_len] * R, tables, N, second_pages)) if N > 1 else one
             step = (most - one) / (N - 1) if N > 1 else one

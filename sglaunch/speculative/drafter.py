@@ -465,7 +465,11 @@ class DSparkDrafter(nn.Module):
             bias, state = self.markov_head.bias(e, out.hidden[:, 0], state, self.draft_markov_w2)
             l_0 = l_0 + bias
         conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None else []
-        x = l_0.topk(2, dim=-1).indices.t().reshape(-1)  # [2B]: the first choices, then the second
+        # NOTE: two argmaxes, not topk(2): torch's topk over a vocabulary row took 45 us on the H100
+        # (benchmarks/gpu30/burst_profile), an argmax a few
+        first = l_0.argmax(-1)
+        l_0 = l_0.clone() if self.markov_head is None else l_0  # NOTE: else a fresh tensor already
+        x = torch.cat([first, l_0.scatter_(1, first[:, None], float("-inf")).argmax(-1)])  # [2B]: first, second
         if self.draft_vocab is not None:
             x = self.draft_vocab[x]
         tokens = [x]

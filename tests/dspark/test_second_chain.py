@@ -17,6 +17,7 @@ import torch
 from dspark_helpers import VOCAB, bigram_successor, drafter_config, engine_config, prompts
 from sglaunch.engine.launch import create_engine, generate_batch
 from sglaunch.engine.step import DraftStepInput
+from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH
 from sglaunch.speculative.checkpoint import init_drafter_state, save_drafter
 from test_engine_dspark import greedy, make_requests, run
 
@@ -170,14 +171,16 @@ def test_bursts_verify_the_second_chain(dspark_files, decoy_drafter, plain, monk
         monkeypatch.setenv(ENV, chain)
         engine, cluster = create_engine(config)
         try:
-            assert engine.runner.burst.chains == (2 if chain != "0" else 1)
-            out = run(engine, make_requests(BATCH, "b", greedy(24)))
+            assert engine.runner.burst.uses_second_chain(1, 64) == (chain != "0")
+            # bursts of more than SECOND_CHAIN_MAX_BATCH requests run one chain (measured slower with two)
+            assert not engine.runner.burst.uses_second_chain(SECOND_CHAIN_MAX_BATCH + 1, 64)
+            out = run(engine, make_requests(BATCH[:SECOND_CHAIN_MAX_BATCH], "b", greedy(24)))
             assert engine.runner.burst.bursts > 0
             assert engine.allocator.num_used == (engine.scheduler.radix.cached_pages if radix else 0)
             figures[chain] = engine.spec.stats.to_dict()
         finally:
             cluster.stop(engine)
-        assert [out[f"b-{i}"][0] for i in range(len(BATCH))] == plain
+        assert [out[f"b-{i}"][0] for i in range(SECOND_CHAIN_MAX_BATCH)] == plain[:SECOND_CHAIN_MAX_BATCH]
     assert figures["0"]["second_chains"] == 0
     assert figures["3"]["second_chains"] > 0 and figures["3"]["second_chain_wins"] > 0
     assert figures["3"]["mean_accept_length"] > figures["0"]["mean_accept_length"] + 0.2
