@@ -628,8 +628,8 @@ class LLMEngine:
                 chunks.append(chunk)
                 sampled.append(tokens)
                 logprobs.append(lps)
-                # NOTE: before the commit: where the second chain won, its pages hold the KV
-                result.swap_second_pages(r, chunk.start, chunk.req.pages, chunk.second_pages)
+                if chains == 2:  # NOTE: before the commit: where the second chain won, its pages hold the KV
+                    result.swap_second_pages(r, chunk.start, chunk.req.pages, chunk.second_pages)
             self.scheduler.settle_second_chain(chunk, None)  # the chain's pages now hold losers only
         self.counters["steps"] += flight.iterations
         self._aside_streak = 0

@@ -520,6 +520,8 @@ class BurstRunner:
             table.scatter_(1, grid, torch.where(swap, second, mine))
             second.copy_(torch.where(swap, mine, second))
             self.result[:B, 2 * Q + 1].copy_(won)
+        elif self.second_chain:  # NOTE: the result buffer is every key's: a two-chain key's flags stay there
+            self.result[:B, 2 * Q + 1].zero_()
         self.result[:B, :Q].copy_(choice)
         self.result[:B, Q: 2 * Q].copy_(lp)
         self.result[:B, 2 * Q].copy_(n)

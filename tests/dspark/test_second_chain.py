@@ -219,3 +219,23 @@ def test_two_chains_in_one_loop_equal_the_separate_samplers(dspark_files, decoy_
         assert second.tolist() == runner.drafter.second_chain(out, anchor_tensor, second.shape[1]).tolist()
     finally:
         cluster.stop(engine)
+
+
+def test_bursts_with_and_without_the_chain_on_one_engine(dspark_files, decoy_drafter, plain, monkeypatch):
+    """A burst of more requests than SECOND_CHAIN_MAX_BATCH (one chain) after bursts that verified
+    the chain: the one-chain burst must not read the earlier bursts' win flags (its result rows
+    share their buffer), and both batches stay plain greedy."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "3")
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, disable_radix_cache=True)
+    engine, cluster = create_engine(config)
+    try:
+        small = run(engine, make_requests(BATCH[:2], "s", greedy(24)))
+        wins = engine.spec.stats.to_dict()["second_chain_wins"]
+        assert wins > 0
+        full = run(engine, make_requests(BATCH, "f", greedy(24)))
+        assert engine.allocator.num_used == 0
+    finally:
+        cluster.stop(engine)
+    assert [small[f"s-{i}"][0] for i in range(2)] == plain[:2]
+    assert [full[f"f-{i}"][0] for i in range(len(BATCH))] == plain
