@@ -28,7 +28,7 @@ from sglaunch.config import EngineConfig
 from sglaunch.engine.interface import SamplingParams
 from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
-from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker
+from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker, second_row
 from sglaunch.speculative import kernels
 from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
@@ -347,8 +347,8 @@ class DSparkDecoder:
         eligible = proposal.planned_accepts
         second = proposal.second_lens or [0] * len(eligible)
         logit_rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
-        logit_rows += [start + 1 + len(c.draft_tokens) + j for start, c, n in zip(row_starts, proposal.chunks, second)
-                       if n for j in range(n + 1)]  # the second windows' rows (step.second_row), after the first's
+        logit_rows += [second_row(start, c) + j for start, c, n in zip(row_starts, proposal.chunks, second)
+                       if n for j in range(n + 1)]  # then the second windows' rows (each right after its first window)
         tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
         if proposal.device_drafts:
             self._read_device_drafts(proposal)
