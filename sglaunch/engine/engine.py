@@ -560,15 +560,17 @@ class LLMEngine:
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
         the stop rules, request by request."""
+        return self._collect_burst(self._launch_burst(chunks, iterations))
+
+    def _launch_burst(self, chunks: list[Chunk], iterations: int, chained: bool = False) -> BurstFlight:
         try:
-            flight = self._launch_burst(chunks, iterations)
+            return self._launch_burst_now(chunks, iterations, chained)
         except BaseException:
             for chunk in chunks:  # a second chain's pages (the burst's own are the requests')
                 self.scheduler.settle_second_chain(chunk, None)
             raise
-        return self._collect_burst(flight)
 
-    def _launch_burst(self, chunks: list[Chunk], iterations: int, chained: bool = False) -> BurstFlight:
+    def _launch_burst_now(self, chunks: list[Chunk], iterations: int, chained: bool) -> BurstFlight:
         from sglaunch.speculative.burst import LEAD, BurstInput
 
         start = time.perf_counter()

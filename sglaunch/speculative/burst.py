@@ -69,8 +69,8 @@ WIDE_ITERATIONS = 4
 MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
 # bursts of up to this many requests (their batch bucket) verify the second chain, where one is asked for
 # (SGLAUNCH_DSPARK_SECOND_CHAIN): H100, session 30 (bench, compact, bursts, median of 3 rounds) two chains
-# against one 1.017 / 1.015 / 1.014 at c=1 / 2 / 4, 0.946 at c=8 (an iteration +6% at 1 request, +11% at 8,
-# for 7.6% more tokens; benchmarks/gpu30/)
+# against one 1.017 / 1.015 / 1.014 at c=1 / 2 / 4; an iteration +6% at 1 request, +11% at 8 (burst_profile),
+# for 7.6% more tokens; c=8 0.946 when slot 0 still took topk (benchmarks/gpu30/)
 SECOND_CHAIN_MAX_BATCH = 4
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
 EARLY_STOP_ENV = "SGLAUNCH_DSPARK_BURST_EARLY_STOP"  # 1: a burst ends early for an arrival when that pays

@@ -239,3 +239,28 @@ def test_bursts_with_and_without_the_chain_on_one_engine(dspark_files, decoy_dra
         cluster.stop(engine)
     assert [small[f"s-{i}"][0] for i in range(2)] == plain[:2]
     assert [full[f"f-{i}"][0] for i in range(len(BATCH))] == plain
+
+
+def test_a_failed_burst_launch_gives_the_chains_pages_back(dspark_files, decoy_drafter, monkeypatch):
+    """A burst whose launch raises: the second chain's pages go back with the failure, and once
+    its requests are failed the pool is empty."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "3")
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, disable_radix_cache=True)
+    engine, cluster = create_engine(config)
+    try:
+        for r in make_requests(BATCH[:2], "x", greedy(24)):
+            engine.add_request(r)
+        engine.step()  # the prefill
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("launch failed")
+
+        monkeypatch.setattr(engine.runner, "launch_burst", broken)
+        with pytest.raises(RuntimeError, match="launch failed"):
+            engine.step()
+        outs = engine.fail_running(RuntimeError("launch failed"))
+        assert {o.rid for o in outs} == {"x-0", "x-1"} and all(o.error for o in outs)
+        assert engine.allocator.num_used == 0
+    finally:
+        cluster.stop(engine)
