@@ -32,6 +32,7 @@ from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker, se
 from sglaunch.speculative import kernels
 from sglaunch.speculative.accept import committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
+from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH  # NOTE: burst.py imports torch lazily
 from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier, measured_survivals
 from sglaunch.speculative.stats import SpecStats
 from sglaunch.engine.transfer import pack_flat, pack_for_host, split_flat, to_device
@@ -158,13 +159,17 @@ class DSparkDecoder:
         budget: plan()'s K (None: the planner's budget, no stepping aside).
         verify_tiers: the captured verify-graph tiers this step could replay (empty: eager).
         second_pages: where the step may verify second chains (every row it samples is greedy),
-        what reserves a chunk's pages for one of n drafts (Scheduler.reserve_second_chain)."""
+        what reserves a chunk's pages for one of n drafts (Scheduler.reserve_second_chain); steps of
+        more than SECOND_CHAIN_MAX_BATCH speculating requests verify none."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
         if budget is None:
             budget = self.planner.budget([r.rid for r in reqs], extra_tokens)
         greedy = [is_greedy(r.sampling) for r in reqs]
-        second = self.second_chain if second_pages is not None and all(greedy) else 0
+        # NOTE: as bursts, up to SECOND_CHAIN_MAX_BATCH requests: beyond, the extra rows cost more than they
+        # give (H100, session 30), and the planner's step cost does not count them
+        second = (self.second_chain if second_pages is not None and all(greedy)
+                  and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)], second)
         out = run_draft(step)

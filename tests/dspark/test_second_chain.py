@@ -79,11 +79,12 @@ def test_second_chain_is_lossless_and_wins_after_the_decoy(dspark_files, decoy_d
     drafter, _ = decoy_drafter
     config = engine_config(dspark_files["target"], drafter, mode, sps=dspark_files["sps"] if mode != "static" else None,
                            page_size=1, disable_radix_cache=not radix)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]  # NOTE: larger steps verify one chain
     monkeypatch.delenv(ENV, raising=False)
-    one, one_lps, one_stats = run_checked(config)
+    one, one_lps, one_stats = run_checked(config, small)
     monkeypatch.setenv(ENV, "3")
-    two, two_lps, two_stats = run_checked(config)
-    assert one == plain and two == plain
+    two, two_lps, two_stats = run_checked(config, small)
+    assert one == plain[: len(small)] and two == plain[: len(small)]
     torch.testing.assert_close(torch.tensor(two_lps), torch.tensor(one_lps), atol=1e-4, rtol=0)
     assert one_stats["second_chains"] == 0
     assert two_stats["second_chains"] > 0 and two_stats["second_chain_wins"] > 0
@@ -264,3 +265,32 @@ def test_a_failed_burst_launch_gives_the_chains_pages_back(dspark_files, decoy_d
         assert engine.allocator.num_used == 0
     finally:
         cluster.stop(engine)
+
+
+def test_synchronous_steps_of_many_requests_verify_one_chain(dspark_files, decoy_drafter, plain, monkeypatch):
+    """Steps with more than SECOND_CHAIN_MAX_BATCH speculating requests verify no second chain;
+    the smaller steps of the same run (requests finishing at different lengths) still do."""
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1)
+    engine, cluster = create_engine(config)
+    windows = []
+    propose = engine.spec.propose
+
+    def logged(chunks, *args, **kwargs):
+        proposal = propose(chunks, *args, **kwargs)
+        windows.append((len(chunks), sum(1 for n in (proposal.second_lens or []) if n)))
+        return proposal
+
+    engine.spec.propose = logged
+    try:
+        # max_new_tokens 3 .. 33 by request (make_requests): the batch shrinks as requests end
+        out = run(engine, make_requests(BATCH, "m"))
+    finally:
+        cluster.stop(engine)
+    assert all(n == 0 for size, n in windows if size > SECOND_CHAIN_MAX_BATCH)
+    assert any(size > SECOND_CHAIN_MAX_BATCH for size, _ in windows)
+    assert any(n > 0 for size, n in windows if size <= SECOND_CHAIN_MAX_BATCH)
+    for i in range(len(BATCH)):  # plain greedy: a prefix of the 24-token plain output
+        tokens = out[f"m-{i}"][0]
+        assert len(tokens) == 3 + (7 * i) % 31
+        assert tokens[:24] == plain[i][: len(tokens)]
