@@ -140,6 +140,12 @@ def check_env_values(ctx: LaunchContext) -> list[Diagnostic]:
     found = []
     for var in ctx.settings.schema.env_vars:
         value = ctx.environ.get(var.name)
+        if value is not None and var.at_least is not None and value.strip() and not _whole_at_least(value, var.at_least):
+            # NOTE: config.env_int's rule (unset or empty: the default), which refuses the engine's start
+            found.append(diag("ENV005", f"{var.name}={value} is not a whole number >= {var.at_least}; the engine "
+                              "refuses it", flags=(var.name,), origin="env",
+                              fix=f"set {var.name} to a whole number >= {var.at_least}, or unset it"))
+            continue
         if value is None or not var.choices or value in var.choices or var.name == "SGLANG_RAGGED_VERIFY_MODE":
             continue
         # NOTE: a value the engine itself refuses would stop it after the spawn: refuse it here
@@ -147,3 +153,10 @@ def check_env_values(ctx: LaunchContext) -> list[Diagnostic]:
         found.append(diag(code, f"{var.name}={value} is not one of {', '.join(var.choices)}{what}",
                           flags=(var.name,), origin="env", fix=f"set {var.name} to one of {', '.join(var.choices)}"))
     return found
+
+
+def _whole_at_least(value: str, low: int) -> bool:
+    try:
+        return int(value.strip()) >= low
+    except ValueError:
+        return False

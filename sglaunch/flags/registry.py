@@ -343,7 +343,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_DSPARK_SECOND_CHAIN", "DSpark at T=0: an all-greedy drafting step also verifies the "
            "block's runner-up chain (slot 0's second choice, then greedy) of N drafts in a window of its own, and "
            "keeps whichever chain commits more (a burst verifies a chain of gamma drafts), in steps and bursts of up "
-           "to 4 requests; 0 (default) off. Needs --page-size 1.", sglaunch_only=True),
+           "to 4 requests; 0 (default) off. Needs --page-size 1.", sglaunch_only=True, at_least=0),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
@@ -374,7 +374,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_MIXED_MAX_QUERY", "The longest prefill chunk (tokens) a step mixing it with decodes may "
            "hold and still replay a ragged CUDA graph (it must also fit the largest tier with the rest of the "
            "step); longer chunks run eagerly. Unset or 0 (default): no limit but the largest tier.",
-           sglaunch_only=True),
+           sglaunch_only=True, at_least=0),
     EnvVar("SGLAUNCH_DSPARK_PROFILE_SPS", "compact mode without --speculative-dspark-sps-table-path "
            "profiles the step costs at start-up; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_LAYER_KERNELS", "The decoder's fused Triton kernels (RMSNorm with the residual add, "
@@ -387,7 +387,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
-           "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True),
+           "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True,
+           at_least=0),
     EnvVar("SGLAUNCH_GRAPH_SIZED_STEPS", "Graph-sized steps (engines with CUDA graphs; a DSpark engine also "
            "reads SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS): "
            "a step's rows (decodes and prompt chunks together) are capped at the largest ragged CUDA graph, so a "
@@ -399,7 +400,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "does without a drafter (each decode one row): on unless 0 (0 leaves them uncapped).",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_GROUP", "Admission grouping: admit the held requests as soon as this many wait "
-           "(or as many as the batch has room for); default 8.", sglaunch_only=True),
+           "(or as many as the batch has room for); default 8.", sglaunch_only=True, at_least=1),
     EnvVar("SGLAUNCH_FLASHINFER_PREFILL_BACKEND", "FlashInfer's kernel family for steps that use its prefill "
            "kernel (prefill chunks, steps mixing them with decodes, DSpark verify windows), eager and in CUDA "
            "graphs: fa2 (default), fa3, or auto (FlashInfer's choice: FA3 on Hopper).",

@@ -147,6 +147,7 @@ class EnvVar:
     note: str = ""
     sglaunch_only: bool = False  # read by sglaunch's engine, not by SGLang
     refused: bool = False  # the engine refuses a value outside `choices` at start-up (ENV005, an error)
+    at_least: int | None = None  # a whole number >= this, else the engine refuses it at start-up (ENV005)
 
 
 @dataclass

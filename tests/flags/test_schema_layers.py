@@ -55,3 +55,30 @@ def test_hand_environment_variables_agree_with_the_releases():
         first, last = KNOWN_RELEASES.index(seen[0]), KNOWN_RELEASES.index(seen[-1])
         assert var.added == (None if first == 0 else seen[0]), var.name
         assert var.removed == (KNOWN_RELEASES[last + 1] if last + 1 < len(KNOWN_RELEASES) else None), var.name
+
+
+def test_whole_number_variables_match_what_the_engine_refuses():
+    """Every `config.env_int(NAME, default, low)` in the engine is declared with at_least=low, so
+    check-config refuses (ENV005) exactly the values that would stop the engine at start-up."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import sglaunch
+
+    root = Path(sglaunch.__file__).parent
+    read = {}
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "env_int"
+                 and len(n.args) == 3]
+        if not calls:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(root.parent).with_suffix("").parts))
+        for call in calls:
+            name = call.args[0]
+            value = name.value if isinstance(name, ast.Constant) else getattr(module, name.id)
+            read[value] = ast.literal_eval(call.args[2])
+    assert read, "no env_int call found"
+    declared = {v.name: v.at_least for v in ENV_VARS if v.at_least is not None}
+    assert declared == read

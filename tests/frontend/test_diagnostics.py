@@ -70,6 +70,13 @@ CASES = [
     Case("ENV005", (), (), env={"SGLAUNCH_OVERLAP": "yes"}, quiet_env={"SGLAUNCH_OVERLAP": "auto"}),
     Case("ENV005", (), (), env={"SGLAUNCH_LAYER_KERNELS": "fused"}, quiet_env={"SGLAUNCH_LAYER_KERNELS": "torch"},
          id="layer-kernels"),
+    # a whole number the engine reads with config.env_int, which refuses anything else at start-up
+    Case("ENV005", (), (), env={"SGLAUNCH_DSPARK_SECOND_CHAIN": "-1"}, quiet_env={"SGLAUNCH_DSPARK_SECOND_CHAIN": "3"},
+         id="second-chain"),
+    Case("ENV005", (), (), env={"SGLAUNCH_ADMIT_GROUP": "0"}, quiet_env={"SGLAUNCH_ADMIT_GROUP": " 4 "},
+         id="admit-group"),
+    Case("ENV005", (), (), env={"SGLAUNCH_MIXED_MAX_QUERY": "256 tokens"}, quiet_env={"SGLAUNCH_MIXED_MAX_QUERY": ""},
+         id="mixed-max-query"),
     Case("ENV003", ("--release", "0.5.16"), ("--release", "0.5.16"), env={"SGLANG_ENABLE_LOGITS_PROCESSER_CHUNK": "0"},
          quiet_env={"SGLANG_ENABLE_LOGPROB_CHUNK": "0"}),
     Case("ENV001", ("--release", "0.5.19"), ("--release", "0.5.18"),
