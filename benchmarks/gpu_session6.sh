@@ -1070,16 +1070,9 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
-pipeline65() {  # session 30, run 4: pipeline64 after the burst's second chain lost topk (two argmaxes) and was
-  # kept to bursts of at most SECOND_CHAIN_MAX_BATCH (4) requests
-  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  pull_smol
-  part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain"
-  touch "$W/core.done"
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part bench1 360 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4,8 128 "$W/bench1/bench.json"'
-  touch "$W/all.done"
+pipeline65() {  # session 30, run 4: pipeline64 again, on the code after the burst's second chain lost topk (two
+  # argmaxes) and was kept to bursts of at most SECOND_CHAIN_MAX_BATCH (4) requests
+  pipeline64
 }
 
 pipeline64() {  # session 30, run 2: bursts with the second chain drafted in the same Markov loop as the first

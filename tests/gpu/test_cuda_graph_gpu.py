@@ -452,6 +452,13 @@ def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch)
     assert_same_greedy(spec, plain, "DSpark static (drafts on the device, graphs on) vs plain greedy")
 
 
+def second_chain_config(files, mode: str):
+    """The oracle drafter at page size 1 (a second chain needs it), in `mode`, with no SPS table."""
+    config = cuda_config(files, drafter="oracle")
+    return dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
+        config.speculative, ragged_verify_mode=mode, sps_table_path=None))
+
+
 @pytest.mark.parametrize("mode", ["static", "compact"])
 def test_dspark_second_chain_with_graphs_equals_plain_greedy(files, mode, monkeypatch):
     """SGLAUNCH_DSPARK_SECOND_CHAIN=3 (bursts off: they run one chain): each all-greedy drafting
@@ -461,9 +468,7 @@ def test_dspark_second_chain_with_graphs_equals_plain_greedy(files, mode, monkey
     monkeypatch.setenv("SGLAUNCH_DSPARK_SECOND_CHAIN", "3")
     batch = prompts(4, seed=5)  # NOTE: steps of up to SECOND_CHAIN_MAX_BATCH requests verify it
     plain, _ = greedy_outputs(cuda_config(files), batch, 24)
-    config = cuda_config(files, drafter="oracle")
-    config = dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
-        config.speculative, ragged_verify_mode=mode, sps_table_path=None))
+    config = second_chain_config(files, mode)
     seen = []
     spec, replays = greedy_outputs(config, batch, 24, prepare=seen.append)
     stats = seen[0].spec.stats.to_dict()
@@ -481,9 +486,7 @@ def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch
     monkeypatch.setenv("SGLAUNCH_DSPARK_SECOND_CHAIN", "3")
     batch = prompts(4, seed=6)  # NOTE: bursts of up to SECOND_CHAIN_MAX_BATCH requests verify it
     plain, _ = greedy_outputs(cuda_config(files), batch, 40)
-    config = cuda_config(files, drafter="oracle")
-    config = dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
-        config.speculative, ragged_verify_mode="static", sps_table_path=None))
+    config = second_chain_config(files, "static")
     seen = []
     spec, replays = greedy_outputs(config, batch, 40, prepare=seen.append)
     assert seen[0].runner.burst.uses_second_chain(4, 128)
