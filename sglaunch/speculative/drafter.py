@@ -426,60 +426,35 @@ class DSparkDrafter(nn.Module):
         return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1) if logits else None,
                           torch.stack(conf, 1) if conf else None)
 
-    @torch.inference_mode()
-    def second_chain(self, out: BlockOutput, anchor_tokens: torch.Tensor, length: int) -> torch.Tensor:
-        """The greedy block's runner-up chain [B, length] (target ids): slot 0 takes the Markov-
-        corrected logits' second choice instead of the first, and slots 1 .. length - 1 go on
-        greedily from it. The chains share the block's hidden states and base logits U_k; they
-        differ only through the Markov head's previous token. At T = 0 the target accepts this
-        chain's first draft exactly where it rejects the block's first draft for that token."""
-        B, G, _ = out.logits.shape
-        if not 1 <= length <= G:
-            raise ValueError(f"a second chain takes 1 .. {G} drafts, not {length}")
-        prev, state, tokens = anchor_tokens, None, []
-        for k in range(length):
-            l_k = out.logits[:, k]
-            if self.markov_head is not None:
-                e = self.markov_head.markov_w1(prev)
-                state = self.markov_head.init_state(B, e) if state is None else state
-                bias, state = self.markov_head.bias(e, out.hidden[:, k], state, self.draft_markov_w2)
-                l_k = l_k + bias
-            x = l_k.topk(2, dim=-1).indices[:, 1] if k == 0 else l_k.argmax(-1)
-            if self.draft_vocab is not None:
-                x = self.draft_vocab[x]
-            tokens.append(x)
-            prev = x
-        return torch.stack(tokens, 1)
-
-    def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> tuple[DraftBlock, torch.Tensor]:
-        """greedy_block and second_chain(out, anchors, gamma) in one Markov loop: slot 0 (the same
-        previous token, the anchor, for both) once, its top two choices starting the chains, then
-        slots 1 .. gamma - 1 over both chains' 2B rows at once, so the second chain adds no kernel
-        launch a slot (what a burst's graph replays). -> (the greedy block, confidence logits
-        included, with logits not kept; the runner-up chain [B, gamma])."""
-        B, G, _ = out.logits.shape
+    def _slot0_pair(self, out: BlockOutput, anchor_tokens: torch.Tensor):
+        """Slot 0 of the greedy block: its first and second choices under the Markov-corrected
+        logits (draft-vocabulary indices [B] each), the Markov state after it and W1[anchor].
+        NOTE: two argmaxes, not topk(2): torch's topk over a vocabulary row took 45 us on the H100
+        (benchmarks/gpu30/run3), an argmax a few."""
+        B = out.logits.shape[0]
         e = self.markov_head.markov_w1(anchor_tokens) if self.markov_head is not None else None
         l_0, state = out.logits[:, 0], None
         if self.markov_head is not None:
             state = self.markov_head.init_state(B, e)
             bias, state = self.markov_head.bias(e, out.hidden[:, 0], state, self.draft_markov_w2)
-            l_0 = l_0 + bias
-        conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None else []
-        # NOTE: two argmaxes, not topk(2): torch's topk over a vocabulary row took 45 us on the H100
-        # (benchmarks/gpu30/burst_profile), an argmax a few
+            l_0 = l_0 + bias  # NOTE: a fresh tensor, which the second argmax's mask may write over
+        else:
+            l_0 = l_0.clone()
         first = l_0.argmax(-1)
-        l_0 = l_0.clone() if self.markov_head is None else l_0  # NOTE: else a fresh tensor already
-        x = torch.cat([first, l_0.scatter_(1, first[:, None], float("-inf")).argmax(-1)])  # [2B]: first, second
-        if self.draft_vocab is not None:
-            x = self.draft_vocab[x]
-        tokens = [x]
-        hidden, logits = out.hidden.repeat(2, 1, 1), out.logits.repeat(2, 1, 1)  # [2B, G, *]
-        state = state.repeat(2, 1) if state is not None else None
-        for k in range(1, G):
+        second = l_0.scatter_(1, first[:, None], float("-inf")).argmax(-1)
+        return first, second, state, e
+
+    def _greedy_slots(self, x: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor, state, stop: int,
+                      conf: list | None = None, conf_rows: int = 0) -> list[torch.Tensor]:
+        """Slots 1 .. stop - 1 of greedy chains whose slot-0 drafts (target ids) are x: each slot's
+        Markov-corrected argmax from the previous draft. conf: appends the confidence logits of the
+        first conf_rows rows a slot."""
+        tokens = []
+        for k in range(1, stop):
             e = self.markov_head.markov_w1(x) if self.markov_head is not None else None
             h = hidden[:, k]
-            if self.confidence_head is not None:
-                conf.append(self.confidence_head(h[:B], e[:B] if e is not None else None))
+            if conf is not None and self.confidence_head is not None:
+                conf.append(self.confidence_head(h[:conf_rows], e[:conf_rows] if e is not None else None))
             if self.markov_head is not None:
                 bias, state = self.markov_head.bias(e, h, state, self.draft_markov_w2)
                 if self.fused_argmax:
@@ -493,7 +468,38 @@ class DSparkDrafter(nn.Module):
             if self.draft_vocab is not None:
                 x = self.draft_vocab[x]
             tokens.append(x)
-        both = torch.stack(tokens, 1)  # [2B, G]
+        return tokens
+
+    def _target_ids(self, x: torch.Tensor) -> torch.Tensor:
+        return self.draft_vocab[x] if self.draft_vocab is not None else x
+
+    @torch.inference_mode()
+    def second_chain(self, out: BlockOutput, anchor_tokens: torch.Tensor, length: int) -> torch.Tensor:
+        """The greedy block's runner-up chain [B, length] (target ids): slot 0 takes the Markov-
+        corrected logits' second choice instead of the first, and slots 1 .. length - 1 go on
+        greedily from it. The chains share the block's hidden states and base logits U_k; they
+        differ only through the Markov head's previous token. At T = 0 the target accepts this
+        chain's first draft exactly where it rejects the block's first draft for that token."""
+        G = out.logits.shape[1]
+        if not 1 <= length <= G:
+            raise ValueError(f"a second chain takes 1 .. {G} drafts, not {length}")
+        _, second, state, _ = self._slot0_pair(out, anchor_tokens)
+        x = self._target_ids(second)
+        return torch.stack([x] + self._greedy_slots(x, out.hidden, out.logits, state, length), 1)
+
+    def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> tuple[DraftBlock, torch.Tensor]:
+        """greedy_block and second_chain(out, anchors, gamma) in one Markov loop: slot 0 (the same
+        previous token, the anchor, for both) once, its top two choices starting the chains, then
+        slots 1 .. gamma - 1 over both chains' 2B rows at once, so the second chain adds no kernel
+        launch a slot (what a burst's graph replays). -> (the greedy block, confidence logits
+        included, with logits not kept; the runner-up chain [B, gamma])."""
+        B, G, _ = out.logits.shape
+        first, second, state, e = self._slot0_pair(out, anchor_tokens)
+        conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None else []
+        x = self._target_ids(torch.cat([first, second]))  # [2B]: the first choices, then the second
+        state = state.repeat(2, 1) if state is not None else None
+        hidden, logits = out.hidden.repeat(2, 1, 1), out.logits.repeat(2, 1, 1)  # [2B, G, *]
+        both = torch.stack([x] + self._greedy_slots(x, hidden, logits, state, G, conf, B), 1)  # [2B, G]
         block = DraftBlock(both[:B], None, None, torch.stack(conf, 1) if conf else None)
         return block, both[B:]
 
