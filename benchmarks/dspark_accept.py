@@ -107,7 +107,7 @@ def run(args) -> dict:
         os.environ["SGLAUNCH_DSPARK_SECOND_CHAIN"] = str(args.second_chain)
         os.environ["SGLAUNCH_DSPARK_BURST"] = "0"
     engine, cluster = create_engine(engine_config(args))
-    results = {}
+    results, before = {}, {"second_chains": 0, "second_chain_wins": 0}  # the stats after the last temperature
     try:
         for temperature in args.temperatures:
             # all prompts at once (continuous batching); each speculative increment carries the
@@ -128,7 +128,7 @@ def run(args) -> dict:
                     if out.accept_length is not None:
                         lengths[kinds[out.rid]].append(out.accept_length)
             every = [n for values in lengths.values() for n in values]
-            stats, before = engine.spec.stats.to_dict(), results.get("_stats", {})
+            stats = engine.spec.stats.to_dict()
             results[str(temperature)] = {
                 "mean_accept_length": sum(every) / max(len(every), 1),
                 "per_type": {k: sum(v) / max(len(v), 1) for k, v in sorted(lengths.items())},
@@ -140,13 +140,12 @@ def run(args) -> dict:
                 "all": position_figures(every, block),
                 "per_type_positions": {k: position_figures(v, block) for k, v in sorted(lengths.items())},
                 "second_chain": args.second_chain,
-                "second_chains": stats["second_chains"] - before.get("second_chains", 0),
-                "second_chain_wins": stats["second_chain_wins"] - before.get("second_chain_wins", 0),
+                "second_chains": stats["second_chains"] - before["second_chains"],
+                "second_chain_wins": stats["second_chain_wins"] - before["second_chain_wins"],
             }
-            results["_stats"] = stats
+            before = stats
     finally:
         cluster.stop(engine)
-    results.pop("_stats", None)
     return results
 
 

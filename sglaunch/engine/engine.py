@@ -502,16 +502,16 @@ class LLMEngine:
         if not policy.worth(R, plain, prior, n, count=count, plain_scale=scale):
             self._burst_declined += count
             return policy.skip("not worth", count)
-        if not self._reserve_burst(chunks, n * (self.spec.gamma + 1) - 1):
+        if not self._reserve_burst(chunks, n):
             return policy.skip("kv", count)
         self._burst_declined = 0
         return n
 
-    def _reserve_burst(self, chunks: list[Chunk], positions: int) -> bool:
-        """Scheduler.reserve_burst, and first (a burst runner with a second chain) each chunk's
-        gamma + 1 pages for that chain's window; all or nothing."""
-        if self.runner.burst.uses_second_chain(len(chunks), self.runner.burst.context_needed(
-                [c.start for c in chunks], (positions + 1) // (self.spec.gamma + 1))):
+    def _reserve_burst(self, chunks: list[Chunk], iterations: int) -> bool:
+        """Scheduler.reserve_burst for a burst of `iterations`, and first (a burst that verifies a
+        second chain) each chunk's gamma + 1 pages for that chain's window; all or nothing."""
+        runner, positions = self.runner.burst, iterations * (self.spec.gamma + 1) - 1
+        if runner.uses_second_chain(len(chunks), runner.context_needed([c.start for c in chunks], iterations)):
             for i, chunk in enumerate(chunks):
                 if not self.scheduler.reserve_second_chain(chunk, self.spec.gamma):
                     for taken in chunks[:i]:
