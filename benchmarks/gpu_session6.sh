@@ -1070,6 +1070,21 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline66() {  # session 31: pipeline64's measure after run 4's fix (a one-chain burst no longer reads the win flags
+  # earlier two-chain bursts left), extended to c=32,64 (where the chain is gated off: SECOND_CHAIN_MAX_BATCH), to decide
+  # whether SGLAUNCH_DSPARK_SECOND_CHAIN=3 becomes the default. NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain"
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 360 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4,8 128 "$W/bench1/bench.json"'
+  touch "$W/bench1.done"
+  part bench2 330 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 32,64 512 "$W/bench2/bench.json"'
+  touch "$W/all.done"
+}
+
 pipeline65() {  # session 30, run 4: pipeline64 again, on the code after the burst's second chain lost topk (two
   # argmaxes) and was kept to bursts of at most SECOND_CHAIN_MAX_BATCH (4) requests
   pipeline64
