@@ -106,3 +106,62 @@ def committed_tokens(draft_tokens: torch.Tensor, result: AcceptResult) -> list[l
     engine still truncates at EOS / stop strings inside them."""
     drafts, ns, nxt = draft_tokens.tolist(), result.num_accepted.tolist(), result.next_token.tolist()
     return [row[:n] + [tok] for row, n, tok in zip(drafts, ns, nxt)]
+
+
+@dataclass(frozen=True)
+class TwoChainResult:
+    num_accepted: torch.Tensor  # [R] int32, drafts accepted of the winning chain
+    next_token: torch.Tensor  # [R] int64, its correction / bonus token
+    second_won: torch.Tensor  # [R] bool: the committed drafts are the second chain's
+
+
+def accept_two_chains(
+    first: AcceptResult,  # accept_draft's result for the first chain (its own rows and uniforms)
+    draft_probs: torch.Tensor,  # [R, G, V] the first chain's q_k (one-hot for greedy rows)
+    target_probs: torch.Tensor,  # [T, V] P rows, as for accept_draft
+    target_row_start: torch.Tensor,  # [R] the first window's anchor row
+    accept_lens: torch.Tensor,  # [R] the first chain's L
+    greedy: torch.Tensor,  # [R] bool
+    second_tokens: torch.Tensor,  # [R, S] int64: y_0 .. y_{S-1}
+    second_probs: torch.Tensor,  # [R, S, V]: y_0's proposal (q_0 without x_0), then q'_k (one-hot: greedy rows)
+    second_row_start: torch.Tensor,  # [R] the second window's anchor row (any valid row where it has none)
+    second_lens: torch.Tensor,  # [R] drafts of the second chain verified (0: no second window)
+    second_uniforms: torch.Tensor,  # [R, S] in [0, 1): its acceptance tests
+    sample_uniforms: torch.Tensor,  # [R] the one correction / bonus draw (the same as the first chain's)
+) -> TwoChainResult:
+    """A second chain under recursive rejection sampling without replacement (docs/dspark.md,
+    "A second chain"). Where the first chain's x_0 was tested and rejected, the target's remaining
+    distribution at slot 0 is R_0 = norm(max(P_0 - q_0, 0)); y_0 was drawn from q_0 with x_0 removed
+    (q'_0, which holds all of R_0's mass since R_0(x_0) = 0) and is accepted with probability
+    min(1, R_0(y_0) / q'_0(y_0)), else the correction comes from norm(max(R_0 - q'_0, 0)), so slot 0
+    is still distributed as P_0. After an accepted y_0 the chain's later drafts are judged as usual
+    against its own window's rows. Greedy rows: y_0 is the runner-up, accepted while it equals the
+    target's argmax, and the chain wins when it commits more (the host's accept_greedy rule)."""
+    R, S = second_tokens.shape
+    slot = torch.arange(S, device=second_tokens.device)
+    lens = second_lens.long()
+    rows = second_row_start.long()[:, None] + torch.minimum(slot[None, :], lens[:, None])  # [R, S]
+    ok = target_probs.argmax(-1)[rows] == second_tokens  # greedy test
+    p0 = target_probs[target_row_start.long()].float()  # [R, V]
+    residual0 = (p0 - draft_probs[:, 0].float()).clamp_min(0.0)
+    mass0 = residual0.sum(-1, keepdim=True)
+    r0 = residual0 / mass0.clamp_min(RESIDUAL_EPS)  # R_0
+    p_y = target_probs[rows, second_tokens].float()  # [R, S]
+    p_y[:, 0] = r0.gather(-1, second_tokens[:, :1])[:, 0]  # slot 0 is judged against R_0
+    q_y = second_probs.gather(-1, second_tokens[..., None])[..., 0].float()
+    ok = torch.where(greedy[:, None], ok, second_uniforms.float() * q_y < p_y)
+    ok &= slot[None, :] < lens[:, None]
+    m = ok.int().cumprod(-1).sum(-1)  # [R]
+    n = first.num_accepted.long()
+    # a sampled row's y_0 stands in for a rejected x_0: there must have been one (and R_0 some mass)
+    judged = (lens > 0) & (n == 0) & (greedy | ((accept_lens > 0) & (mass0[:, 0] > RESIDUAL_EPS)))
+    won = judged & (m > n)
+    p_m = target_probs[second_row_start.long() + m].float()  # [R, V]
+    nxt = torch.where(greedy, p_m.argmax(-1), _draw_next(p_m, second_probs, m, second_lens, sample_uniforms))
+    # y_0 rejected: the correction from norm(max(R_0 - q'_0, 0)) (R_0 itself where that is empty)
+    rest = (r0 - second_probs[:, 0].float()).clamp_min(0.0)
+    rest = torch.where((rest.sum(-1) > RESIDUAL_EPS)[:, None], rest, r0)
+    corrected = judged & ~won & ~greedy
+    after_y0 = inverse_cdf(rest, sample_uniforms.float())
+    next_token = torch.where(won, nxt, torch.where(corrected, after_y0, first.next_token))
+    return TwoChainResult(torch.where(won, m, n).int(), next_token.long(), won)
