@@ -30,7 +30,7 @@ from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
 from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker, second_row
 from sglaunch.speculative import kernels
-from sglaunch.speculative.accept import committed_grid
+from sglaunch.speculative.accept import AcceptResult, accept_two_chains, committed_grid
 from sglaunch.speculative.drafter import BlockOutput, DraftBlock, DSparkDrafter
 from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH  # NOTE: burst.py imports torch lazily
 from sglaunch.speculative.planner import DEFAULT_LAG_STEPS, DSparkPlanner, align_to_tier, measured_survivals
@@ -86,10 +86,14 @@ class Proposal:
     # with the forward's choices; survival [R, G] (None: no confidence head) for the lagged budget
     device_drafts: bool = False
     survival: torch.Tensor | None = None
-    # the second chain (all-greedy steps): the drafter's runner-up chains [R, S] on the device and
-    # per request the drafts its window verifies (0: no second window; then the chunk has no pages)
+    # the second chain: the drafter's second chains [R, S] on the device and per request the drafts
+    # its window verifies (0: no second window; then the chunk has no pages); at T > 0 also the
+    # distributions they were drawn from [R, S, V] and their acceptance uniforms [R, S]
     second: torch.Tensor | None = None
     second_lens: list[int] | None = None
+    second_probs: torch.Tensor | None = None
+    second_uniforms: torch.Tensor | None = None
+    second_host: list[list[float]] | None = None  # at T > 0: the second chains' tokens, read back with the plan
 
 
 @dataclass
@@ -158,9 +162,11 @@ class DSparkDecoder:
         """Draft for every speculating chunk and set chunk.draft_tokens to what the target verifies.
         budget: plan()'s K (None: the planner's budget, no stepping aside).
         verify_tiers: the captured verify-graph tiers this step could replay (empty: eager).
-        second_pages: where the step may verify second chains (every row it samples is greedy),
-        what reserves a chunk's pages for one of n drafts (Scheduler.reserve_second_chain); steps of
-        more than SECOND_CHAIN_MAX_BATCH speculating requests verify none."""
+        second_pages: where the step may verify second chains, what reserves a chunk's pages for one
+        of n drafts (Scheduler.reserve_second_chain); steps of more than SECOND_CHAIN_MAX_BATCH
+        speculating requests verify none. An all-greedy step drafts the runner-up chain on every
+        rank (DraftStepInput.second_chain) and is accepted on the host; a step with sampled rows
+        draws its second chains here (DSparkDrafter.sampled_second_chain) for the device accept."""
         start = time.perf_counter()
         reqs = [c.req for c in chunks]
         if budget is None:
@@ -168,32 +174,41 @@ class DSparkDecoder:
         greedy = [is_greedy(r.sampling) for r in reqs]
         # NOTE: as bursts, up to SECOND_CHAIN_MAX_BATCH requests: beyond, the extra rows cost more than they
         # give (H100, session 30), and the planner's step cost does not count them
-        second = (self.second_chain if second_pages is not None and all(greedy)
-                  and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
+        chains = (self.second_chain if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
-                              [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)], second)
+                              [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
+                              chains if all(greedy) else 0)
         out = run_draft(step)
-        proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start)
-        if second:
-            self._second_windows(proposal, out.second, second_pages)
+        proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start,
+                                 chains)
+        if chains:
+            self._second_windows(proposal, second_pages)
         return proposal
 
-    def _second_windows(self, proposal: Proposal, second: torch.Tensor, second_pages) -> None:
-        """Each request whose first window verifies its first draft also verifies the runner-up
-        chain's first min(S, lookahead) drafts (markers the forward fills in), where pages allow."""
+    def _second_windows(self, proposal: Proposal, second_pages) -> None:
+        """Each request whose first window verifies its first draft also verifies the second
+        chain's first min(S, lookahead) drafts, where pages allow: markers the forward fills in
+        (all greedy: the runner-up chain drafted on every rank), else the tokens read back with the
+        plan (proposal.second_host)."""
         S, lens = self.second_chain, []
+        host = proposal.second_host
         for r, (chunk, v) in enumerate(zip(proposal.chunks, proposal.verify_lens)):
             n = min(S, chunk.lookahead) if v > 0 else 0
             if n and second_pages(chunk, n):
-                chunk.second_tokens = [second_marker(r * S + j) for j in range(n)]
+                chunk.second_tokens = ([second_marker(r * S + j) for j in range(n)] if host is None
+                                       else [int(t) for t in host[r][:n]])
             else:
                 n = 0
             lens.append(n)
-        proposal.second, proposal.second_lens = second, lens
+        proposal.second_lens = lens
 
     def _propose(self, chunks, out: BlockOutput, greedy: list[bool], generators: dict, budget: int,
-                 extra_tokens: int, verify_tiers: Sequence[int], start: float) -> Proposal:
+                 extra_tokens: int, verify_tiers: Sequence[int], start: float, chains: int = 0) -> Proposal:
         reqs = [c.req for c in chunks]
+        if all(greedy) and chains:
+            proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start)
+            proposal.second = out.second
+            return proposal
         if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
             # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
             # accept is the host one (accept_greedy), so the Proposal carries no device inputs
@@ -203,10 +218,10 @@ class DSparkDecoder:
             align = self._aligns(verify_tiers) and out.greedy.conf_logits is not None
             caps = to_device([torch.tensor([c.lookahead for c in chunks], dtype=torch.int32)], self.device)[0] \
                 if align else None
-            verify_lens, accept_lens = self._plan(chunks, out.greedy, budget, extra_tokens, caps, verify_tiers)
+            verify_lens, accept_lens, _ = self._plan(chunks, out.greedy, budget, extra_tokens, caps, verify_tiers)
             return Proposal(chunks, out.greedy, None, None, None, verify_lens, time.perf_counter() - start,
                             accept_lens)
-        host_u = self._uniforms(reqs, greedy, generators)
+        host_u = self._uniforms(reqs, greedy, generators, chains)
         temps, anchors, caps, greedy_mask, *moved = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
             torch.tensor([r.token_ids[-1] for r in reqs], dtype=torch.int64),
@@ -217,9 +232,15 @@ class DSparkDecoder:
         draw, accept_u, sample_u = u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
                                           all_greedy=all(greedy))
-        verify_lens, accept_lens = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers)
+        second = second_probs = None
+        if chains:  # NOTE: not all greedy here (the all-greedy branch above took those)
+            second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,
+                                                                     u[:, 2 * G + 1: 2 * G + 1 + chains], chains)
+        verify_lens, accept_lens, second_host = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers,
+                                                           second)
         return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, time.perf_counter() - start,
-                        accept_lens)
+                        accept_lens, second=second, second_probs=second_probs, second_host=second_host,
+                        second_uniforms=u[:, 2 * G + 1 + chains:] if chains else None)
 
     def _full_windows(self, chunks: list[Chunk], budget: int, extra_tokens: int,
                       verify_tiers: Sequence[int]) -> list[int] | None:
@@ -266,17 +287,21 @@ class DSparkDecoder:
         return self.align_to_tier and self.mode == "compact" and len(verify_tiers) > 0
 
     def _plan(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int,
-              caps: torch.Tensor | None, verify_tiers: Sequence[int]) -> tuple[list[int], list[int]]:
+              caps: torch.Tensor | None, verify_tiers: Sequence[int],
+              second: torch.Tensor | None = None) -> tuple[list[int], list[int], list[list[float]] | None]:
         """Windows on the device (top-K of the current survivals under the lagged budget), then
-        the step's one read-back [windows, drafts, survivals]; the mode's verify / accept lengths
-        and each request's cap (its lookahead) are applied on the host. Sets chunk.draft_tokens,
-        records the survivals for the lagged budget; -> (verify_lens, accept_lens)."""
+        the step's one read-back [windows, drafts, survivals, second chains]; the mode's verify /
+        accept lengths and each request's cap (its lookahead) are applied on the host. Sets
+        chunk.draft_tokens, records the survivals for the lagged budget; -> (verify_lens,
+        accept_lens, the second chains' rows on the host (None without `second`))."""
         G, caps_host = self.gamma, [c.lookahead for c in chunks]
         if block.conf_logits is None:  # static mode without a confidence head: the whole block
             survival, columns = None, [block.tokens]
         else:
             windows, survival = self._windows(chunks, block, budget, extra_tokens, caps, verify_tiers)
             columns = [windows, block.tokens, survival]
+        if second is not None:
+            columns.append(second)
         planned = pack_for_host(columns).tolist()  # NOTE: the step's one device-to-host copy after planning
         offset = 0 if survival is None else 1
         verify_lens, accept_lens = [], []
@@ -288,19 +313,23 @@ class DSparkDecoder:
             accept_lens.append(a)
             chunk.draft_tokens = [int(t) for t in row[offset: offset + v]]
         if survival is not None:
-            self.planner.observe([c.req.rid for c in chunks], [row[1 + G:] for row in planned])
-        return verify_lens, accept_lens
+            self.planner.observe([c.req.rid for c in chunks], [row[1 + G: 1 + 2 * G] for row in planned])
+        second_host = [row[-second.shape[1]:] for row in planned] if second is not None else None
+        return verify_lens, accept_lens, second_host
 
-    def _uniforms(self, reqs, greedy: list[bool], generators: dict) -> torch.Tensor | None:
-        """Per request 2G + 1 uniforms from its own (CPU) generator, zeros for greedy rows: a host
-        tensor [R, 2G + 1] that goes down with the step's other sampling inputs; None when every
-        row is greedy (NOTE: then one zeros allocation on the device, no copy)."""
+    def _uniforms(self, reqs, greedy: list[bool], generators: dict, chains: int = 0) -> torch.Tensor | None:
+        """Per request 2G + 1 uniforms from its own (CPU) generator (the block's draws, its tests,
+        the correction / bonus draw), then 2S for a second chain of S drafts (its draws, its tests),
+        zeros for greedy rows: a host tensor [R, 2G + 1 + 2S] that goes down with the step's other
+        sampling inputs; None when every row is greedy (NOTE: then one zeros allocation on the
+        device, no copy)."""
         if all(greedy):
             return None
-        host = torch.zeros(len(reqs), 2 * self.gamma + 1)
+        width = 2 * self.gamma + 1 + 2 * chains
+        host = torch.zeros(len(reqs), width)
         for row, (r, g) in enumerate(zip(reqs, greedy)):
             if not g:
-                host[row] = torch.rand(2 * self.gamma + 1, generator=generators.get(r.rid))
+                host[row] = torch.rand(width, generator=generators.get(r.rid))
         return host
 
     def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,
@@ -318,12 +347,18 @@ class DSparkDecoder:
     def accept(self, proposal: Proposal, logits: torch.Tensor, row_starts: list[int],
                verify_seconds: float) -> list[Accepted]:
         """logits [num_samples, V]: request r's anchor row at row_starts[r], then its drafts' rows."""
-        if proposal.second_lens is not None and any(proposal.second_lens):
-            raise RuntimeError("a step with second chains is accepted on the host (accept_greedy)")
+        two = proposal.second_lens is not None and any(proposal.second_lens)
+        if two and proposal.second_probs is None:
+            raise RuntimeError("an all-greedy step with second chains is accepted on the host (accept_greedy)")
         if proposal.device_drafts:  # NOTE: the device accept reads the block itself; the host needs the drafts too
             self._read_device_drafts(proposal)
         params = [c.req.sampling for c in proposal.chunks]
         sampled_rows, row_params = self._sampled_rows(params, row_starts, proposal.verify_lens)
+        if two:  # the second windows' rows (each right after its first window)
+            for p, start, chunk, n in zip(params, row_starts, proposal.chunks, proposal.second_lens):
+                if n and not is_greedy(p):
+                    sampled_rows.extend(range(second_row(start, chunk), second_row(start, chunk) + n + 1))
+                    row_params.extend([p] * (n + 1))
         # NOTE: the accept lengths (planned on the host) go down with the row layout, one copy
         starts, sampled_index, rows, slots, accept_lens = self._accept_layout(
             row_starts, sampled_rows, proposal.planned_accepts, logits.device)
@@ -337,11 +372,54 @@ class DSparkDecoder:
         else:
             greedy, accept_u, sample_u = proposal.greedy, proposal.accept_uniforms, proposal.sample_uniforms
         result = kernels.accept(block.tokens, block.probs, target, starts, accept_lens, greedy, accept_u, sample_u)
+        if two:
+            return self._accept_two_chains(proposal, logits, target, row_starts, starts, accept_lens, result,
+                                           verify_seconds)
         committed = committed_grid(block.tokens, result)  # [R, G + 1]
         logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
         # NOTE: the step's one device-to-host copy after accepting
         host = pack_flat([result.num_accepted, committed, logprobs]).tolist()
         return self._finish(proposal, self._unpack(host, proposal.planned_accepts), verify_seconds)
+
+    def _accept_two_chains(self, proposal: Proposal, logits, target, row_starts: list[int], starts, accept_lens,
+                           first, verify_seconds: float) -> list[Accepted]:
+        """accept() for a step with second chains at T > 0 (accept.accept_two_chains): both chains'
+        committed tokens and log-probabilities go up in the one read-back, the host keeps the winner's."""
+        S, G, R = proposal.second.shape[1], self.gamma, len(proposal.chunks)
+        lens, eligible = proposal.second_lens, proposal.planned_accepts
+        second_starts = [second_row(s, c) if n else s for s, c, n in zip(row_starts, proposal.chunks, lens)]
+        rows1 = [s + j for s, a in zip(row_starts, eligible) for j in range(a + 1)]
+        slots1 = [r * (G + 1) + j for r, a in enumerate(eligible) for j in range(a + 1)]
+        rows2 = [s + j for s, n in zip(second_starts, lens) for j in range(n + 1) if n]
+        slots2 = [r * (S + 1) + j for r, n in enumerate(lens) for j in range(n + 1) if n]
+        parts = to_device([torch.tensor(x, dtype=torch.int64) for x in (second_starts, lens, rows1, slots1, rows2,
+                                                                          slots2)], logits.device)
+        second_starts_t, lens_t, rows1_t, slots1_t, rows2_t, slots2_t = parts
+        greedy = proposal.greedy
+        two = accept_two_chains(first, proposal.block.probs, target, starts, accept_lens, greedy, proposal.second,
+                                proposal.second_probs, second_starts_t, lens_t, proposal.second_uniforms,
+                                proposal.sample_uniforms)
+        result = AcceptResult(two.num_accepted, two.next_token)
+        committed1 = committed_grid(proposal.block.tokens, result)  # [R, G + 1]: the first chain's rows
+        committed2 = committed_grid(proposal.second, result)  # [R, S + 1]: the second's
+        logprobs1 = self._logprobs(logits, rows1_t, committed1.reshape(-1)[slots1_t])
+        logprobs2 = self._logprobs(logits, rows2_t, committed2.reshape(-1)[slots2_t])
+        # NOTE: the step's one device-to-host copy after accepting
+        host = pack_flat([two.num_accepted, two.second_won, committed1, committed2, logprobs1, logprobs2]).tolist()
+        n, won, tokens1, tokens2, values1, values2 = split_flat(
+            host, [R, R, R * (G + 1), R * (S + 1), len(rows1), len(rows2)])
+        out, offset1, offset2 = [], 0, 0
+        for r, (a, m) in enumerate(zip(eligible, lens)):
+            k = int(n[r])
+            if won[r]:
+                out.append(Accepted([int(t) for t in tokens2[r * (S + 1): r * (S + 1) + k + 1]],
+                                    values2[offset2: offset2 + k + 1], k + 1, True))
+            else:
+                out.append(Accepted([int(t) for t in tokens1[r * (G + 1): r * (G + 1) + k + 1]],
+                                    values1[offset1: offset1 + k + 1], k + 1))
+            offset1 += a + 1
+            offset2 += m + 1 if m else 0
+        return self._finish(proposal, out, verify_seconds)
 
     def accept_greedy(self, proposal: Proposal, row_starts: list[int], greedy_host: Callable,
                       verify_seconds: float) -> list[Accepted]:

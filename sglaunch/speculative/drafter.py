@@ -487,6 +487,47 @@ class DSparkDrafter(nn.Module):
         x = self._target_ids(second)
         return torch.stack([x] + self._greedy_slots(x, out.hidden, out.logits, state, length), 1)
 
+    @torch.inference_mode()
+    def sampled_second_chain(self, out: BlockOutput, anchor_tokens: torch.Tensor, block: DraftBlock,
+                             temperatures: torch.Tensor, uniforms: torch.Tensor,
+                             length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The second chain at T > 0, for a block from sample_block (return_probs): y_0 drawn from
+        the block's q_0 with x_0 removed (recursive rejection sampling without replacement: where
+        the target rejects x_0, y_0 is tested against the residual), then y_k from the Markov-
+        corrected softmax((U_k + B_k(y_{k-1})) / T) at uniforms[:, k]; greedy rows take the runner-up
+        chain (second_chain). -> (tokens [B, length] target ids, the distributions they were drawn
+        from [B, length, vocab], one-hot for greedy rows). Where q_0 left nothing beside x_0, y_0 is
+        the runner-up with a one-hot proposal (any proposal independent of the verify is exact)."""
+        G = out.logits.shape[1]
+        if not 1 <= length <= G:
+            raise ValueError(f"a second chain takes 1 .. {G} drafts, not {length}")
+        greedy = (temperatures < GREEDY_TEMPERATURE)[:, None]
+        temp = temperatures.float().clamp_min(GREEDY_TEMPERATURE)[:, None]
+        _, runner_up, state, _ = self._slot0_pair(out, anchor_tokens)
+        vocab = self.config.vocab_size
+        runner_up = F.one_hot(self._target_ids(runner_up), vocab).float()
+        rest = block.probs[:, 0].float().scatter(1, block.tokens[:, :1], 0.0)
+        mass = rest.sum(-1, keepdim=True)
+        rest = torch.where(greedy | (mass <= 1e-6), runner_up, rest / mass.clamp_min(1e-12))
+        y = inverse_cdf(rest, uniforms[:, 0].float())
+        tokens, probs = [y], [rest]
+        for k in range(1, length):
+            e = self.markov_head.markov_w1(y) if self.markov_head is not None else None
+            l_k = out.logits[:, k]
+            if self.markov_head is not None:
+                bias, state = self.markov_head.bias(e, out.hidden[:, k], state, self.draft_markov_w2)
+                l_k = l_k + bias
+            argmax = l_k.argmax(-1)
+            q = torch.softmax(l_k.float() / temp, dim=-1)
+            x = torch.where(greedy[:, 0], argmax, inverse_cdf(q, uniforms[:, k].float()))
+            q = torch.where(greedy, F.one_hot(argmax, q.shape[-1]).float(), q)
+            if self.draft_vocab is not None:  # [B, K] -> [B, vocab], 0 elsewhere
+                q = q.new_zeros(q.shape[0], vocab).index_copy_(1, self.draft_vocab, q)
+            y = self._target_ids(x)
+            tokens.append(y)
+            probs.append(q)
+        return torch.stack(tokens, 1), torch.stack(probs, 1)
+
     def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> tuple[DraftBlock, torch.Tensor]:
         """greedy_block and second_chain(out, anchors, gamma) in one Markov loop: slot 0 (the same
         previous token, the anchor, for both) once, its top two choices starting the chains, then

@@ -134,18 +134,79 @@ def test_second_chain_needs_page_size_one(dspark_files, decoy_drafter, monkeypat
         create_engine(engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1))
 
 
-def test_second_chain_off_for_sampled_steps(dspark_files, decoy_drafter, monkeypatch):
-    """A step with a sampled request verifies no second chain (its accept is the device one)."""
-    from sglaunch.engine.interface import SamplingParams
+def sampled_run(config, batch, tag: str, seed: int):
+    """Seeded T = 0.8 requests (every other one greedy, so steps mix both); -> (tokens per request,
+    the spec stats), with every page accounted for after every step and nothing left at the end."""
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
-    monkeypatch.setenv(ENV, "3")
-    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1)
-    params = SamplingParams(max_new_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
+    def check(engine):
+        for req in engine.scheduler.running:
+            assert len(req.pages) == req.num_computed, req
+        cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
+        assert engine.allocator.num_used == sum(len(r.pages) - r.num_borrowed_pages
+                                                for r in engine.scheduler.running) + cached
+
+    requests = [GenerateRequest(f"{tag}-{i}", tuple(p),
+                                SamplingParams(max_new_tokens=16, temperature=0.0 if i % 2 else 0.8, seed=seed + i,
+                                               ignore_eos=True)) for i, p in enumerate(batch)]
     engine, cluster = create_engine(config)
     try:
-        run(engine, make_requests(BATCH[:3], "s", params))
-        assert engine.spec.stats.to_dict()["second_chains"] == 0
-        assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+        out = run(engine, requests, check)
+        cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
+        assert engine.allocator.num_used == cached
+        stats = engine.spec.stats.to_dict()
+    finally:
+        cluster.stop(engine)
+    return [out[f"{tag}-{i}"][0] for i in range(len(batch))], stats
+
+
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain, monkeypatch, mode):
+    """At T > 0 (recursive rejection sampling without replacement, accept.accept_two_chains): a
+    step with sampled rows draws the second chain on the device and accepts it there. The chain
+    wins after the decoy's rejected first drafts; the greedy rows of the same steps stay plain
+    greedy; the same seeds give the same tokens; pages are accounted for after every step."""
+    config = engine_config(dspark_files["target"], decoy_drafter[0], mode,
+                           sps=dspark_files["sps"] if mode != "static" else None, page_size=1)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    monkeypatch.setenv(ENV, "0")
+    one, one_stats = sampled_run(config, small, "s", 30)
+    monkeypatch.setenv(ENV, "3")
+    two, two_stats = sampled_run(config, small, "s", 30)
+    again, _ = sampled_run(config, small, "s", 30)
+    assert two == again
+    assert one_stats["second_chains"] == 0
+    assert two_stats["second_chains"] > 0 and two_stats["second_chain_wins"] > 0
+    assert two_stats["mean_accept_length"] > one_stats["mean_accept_length"] + 0.1
+    for i in range(1, len(small), 2):  # the greedy requests
+        assert one[i] == plain[i][:16] and two[i] == plain[i][:16]
+    assert all(len(t) == 16 and all(0 <= x < VOCAB for x in t) for t in two)
+
+
+def test_sampled_second_chain_draws_without_the_first_draft(dspark_files, decoy_drafter):
+    """DSparkDrafter.sampled_second_chain: y_0 never repeats x_0 and its proposal row is q_0
+    without x_0, renormalised; later slots are drawn from the Markov-corrected distribution of
+    the chain's own previous draft; greedy rows take the runner-up chain."""
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["random"], "static",
+                                                  page_size=1))
+    try:
+        drafter = engine.runner.draft.drafter
+        anchors = torch.tensor([4, 6, 9, 200])
+        out = engine.runner.draft.forward(DraftStepInput(anchors.tolist(), [0] * 4, [[]] * 4), 1)
+        temps = torch.tensor([1.0, 1.0, 0.0, 1.5])
+        gen = torch.Generator().manual_seed(0)
+        for trial in range(5):
+            block = drafter.sample_block(out, anchors, temps, uniforms=torch.rand(4, out.logits.shape[1], generator=gen))
+            tokens, probs = drafter.sampled_second_chain(out, anchors, block, temps, torch.rand(4, 3, generator=gen), 3)
+            assert tokens.shape == (4, 3) and probs.shape[:2] == (4, 3)
+            assert (tokens[:, 0] != block.tokens[:, 0]).all()
+            rest = block.probs[:, 0].scatter(1, block.tokens[:, :1], 0.0)
+            sampled = temps > 0
+            torch.testing.assert_close(probs[sampled, 0], rest[sampled] / rest[sampled].sum(-1, keepdim=True))
+            torch.testing.assert_close(probs.sum(-1), torch.ones(4, 3))
+            assert (probs.gather(-1, tokens[..., None]) > 0).all()  # each draft from its own row
+        greedy_chain = drafter.second_chain(out, anchors, 3)
+        assert tokens[2].tolist() == greedy_chain[2].tolist()
     finally:
         cluster.stop(engine)
 
