@@ -14,9 +14,11 @@ reach rate P(draft k accepted) and the conditional accept rate P(draft k accepte
 accepted) (from the accept lengths: in static mode every step verifies the whole block, except
 where a request's remaining token budget cuts it). `--time-budget S` stops decoding a temperature
 after S seconds and reports what was measured (marked `"cut_by_time_budget": true`).
-`--second-chain N` also verifies the block's runner-up chain of N drafts at T = 0
-(SGLAUNCH_DSPARK_SECOND_CHAIN; page size 1) and turns bursts off (SGLAUNCH_DSPARK_BURST=0: they run
-one chain), so every drafting step is a synchronous one that can verify it.
+`--second-chain N` also verifies a second chain of N drafts (SGLAUNCH_DSPARK_SECOND_CHAIN; page
+size 1; at T = 0 the block's runner-up chain, at T > 0 one drawn without the block's first draft),
+turns bursts off (SGLAUNCH_DSPARK_BURST=0: they run one chain) and decodes at most
+SECOND_CHAIN_MAX_BATCH (4) requests at once, so every drafting step can verify it; without it the
+chain is off (0), whatever the device's default. Compare with `--concurrency 4` and bursts off.
 Exactness is the test suite's job; this measures acceptance.
 """
 
@@ -103,9 +105,15 @@ def run(args) -> dict:
 
     prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts, args.per_kind)
     block = json.loads((args.drafter / "config.json").read_text())["block_size"]
+    os.environ["SGLAUNCH_DSPARK_SECOND_CHAIN"] = str(args.second_chain)  # NOTE: 0 too (CUDA's default is 3)
     if args.second_chain:
-        os.environ["SGLAUNCH_DSPARK_SECOND_CHAIN"] = str(args.second_chain)
+        from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH
+
         os.environ["SGLAUNCH_DSPARK_BURST"] = "0"
+        if args.concurrency > SECOND_CHAIN_MAX_BATCH:
+            print(f"--second-chain: decoding {SECOND_CHAIN_MAX_BATCH} requests at once, not {args.concurrency} "
+                  "(larger steps verify one chain)", flush=True)
+            args.concurrency = SECOND_CHAIN_MAX_BATCH
     engine, cluster = create_engine(engine_config(args))
     results, before = {}, {"second_chains": 0, "second_chain_wins": 0}  # the stats after the last temperature
     try:
@@ -164,7 +172,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--second-chain", type=int, default=0,
-                        help="drafts of the runner-up chain verified at T = 0 (0: none); turns bursts off")
+                        help="drafts of a second chain verified (0: none); bursts off, at most 4 requests at once")
     args = parser.parse_args()
     results = run(args)
     for temperature, figures in results.items():

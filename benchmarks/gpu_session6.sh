@@ -225,13 +225,14 @@ dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]]: issu
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
-  # environments (ENV: VAR=VALUE ... before `sglaunch serve`, may be empty), the held-out set, 128 tokens, T=0;
+  # environments (ENV: VAR=VALUE ... before `sglaunch serve`, may be empty), the held-out set, 128 tokens, T=0
+  # (TEMP: another temperature);
   # KVCAP as for dspark_vs_plain
   python3 -m sglaunch bench \
     --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
-    --concurrency "$5" --temperature 0 --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$5" --temperature "${TEMP:-0}" --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
@@ -1067,6 +1068,24 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
     --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
   part decode2 60 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
     --batch-sizes 1,64 --repeats 2 --time-budget 50 --attention-backend flashinfer
+  touch "$W/all.done"
+}
+
+pipeline67() {  # session 31, run 2: the second chain at T > 0 (recursive rejection sampling without replacement)
+  # and its CUDA default (3): every GPU test (the default now applies to them all at page size 1, the new sampled
+  # test among them); dspark_accept at T=0.7, 4 requests at once, bursts off, without and with a chain of 3; then
+  # DSpark compact one chain against two over HTTP at T=0.7, c=1,2,4 (median of 3).
+  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part gputest 330 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  local A="--target $SMOL --drafter $DRAFTER --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0.7 --device cuda --concurrency 4"
+  part acc_c0 120 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept07_c0.json"
+  part acc_c3 120 python3 benchmarks/dspark_accept.py $A --second-chain 3 --json "$W/accept07_c3.json"
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 300 env ROUNDS=3 TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DSPARK_SECOND_CHAIN=0 two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4 128 "$W/bench1/bench.json"'
   touch "$W/all.done"
 }
 

@@ -147,7 +147,8 @@ class ModelRunner:
 
         sizes = list(self.graphs.plan.decode_sizes) if self.graphs is not None else [1]
         burst = BurstRunner(self, iterations, sizes, self.context_length, graphs=self.graphs is not None,
-                            second_chain=second_chain_length(self.draft.block_size, self.kv_pool.page_size) > 0)
+                            second_chain=second_chain_length(self.draft.block_size, self.kv_pool.page_size,
+                                                              self.device.type) > 0)
         burst.capture_all()
         return burst
 

@@ -46,13 +46,21 @@ SECOND_CHAIN_ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"  # N > 0: greedy steps also ve
 LOG_INTERVAL_S = 10.0
 
 
-def second_chain_length(gamma: int, page_size: int) -> int:
-    """SGLAUNCH_DSPARK_SECOND_CHAIN, read once at start-up: the drafts of the runner-up chain an
-    all-greedy drafting step also verifies (0, the default: none). At most gamma; needs page size 1
-    (the chain's window shares the request's pages before the anchor and writes pages of its own)."""
+# SGLAUNCH_DSPARK_SECOND_CHAIN unset, on CUDA with page size 1 (H100, session 31, benchmarks/gpu31/run1:
+# DSpark compact with a chain of 3 against one chain, T = 0, median of 3 rounds: 1.044 / 1.012 / 1.016 /
+# 1.001 / 1.014 / 1.041 at c = 1 / 2 / 4 / 8 / 32 / 64); elsewhere (the CPU path: not measured) off
+SECOND_CHAIN_DEFAULT = 3
+
+
+def second_chain_length(gamma: int, page_size: int, device_type: str = "cpu") -> int:
+    """SGLAUNCH_DSPARK_SECOND_CHAIN, read once at start-up: the drafts of the second chain a
+    drafting step of up to SECOND_CHAIN_MAX_BATCH requests also verifies (0: none). Unset: 3 on
+    CUDA with page size 1, else 0. At most gamma; needs page size 1 (the chain's window shares
+    the request's pages before the anchor and writes pages of its own)."""
     from sglaunch.config import env_int
 
-    n = env_int(SECOND_CHAIN_ENV, 0, 0)
+    default = SECOND_CHAIN_DEFAULT if device_type == "cuda" and page_size == 1 else 0
+    n = env_int(SECOND_CHAIN_ENV, default, 0)
     if n and page_size != 1:
         logger.warning("%s=%d ignored: a second chain needs --page-size 1 (this engine has %d)",
                        SECOND_CHAIN_ENV, n, page_size)
@@ -133,7 +141,7 @@ class DSparkDecoder:
                                      step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0",
                                      start_prior=measured_survivals(spec.draft_model_path, self.gamma))
         self.stats = SpecStats(self.gamma)
-        self.second_chain = second_chain_length(self.gamma, page_size)
+        self.second_chain = second_chain_length(self.gamma, page_size, device.type)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
         self.log_suffix: Callable[[], str] | None = None  # more for the periodic log line (the engine's bursts)

@@ -495,6 +495,39 @@ def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch
     assert_same_greedy(spec, plain, "DSpark bursts with a second chain (graphs on) vs plain greedy", max_diverged=3)
 
 
+def test_dspark_sampled_second_chain_with_graphs(files, monkeypatch):
+    """The second chain at T > 0 on CUDA (its default there: SGLAUNCH_DSPARK_SECOND_CHAIN unset
+    is 3 at page size 1): steps mixing sampled and greedy requests draw the sampled chains on the
+    device, verify them inside graph replays and accept both chains on the device (the Triton accept
+    for the first). The greedy requests stay plain greedy, the sampled ones produce their length,
+    the chain wins, and every page comes back."""
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+    monkeypatch.delenv("SGLAUNCH_DSPARK_SECOND_CHAIN", raising=False)
+    batch = prompts(4, seed=7)
+    plain, _ = greedy_outputs(cuda_config(files), batch, 24)
+    out = {f"r{i}": ([], []) for i in range(len(batch))}
+    with booted(second_chain_config(files, "compact")) as engine:
+        assert engine.spec.second_chain == 3
+        for i, p in enumerate(batch):
+            params = SamplingParams(max_new_tokens=24, temperature=0.0 if i % 2 else 0.8, seed=40 + i,
+                                    ignore_eos=True)
+            engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+        while engine.has_work:
+            for o in engine.step():
+                out[o.rid][0].extend(o.new_token_ids)
+                out[o.rid][1].extend(o.logprobs)
+        stats = engine.spec.stats.to_dict()
+        replays = dict(engine.runner.graphs.replays)
+        cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
+        assert engine.allocator.num_used == cached
+    assert replays.get("verify", 0) > 0, replays
+    assert stats["second_chains"] > 0 and stats["second_chain_wins"] > 0, stats
+    assert all(len(t) == 24 for t, _ in out.values())
+    assert_same_greedy(out, {k: v for k, v in plain.items() if int(k[1:]) % 2},
+                       "greedy requests beside sampled ones, second chains on")
+
+
 def test_torch_backend_on_cuda_runs_eagerly(files):
     batch = prompts(4, seed=4)
     torch_out, replays = greedy_outputs(cuda_config(files, backend="torch"), batch, 8)
