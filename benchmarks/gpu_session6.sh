@@ -1074,18 +1074,18 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
 pipeline67() {  # session 31, run 2: the second chain at T > 0 (recursive rejection sampling without replacement)
   # and its CUDA default (3): every GPU test (the default now applies to them all at page size 1, the new sampled
   # test among them); dspark_accept at T=0.7, 4 requests at once, bursts off, without and with a chain of 3; then
-  # DSpark compact one chain against two over HTTP at T=0.7, c=1,2,4 (median of 3).
+  # DSpark compact one chain against two over HTTP at T=0.7, c=1,4, 96 prompts (median of 3).
   # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
-  part gputest 330 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
   local A="--target $SMOL --drafter $DRAFTER --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0.7 --device cuda --concurrency 4"
   part acc_c0 120 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept07_c0.json"
   part acc_c3 120 python3 benchmarks/dspark_accept.py $A --second-chain 3 --json "$W/accept07_c3.json"
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench1 300 env ROUNDS=3 TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DSPARK_SECOND_CHAIN=0 two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4 128 "$W/bench1/bench.json"'
+  part bench1 240 env ROUNDS=3 TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DSPARK_SECOND_CHAIN=0 two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,4 96 "$W/bench1/bench.json"'
   touch "$W/all.done"
 }
 
