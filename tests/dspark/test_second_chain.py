@@ -160,6 +160,17 @@ def sampled_run(config, batch, tag: str, seed: int):
     return [out[f"{tag}-{i}"][0] for i in range(len(batch))], stats
 
 
+def test_sampled_second_chain_under_tensor_parallelism(dspark_files, decoy_drafter, plain, monkeypatch):
+    """TP=2: the sampled chains are drawn on rank 0 and reach rank 1 as ordinary tokens of the step."""
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, tp_size=2)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    out, stats = sampled_run(config, small, "t", 50)
+    assert stats["second_chains"] > 0 and stats["second_chain_wins"] > 0
+    for i in range(1, len(small), 2):
+        assert out[i] == plain[i][:16]
+
+
 @pytest.mark.parametrize("mode", ["static", "compact"])
 def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain, monkeypatch, mode):
     """At T > 0 (recursive rejection sampling without replacement, accept.accept_two_chains): a
