@@ -106,6 +106,7 @@ def run(args) -> dict:
     prompts = load_prompts(args.prompts, load_tokenizer(args.target), args.max_prompts, args.per_kind)
     block = json.loads((args.drafter / "config.json").read_text())["block_size"]
     os.environ["SGLAUNCH_DSPARK_SECOND_CHAIN"] = str(args.second_chain)  # NOTE: 0 too (CUDA's default is 3)
+    os.environ["SGLAUNCH_DSPARK_SAMPLED_CHAIN"] = str(args.second_chain)  # the same chain at T > 0
     if args.second_chain:
         from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH
 

@@ -216,12 +216,12 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
 }
 
 dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]]: issue 15's measure, plain against DSpark compact over
-  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0); KVCAP (exported, may be unset):
+  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0 or TEMP); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK ${4:-}" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
-    --concurrency "$1" --temperature 0 --output "$2" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$1" --temperature "${TEMP:-0}" --output "$2" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
@@ -1068,6 +1068,18 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
     --requests 1024 --repeats 3 --sides http,in-process --out "$W/http1.json"
   part decode2 60 python3 benchmarks/gpu_decode.py --model "$SMOL" --models smollm2-135m --out "$W/decode2" \
     --batch-sizes 1,64 --repeats 2 --time-budget 50 --attention-backend flashinfer
+  touch "$W/all.done"
+}
+
+pipeline68() {  # session 31, run 3 (the last 300 s of device time): plain against DSpark compact at T=0.7 over HTTP,
+  # c=1,4, 48 prompts, one round, with the shipping defaults (the sampled chain off). Run 2 served DSpark at T=0.7
+  # at 252 tok/s at c=1 (one chain), a seventh of T=0's: is the sampled step slower than plain decoding?
+  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 200 env TEMP=0.7 bash -c 'dspark_vs_plain 1,4 "$W/bench1/bench.json" 48'
   touch "$W/all.done"
 }
 

@@ -718,11 +718,11 @@ class LLMEngine:
         if not spec_chunks:
             return None
         extra += sum(c.end - c.start for c in candidates if not c.lookahead)
-        # a second chain where every row the step samples is greedy (the host accept judges it) or
-        # where a drafting request samples (the device accept judges it)
-        second = (self.scheduler.reserve_second_chain if self.spec.second_chain and (
-            all(is_greedy(c.req.sampling) for c in chunks if c.samples or c.lookahead)
-            or not all(is_greedy(c.req.sampling) for c in spec_chunks)) else None)
+        # a second chain where every row the step samples is greedy (the host accept judges it) or,
+        # with SGLAUNCH_DSPARK_SAMPLED_CHAIN, where a drafting request samples (the device accept judges it)
+        sampled = not all(is_greedy(c.req.sampling) for c in spec_chunks)
+        second = (self.scheduler.reserve_second_chain if (self.spec.sampled_chain if sampled else (
+            self.spec.second_chain and all(is_greedy(c.req.sampling) for c in chunks if c.samples))) else None)
         return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
                                  self._verify_tiers(chunks), budget, **({"second_pages": second} if second else {}))
 

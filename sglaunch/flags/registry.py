@@ -340,11 +340,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "inside the target graphs; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_STEP_ASIDE", "DSpark decodes plainly at steps where drafting would not pay "
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_SECOND_CHAIN", "DSpark: a drafting step of up to 4 requests also verifies a "
-           "second chain of N drafts in a window of its own: at T=0 the block's runner-up chain (slot 0's second "
-           "choice, then greedy), kept where it commits more (a burst verifies a chain of gamma drafts); at T>0 one "
-           "drawn without the block's first draft, judged by recursive rejection sampling (the output distribution "
-           "unchanged). Unset: 3 on CUDA, 0 (off) on the CPU. Needs --page-size 1.", sglaunch_only=True, at_least=0),
+    EnvVar("SGLAUNCH_DSPARK_SECOND_CHAIN", "DSpark at T=0: a drafting step of up to 4 requests also verifies a "
+           "second chain of N drafts in a window of its own when every row it samples is greedy: the block's "
+           "runner-up chain (slot 0's second choice, then greedy), kept where it commits more (a burst verifies a "
+           "chain of gamma drafts). Unset: 3 on CUDA, 0 (off) on the CPU. Needs --page-size 1.", sglaunch_only=True,
+           at_least=0),
+    EnvVar("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "DSpark at T>0: a drafting step of up to 4 requests with a sampled row "
+           "also verifies a second chain of N drafts, drawn without the block's first draft and judged by recursive "
+           "rejection sampling (the output distribution unchanged); 0 (default) off: the sampled step is eager and "
+           "the chain measured slower. Needs --page-size 1.", sglaunch_only=True, at_least=0),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "

@@ -43,6 +43,7 @@ LAG_ENV = "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS"
 RECORD_ENV = "SGLAUNCH_DSPARK_RECORD_PATH"  # JSONL of drafted blocks for `sglaunch fit-sts`
 STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even where it does not pay
 SECOND_CHAIN_ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"  # N > 0: greedy steps also verify a runner-up chain of N drafts
+SAMPLED_CHAIN_ENV = "SGLAUNCH_DSPARK_SAMPLED_CHAIN"  # N > 0: steps with sampled rows verify a second chain too
 LOG_INTERVAL_S = 10.0
 
 
@@ -52,18 +53,20 @@ LOG_INTERVAL_S = 10.0
 SECOND_CHAIN_DEFAULT = 3
 
 
-def second_chain_length(gamma: int, page_size: int, device_type: str = "cpu") -> int:
-    """SGLAUNCH_DSPARK_SECOND_CHAIN, read once at start-up: the drafts of the second chain a
-    drafting step of up to SECOND_CHAIN_MAX_BATCH requests also verifies (0: none). Unset: 3 on
-    CUDA with page size 1, else 0. At most gamma; needs page size 1 (the chain's window shares
-    the request's pages before the anchor and writes pages of its own)."""
+def second_chain_length(gamma: int, page_size: int, device_type: str = "cpu", sampled: bool = False) -> int:
+    """SGLAUNCH_DSPARK_SECOND_CHAIN (all-greedy steps) or, with `sampled`, SGLAUNCH_DSPARK_SAMPLED_CHAIN
+    (steps with a sampled row), read once at start-up: the drafts of the second chain a drafting
+    step of up to SECOND_CHAIN_MAX_BATCH requests also verifies (0: none). Unset: for greedy steps
+    3 on CUDA with page size 1, else 0; for sampled steps 0 (H100, session 31: at T = 0.7 a chain of
+    3 served 0.80x of one chain at c=1, the sampled step being eager). At most gamma; needs page
+    size 1 (the chain's window shares the request's pages before the anchor and writes its own)."""
     from sglaunch.config import env_int
 
-    default = SECOND_CHAIN_DEFAULT if device_type == "cuda" and page_size == 1 else 0
-    n = env_int(SECOND_CHAIN_ENV, default, 0)
+    name = SAMPLED_CHAIN_ENV if sampled else SECOND_CHAIN_ENV
+    default = SECOND_CHAIN_DEFAULT if device_type == "cuda" and page_size == 1 and not sampled else 0
+    n = env_int(name, default, 0)
     if n and page_size != 1:
-        logger.warning("%s=%d ignored: a second chain needs --page-size 1 (this engine has %d)",
-                       SECOND_CHAIN_ENV, n, page_size)
+        logger.warning("%s=%d ignored: a second chain needs --page-size 1 (this engine has %d)", name, n, page_size)
         return 0
     return min(n, gamma)
 
@@ -142,6 +145,7 @@ class DSparkDecoder:
                                      start_prior=measured_survivals(spec.draft_model_path, self.gamma))
         self.stats = SpecStats(self.gamma)
         self.second_chain = second_chain_length(self.gamma, page_size, device.type)
+        self.sampled_chain = second_chain_length(self.gamma, page_size, device.type, sampled=True)
         self.record_path = os.environ.get(RECORD_ENV) or None
         self._last_log, self._logged_steps = time.monotonic(), 0
         self.log_suffix: Callable[[], str] | None = None  # more for the periodic log line (the engine's bursts)
@@ -182,7 +186,8 @@ class DSparkDecoder:
         greedy = [is_greedy(r.sampling) for r in reqs]
         # NOTE: as bursts, up to SECOND_CHAIN_MAX_BATCH requests: beyond, the extra rows cost more than they
         # give (H100, session 30), and the planner's step cost does not count them
-        chains = (self.second_chain if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
+        chains = ((self.second_chain if all(greedy) else self.sampled_chain)
+                  if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
                               chains if all(greedy) else 0)
@@ -190,16 +195,15 @@ class DSparkDecoder:
         proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start,
                                  chains)
         if chains:
-            self._second_windows(proposal, second_pages)
+            self._second_windows(proposal, second_pages, chains)
         return proposal
 
-    def _second_windows(self, proposal: Proposal, second_pages) -> None:
+    def _second_windows(self, proposal: Proposal, second_pages, S: int) -> None:
         """Each request whose first window verifies its first draft also verifies the second
         chain's first min(S, lookahead) drafts, where pages allow: markers the forward fills in
         (all greedy: the runner-up chain drafted on every rank), else the tokens read back with the
         plan (proposal.second_host)."""
-        S, lens = self.second_chain, []
-        host = proposal.second_host
+        lens, host = [], proposal.second_host
         for r, (chunk, v) in enumerate(zip(proposal.chunks, proposal.verify_lens)):
             n = min(S, chunk.lookahead) if v > 0 else 0
             if n and second_pages(chunk, n):

@@ -22,6 +22,7 @@ from sglaunch.speculative.checkpoint import init_drafter_state, save_drafter
 from test_engine_dspark import greedy, make_requests, run
 
 ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"
+SAMPLED = "SGLAUNCH_DSPARK_SAMPLED_CHAIN"
 
 
 def decoy(u: int, g: torch.Tensor) -> int:
@@ -163,6 +164,7 @@ def sampled_run(config, batch, tag: str, seed: int):
 def test_sampled_second_chain_under_tensor_parallelism(dspark_files, decoy_drafter, plain, monkeypatch):
     """TP=2: the sampled chains are drawn on rank 0 and reach rank 1 as ordinary tokens of the step."""
     monkeypatch.setenv(ENV, "3")
+    monkeypatch.setenv(SAMPLED, "3")
     config = engine_config(dspark_files["target"], decoy_drafter[0], "static", page_size=1, tp_size=2)
     small = BATCH[:SECOND_CHAIN_MAX_BATCH]
     out, stats = sampled_run(config, small, "t", 50)
@@ -173,16 +175,18 @@ def test_sampled_second_chain_under_tensor_parallelism(dspark_files, decoy_draft
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
 def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain, monkeypatch, mode):
-    """At T > 0 (recursive rejection sampling without replacement, accept.accept_two_chains): a
-    step with sampled rows draws the second chain on the device and accepts it there. The chain
+    """SGLAUNCH_DSPARK_SAMPLED_CHAIN at T > 0 (recursive rejection sampling without replacement,
+    accept.accept_two_chains): a step with sampled rows draws the second chain on the device and accepts it there. The chain
     wins after the decoy's rejected first drafts; the greedy rows of the same steps stay plain
     greedy; the same seeds give the same tokens; pages are accounted for after every step."""
     config = engine_config(dspark_files["target"], decoy_drafter[0], mode,
                            sps=dspark_files["sps"] if mode != "static" else None, page_size=1)
     small = BATCH[:SECOND_CHAIN_MAX_BATCH]
     monkeypatch.setenv(ENV, "0")
+    monkeypatch.setenv(SAMPLED, "0")
     one, one_stats = sampled_run(config, small, "s", 30)
     monkeypatch.setenv(ENV, "3")
+    monkeypatch.setenv(SAMPLED, "3")
     two, two_stats = sampled_run(config, small, "s", 30)
     again, _ = sampled_run(config, small, "s", 30)
     assert two == again

@@ -452,9 +452,9 @@ def test_dspark_drafts_left_on_the_device_equal_plain_greedy(files, monkeypatch)
     assert_same_greedy(spec, plain, "DSpark static (drafts on the device, graphs on) vs plain greedy")
 
 
-def second_chain_config(files, mode: str):
-    """The oracle drafter at page size 1 (a second chain needs it), in `mode`, with no SPS table."""
-    config = cuda_config(files, drafter="oracle")
+def second_chain_config(files, mode: str, drafter: str = "oracle"):
+    """A drafter (the oracle by default) at page size 1 (a second chain needs it), in `mode`, with no SPS table."""
+    config = cuda_config(files, drafter=drafter)
     return dataclasses.replace(config, page_size=1, speculative=dataclasses.replace(
         config.speculative, ragged_verify_mode=mode, sps_table_path=None))
 
@@ -496,21 +496,23 @@ def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch
 
 
 def test_dspark_sampled_second_chain_with_graphs(files, monkeypatch):
-    """The second chain at T > 0 on CUDA (its default there: SGLAUNCH_DSPARK_SECOND_CHAIN unset
-    is 3 at page size 1): steps mixing sampled and greedy requests draw the sampled chains on the
+    """SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 on CUDA, with SGLAUNCH_DSPARK_SECOND_CHAIN unset (3 there at
+    page size 1, for the greedy steps): steps mixing sampled and greedy requests draw the sampled chains on the
     device, verify them inside graph replays and accept both chains on the device (the Triton accept
     for the first). The greedy requests stay plain greedy, the sampled ones produce their length,
     the chain wins, and every page comes back."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
     monkeypatch.delenv("SGLAUNCH_DSPARK_SECOND_CHAIN", raising=False)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "3")
     batch = prompts(4, seed=7)
     plain, _ = greedy_outputs(cuda_config(files), batch, 24)
     out = {f"r{i}": ([], []) for i in range(len(batch))}
-    with booted(second_chain_config(files, "compact")) as engine:
-        assert engine.spec.second_chain == 3
+    # NOTE: the random drafter: its first drafts are rejected nearly always, so the chain gets its chances
+    with booted(second_chain_config(files, "compact", "random")) as engine:
+        assert engine.spec.second_chain == 3 and engine.spec.sampled_chain == 3
         for i, p in enumerate(batch):
-            params = SamplingParams(max_new_tokens=24, temperature=0.0 if i % 2 else 0.8, seed=40 + i,
+            params = SamplingParams(max_new_tokens=24, temperature=0.0 if i % 2 else 1.0, seed=40 + i,
                                     ignore_eos=True)
             engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
         while engine.has_work:
