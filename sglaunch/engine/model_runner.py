@@ -322,18 +322,28 @@ class ModelRunner:
     def _rows(self, step: StepInput) -> torch.Tensor:
         return torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
 
-    def greedy_host(self, logit_rows: list[int]) -> tuple[list[int], list[float]] | None:
+    def greedy_host(self, logit_rows: list[int], extra: torch.Tensor | None = None):
         """The greedy (token, log-probability) of these rows of the last forward's logits, read
         back in one copy per step, when that forward chose them (any graph replay, or an eager
-        step with `logits=False`); else None (sample from the logits)."""
+        step with `logits=False`); else None (sample from the logits). extra: a device tensor read
+        back in the same copy where it is the step's first read (DSpark's second chains), returned
+        third as a flat list."""
         if self.step_greedy is None:
             return None
         greedy, rows = self.step_greedy
-        if self._greedy_read is None:
+        extra_host = None
+        if self._greedy_read is None and extra is not None:
+            width = greedy.shape[1]
+            flat = torch.cat([greedy.reshape(-1).double(), extra.reshape(-1).double()]).tolist()  # NOTE: one copy
+            self._greedy_read, extra_host = [flat[:width], flat[width: 2 * width]], flat[2 * width:]
+        elif self._greedy_read is None:
             self._greedy_read = greedy.tolist()  # NOTE: the step's one device-to-host copy
+        elif extra is not None:  # NOTE: read after the step's copy (the forward done): no wait
+            extra_host = extra.reshape(-1).tolist()
         host = self._greedy_read
         picked = [rows[r] for r in logit_rows]
-        return [int(host[0][i]) for i in picked], [host[1][i] for i in picked]
+        chosen = [int(host[0][i]) for i in picked], [host[1][i] for i in picked]
+        return chosen if extra is None else (*chosen, extra_host)
 
     def model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor):
         """The decoder on prepared attention state -> (hidden [num_tokens, hidden], DSpark's target

@@ -444,11 +444,15 @@ class DSparkDecoder:
         logit_rows = [start + j for start, a in zip(row_starts, eligible) for j in range(a + 1)]
         logit_rows += [second_row(start, c) + j for start, c, n in zip(row_starts, proposal.chunks, second)
                        if n for j in range(n + 1)]  # then the second windows' rows (each right after its first window)
-        tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
+        second_drafts = None
+        if any(second):  # the runner-up chains in the same copy
+            tokens, values, flat = greedy_host(logit_rows, proposal.second)  # NOTE: the step's one device-to-host copy
+            S = proposal.second.shape[1]
+            second_drafts = [[int(t) for t in flat[r * S: (r + 1) * S]] for r in range(len(second))]
+        else:
+            tokens, values = greedy_host(logit_rows)  # NOTE: the step's one device-to-host copy
         if proposal.device_drafts:
             self._read_device_drafts(proposal)
-        # NOTE: read after the forward, which filled its rows from them: no wait
-        second_drafts = proposal.second.tolist() if any(second) else None
         out, offset, second_offset = [], 0, sum(a + 1 for a in eligible)
         for r, (chunk, a) in enumerate(zip(proposal.chunks, eligible)):
             drafts, n = chunk.draft_tokens, 0

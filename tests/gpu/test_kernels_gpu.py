@@ -478,8 +478,8 @@ def test_align_verify_tokens_to_graph_tier_replays_filled_tiers(dspark_files, fl
         assert tiers, "no verify graphs were captured"
         propose = engine.spec.propose
 
-        def logged(chunks, generators, extra, run_draft, verify_tiers=(), budget=None):
-            proposal = propose(chunks, generators, extra, run_draft, verify_tiers, budget)
+        def logged(chunks, generators, extra, run_draft, verify_tiers=(), budget=None, **kwargs):
+            proposal = propose(chunks, generators, extra, run_draft, verify_tiers, budget, **kwargs)
             reachable = sum(min(c.lookahead, helpers.GAMMA) for c in chunks)
             rows.append((extra + len(chunks), sum(proposal.verify_lens), reachable, bool(verify_tiers)))
             return proposal
