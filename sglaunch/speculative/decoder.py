@@ -63,8 +63,8 @@ def second_chain_length(gamma: int, page_size: int, device_type: str = "cpu", sa
     from sglaunch.config import env_int
 
     name = SAMPLED_CHAIN_ENV if sampled else SECOND_CHAIN_ENV
-    default = SECOND_CHAIN_DEFAULT if device_type == "cuda" and page_size == 1 and not sampled else 0
-    n = env_int(name, default, 0)
+    default = SECOND_CHAIN_DEFAULT if device_type == "cuda" and page_size == 1 else 0
+    n = env_int(SAMPLED_CHAIN_ENV, 0, 0) if sampled else env_int(SECOND_CHAIN_ENV, default, 0)
     if n and page_size != 1:
         logger.warning("%s=%d ignored: a second chain needs --page-size 1 (this engine has %d)", name, n, page_size)
         return 0
