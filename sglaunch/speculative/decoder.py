@@ -193,8 +193,10 @@ class DSparkDecoder:
                               chains if all(greedy) else 0)
         out = run_draft(step)
         proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start,
-                                 chains)
+                                 0 if all(greedy) else chains)
         if chains:
+            if all(greedy):  # the runner-up chains the draft runner drafted on every rank
+                proposal.second = out.second
             self._second_windows(proposal, second_pages, chains)
         return proposal
 
@@ -216,11 +218,8 @@ class DSparkDecoder:
 
     def _propose(self, chunks, out: BlockOutput, greedy: list[bool], generators: dict, budget: int,
                  extra_tokens: int, verify_tiers: Sequence[int], start: float, chains: int = 0) -> Proposal:
+        """chains: the drafts of the sampled second chains to draw (a step with a sampled row)."""
         reqs = [c.req for c in chunks]
-        if all(greedy) and chains:
-            proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start)
-            proposal.second = out.second
-            return proposal
         if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
             # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
             # accept is the host one (accept_greedy), so the Proposal carries no device inputs
@@ -245,7 +244,7 @@ class DSparkDecoder:
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
                                           all_greedy=all(greedy))
         second = second_probs = None
-        if chains:  # NOTE: not all greedy here (the all-greedy branch above took those)
+        if chains:
             second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,
                                                                      u[:, 2 * G + 1: 2 * G + 1 + chains], chains)
         verify_lens, accept_lens, second_host = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers,
