@@ -1105,15 +1105,9 @@ pipeline67() {  # session 31, run 2: the second chain at T > 0 (recursive reject
 pipeline66() {  # session 31: pipeline64's measure after run 4's fix (a one-chain burst no longer reads the win flags
   # earlier two-chain bursts left), extended to c=32,64 (where the chain is gated off: SECOND_CHAIN_MAX_BATCH), to decide
   # whether SGLAUNCH_DSPARK_SECOND_CHAIN=3 becomes the default. NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
-  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  pull_smol
-  part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain"
-  touch "$W/core.done"
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part bench1 360 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4,8 128 "$W/bench1/bench.json"'
+  chain_ab_core
   touch "$W/bench1.done"
-  part bench2 330 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 32,64 512 "$W/bench2/bench.json"'
+  part bench2 330 env ROUNDS=3 bash -c 'dspark_ab one SGLAUNCH_DSPARK_SECOND_CHAIN=0 two SGLAUNCH_DSPARK_SECOND_CHAIN=3 32,64 512 "$W/bench2/bench.json"'
   touch "$W/all.done"
 }
 
@@ -1125,14 +1119,20 @@ pipeline65() {  # session 30, run 4: pipeline64 again, on the code after the bur
 pipeline64() {  # session 30, run 2: bursts with the second chain drafted in the same Markov loop as the first
   # (DSparkDrafter.greedy_two_chains), DSpark compact one chain against two over HTTP at c=1,2,4,8 (median of 3
   # rounds), and the GPU test of bursts with the chain. NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  chain_ab_core
+  touch "$W/all.done"
+}
+
+chain_ab_core() {  # pipelines 64-66: the model, the GPU tests of the second chain, then DSpark compact with one chain
+  # (SGLAUNCH_DSPARK_SECOND_CHAIN=0: since session 31 unset means 3 on CUDA; sessions 30-31 ran "" there, then one
+  # chain) against two over HTTP at c=1,2,4,8, 128 prompts, median of 3 rounds; exports KVCAP for later parts
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   part gputest 200 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain"
   touch "$W/core.done"
-  local KVCAP="--max-total-tokens 1000000"
+  KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench1 360 env ROUNDS=3 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4,8 128 "$W/bench1/bench.json"'
-  touch "$W/all.done"
+  part bench1 360 env ROUNDS=3 bash -c 'dspark_ab one SGLAUNCH_DSPARK_SECOND_CHAIN=0 two SGLAUNCH_DSPARK_SECOND_CHAIN=3 1,2,4,8 128 "$W/bench1/bench.json"'
 }
 
 pipeline63() {  # session 30: DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAIN=3: all-greedy drafting steps also
