@@ -384,8 +384,8 @@ class DSparkDecoder:
             greedy, accept_u, sample_u = proposal.greedy, proposal.accept_uniforms, proposal.sample_uniforms
         result = kernels.accept(block.tokens, block.probs, target, starts, accept_lens, greedy, accept_u, sample_u)
         if two:
-            return self._accept_two_chains(proposal, logits, target, row_starts, starts, accept_lens, result,
-                                           verify_seconds)
+            return self._accept_two_chains(proposal, logits, target, row_starts, starts, accept_lens, rows, slots,
+                                           result, verify_seconds)
         committed = committed_grid(block.tokens, result)  # [R, G + 1]
         logprobs = self._logprobs(logits, rows, committed.reshape(-1)[slots])  # [C]
         # NOTE: the step's one device-to-host copy after accepting
@@ -393,19 +393,18 @@ class DSparkDecoder:
         return self._finish(proposal, self._unpack(host, proposal.planned_accepts), verify_seconds)
 
     def _accept_two_chains(self, proposal: Proposal, logits, target, row_starts: list[int], starts, accept_lens,
-                           first, verify_seconds: float) -> list[Accepted]:
+                           rows1_t, slots1_t, first, verify_seconds: float) -> list[Accepted]:
         """accept() for a step with second chains at T > 0 (accept.accept_two_chains): both chains'
-        committed tokens and log-probabilities go up in the one read-back, the host keeps the winner's."""
+        committed tokens and log-probabilities go up in the one read-back, the host keeps the winner's.
+        rows1_t / slots1_t: the first chain's candidate rows and grid slots (_accept_layout)."""
         S, G, R = proposal.second.shape[1], self.gamma, len(proposal.chunks)
         lens, eligible = proposal.second_lens, proposal.planned_accepts
         second_starts = [second_row(s, c) if n else s for s, c, n in zip(row_starts, proposal.chunks, lens)]
-        rows1 = [s + j for s, a in zip(row_starts, eligible) for j in range(a + 1)]
-        slots1 = [r * (G + 1) + j for r, a in enumerate(eligible) for j in range(a + 1)]
         rows2 = [s + j for s, n in zip(second_starts, lens) for j in range(n + 1) if n]
         slots2 = [r * (S + 1) + j for r, n in enumerate(lens) for j in range(n + 1) if n]
-        parts = to_device([torch.tensor(x, dtype=torch.int64) for x in (second_starts, lens, rows1, slots1, rows2,
-                                                                          slots2)], logits.device)
-        second_starts_t, lens_t, rows1_t, slots1_t, rows2_t, slots2_t = parts
+        parts = to_device([torch.tensor(x, dtype=torch.int64) for x in (second_starts, lens, rows2, slots2)],
+                          logits.device)
+        second_starts_t, lens_t, rows2_t, slots2_t = parts
         greedy = proposal.greedy
         two = accept_two_chains(first, proposal.block.probs, target, starts, accept_lens, greedy, proposal.second,
                                 proposal.second_probs, second_starts_t, lens_t, proposal.second_uniforms,
@@ -418,7 +417,7 @@ class DSparkDecoder:
         # NOTE: the step's one device-to-host copy after accepting
         host = pack_flat([two.num_accepted, two.second_won, committed1, committed2, logprobs1, logprobs2]).tolist()
         n, won, tokens1, tokens2, values1, values2 = split_flat(
-            host, [R, R, R * (G + 1), R * (S + 1), len(rows1), len(rows2)])
+            host, [R, R, R * (G + 1), R * (S + 1), rows1_t.numel(), len(rows2)])
         out, offset1, offset2 = [], 0, 0
         for r, (a, m) in enumerate(zip(eligible, lens)):
             k = int(n[r])
