@@ -272,12 +272,12 @@ def _chat_chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None = Non
 
 async def _chat_events(deltas: AsyncIterator[TextDelta], meta: ResponseMeta, logprobs: Logprobs,
                        include_usage: bool) -> AsyncIterator[bytes]:
-    yield _chat_chunk(meta, {"role": "assistant", "content": ""})
     last = None
     plain = None if logprobs.enabled else TextChunk(meta.envelope("chat.completion.chunk", choices=[
         {"index": 0, "delta": {"content": _TEXT_MARK}, "logprobs": None, "finish_reason": None,
          "matched_stop": None}]))
-    try:
+    try:  # NOTE: the role event too: closed while it is out, the request must still be aborted
+        yield _chat_chunk(meta, {"role": "assistant", "content": ""})
         async for delta in deltas:
             last = delta
             if plain is not None:

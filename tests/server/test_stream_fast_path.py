@@ -183,6 +183,30 @@ def test_a_stream_closed_after_its_first_delta_aborts_and_untracks(tokenizer):
     assert engine.aborted == ["r"] and not ctx.inflight
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_an_event_stream_closed_at_its_first_event_aborts_and_untracks(tokenizer, kind):
+    """A client gone after the first event (the chat role event included): closing the event
+    generator there ends the engine request at once, not whenever the garbage collector runs."""
+    from sglaunch.server.generation import first_then_rest
+    from sglaunch.server.openai_api import Logprobs, ResponseMeta, _chat_events, _completion_events
+
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    engine = ScriptedEngine(per_token(ids))
+    ctx = ServerContext(engine, tokenizer, 4096, ServerMetrics(), tokenizer.vocab_size)
+    request = PreparedRequest("r", (5, 6, 7), SamplingParams(max_new_tokens=len(ids)))
+    events_of = _chat_events if kind == "chat" else _completion_events
+
+    async def run():
+        deltas = await first_then_rest(stream_text(ctx, request))
+        events = events_of(deltas, ResponseMeta("id", "m", 0), Logprobs(tokenizer, False), False)
+        first = await events.__anext__()
+        assert first.startswith(b"data: ") and engine.aborted == []
+        await events.aclose()
+
+    asyncio.run(run())
+    assert engine.aborted == ["r"] and not ctx.inflight
+
+
 @pytest.mark.parametrize("text", ["a\u2028b", "x\x85y\u2029z \u2026 \u201cq\u201d", "\u2028", "plain"])
 def test_an_event_stays_one_line_for_readers_that_split_on_unicode_line_breaks(text):
     """A token can decode to U+0085, U+2028 or U+2029, which JSON does not escape but
