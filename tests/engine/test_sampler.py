@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.engine.sampler import draw, filtered_probs, make_generator, sample
+from sglaunch.engine.sampler import _sorted_filter, draw, filtered_probs, make_generator, sample
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=0.9, top_p=0.95, top_k=0, seed=3)
 
@@ -92,3 +92,28 @@ def test_a_row_that_cannot_be_sampled_fails_alone_or_raises():
     assert [tokens[0], tokens[2]] == ok
     with pytest.raises(RuntimeError, match="probability"):
         sample(logits, params, [make_generator(i) for i in range(3)])
+
+
+def test_rows_that_filter_nothing_are_the_softmax_and_mixed_batches_equal_each_row_alone():
+    """A temperature alone skips the sort: the row is softmax(logits / T) and keeps every token
+    (the sorted path at top_p = 1 could drop a tail whose mass before it rounds to 1). Rows that
+    filter, in a batch beside such rows, equal the sorted filter of each row alone."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(6, 300, generator=gen) * 6.0
+    params = [SamplingParams(temperature=0.7), dataclasses.replace(SAMPLED, top_k=0, top_p=0.8),
+              SamplingParams(temperature=1.3, top_k=300), SamplingParams(temperature=0.9, top_k=12),
+              SamplingParams(temperature=0.6, min_p=0.05), SamplingParams(temperature=1.0, top_p=1.0)]
+    probs = filtered_probs(logits, params)
+    for i, p in enumerate(params):
+        if i in (0, 2, 5):
+            torch.testing.assert_close(probs[i], torch.softmax(logits[i] / p.temperature, -1), atol=0, rtol=0)
+            assert (probs[i] > 0).all()
+        else:
+            torch.testing.assert_close(probs[i], _sorted_filter(logits[[i]], [p])[0], atol=1e-7, rtol=0)
+            assert (probs[i] == 0).any()
+    torch.testing.assert_close(probs.sum(-1), torch.ones(6), atol=1e-5, rtol=0)
+    # all rows filtering: the sorted path itself; none: the softmax
+    torch.testing.assert_close(filtered_probs(logits[[1, 3]], [params[1], params[3]]),
+                               _sorted_filter(logits[[1, 3]], [params[1], params[3]]), atol=0, rtol=0)
+    torch.testing.assert_close(filtered_probs(logits[[0, 5]], [params[0], params[5]]),
+                               torch.softmax(logits[[0, 5]] / torch.tensor([[0.7], [1.0]]), -1), atol=0, rtol=0)
