@@ -366,8 +366,10 @@ class LLMEngine:
                 self.overlap_counts["drains"] += 1
                 return self._resolve_in_flight()
             return self._run_burst(chunks, burst)
+        # NOTE: asked before the step (a chunk's `samples` reads its request, which the step moves on)
+        sampled = self.spec is not None and self._samples_at_t(chunks)
         if self.spec is not None and chunks:
-            decision = self._decide(chunks, candidates)
+            decision = self._decide(chunks, candidates, sampled)
             drain_seconds = 0.0
             if decision is not None and self._in_flight is not None:
                 # DSpark drafts this step: drain first, so the anchors and the verify input are
@@ -390,7 +392,9 @@ class LLMEngine:
         pipelined = self._in_flight is not None  # this step's wall time covers one pipelined step
         outputs = drained + self._step_plain_overlapped(chunks)
         if self.spec is not None:
-            if pipelined and self._in_flight is not None:
+            if pipelined == (self._in_flight is not None) and (pipelined or sampled):
+                # NOTE: a step where a row samples at T > 0 never stays in flight: with nothing in
+                # flight before it either, its wall time is what such a step costs in steady state
                 self._observe_overlapped(time.perf_counter() - began)
             else:
                 self.spec.planner.observe_step_seconds(None)
@@ -402,7 +406,9 @@ class LLMEngine:
         step's wall time in steady state (schedule, launch, wait for the step before, resolve) is
         one such pipelined step: observed as it is. A stepped-aside step with nothing in flight
         before it (after a drafting step) or none after it (it finished at once) is no
-        pipelined step: it teaches nothing. A drafting step is observed without its drain."""
+        pipelined step: it teaches nothing, unless it is a step where some row samples at T > 0,
+        which never stays in flight (with nothing in flight before it, it is what such steps cost,
+        for the sampled steps' own scale). A drafting step is observed without its drain."""
         self.spec.planner.observe_step_seconds(seconds)
 
     def _step_plain_overlapped(self, chunks: list[Chunk]) -> list[TokenOutput]:
@@ -662,7 +668,13 @@ class LLMEngine:
         self.spec._maybe_log()
         return outputs
 
-    def _decide(self, chunks: list[Chunk], candidates: list[Chunk]):
+    def _samples_at_t(self, chunks: list[Chunk]) -> bool:
+        """Whether a row of the step samples at T > 0 (the planner prices such steps by their own
+        scales). NOTE: O(1) while no request samples (only those have a generator)."""
+        generators = self.generators
+        return bool(generators) and any(c.req.rid in generators for c in chunks if c.samples)
+
+    def _decide(self, chunks: list[Chunk], candidates: list[Chunk], sampled: bool | None = None):
         """DSpark's decision before anything is drafted or reserved -> (candidates, extra tokens,
         budget K), or None for a plain step (nothing can speculate, or the planner steps aside:
         counted). NOTE: reads request ids, lengths and lookahead caps only, never a token's value,
@@ -673,7 +685,9 @@ class LLMEngine:
         extra = sum(c.end - c.start for c in chunks) - len(candidates)
         # the tokens the other rows commit whatever is drafted (each candidate samples one too)
         committed = sum(1 for c in chunks if c.samples) - len(candidates)
-        budget = self.spec.plan([c.req.rid for c in candidates], extra, committed)
+        if sampled is None:
+            sampled = self._samples_at_t(chunks)
+        budget = self.spec.plan([c.req.rid for c in candidates], extra, committed, sampled)
         if budget is None:
             self._aside_streak += 1
             return None
@@ -907,7 +921,7 @@ class LLMEngine:
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
         stats["context_skipped_steps"] = self.context_skipped_steps
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
-            stats["step_cost_scale"] = dict(self.spec.planner.calibration.scale)  # measured / modelled
+            stats["step_cost_scale"] = self.spec.planner.calibration.to_dict()  # measured / modelled
         return {"speculative": stats, "avg_spec_accept_length": stats["mean_accept_length"]}
 
     def static_info(self) -> dict:

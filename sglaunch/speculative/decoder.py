@@ -157,11 +157,12 @@ class DSparkDecoder:
                     else "none (learnt from the first steps)")
 
     # ---- before the target forward ------------------------------------------------------
-    def plan(self, rids: Sequence[str], extra_tokens: int, committed_extra: int = 0) -> int | None:
+    def plan(self, rids: Sequence[str], extra_tokens: int, committed_extra: int = 0,
+             sampled: bool = False) -> int | None:
         """Before anything is drafted or reserved: the step's draft budget K, or None when
         drafting does not pay at this load (the step decodes plainly; counted). committed_extra:
-        tokens the step's other rows commit either way."""
-        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra)
+        tokens the step's other rows commit either way; sampled: some row samples at T > 0."""
+        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled)
         if budget is None:
             self.stats.record_step_aside(len(rids))
             self.planner.skip_step()
@@ -557,14 +558,23 @@ class DSparkDecoder:
         return (f" (priced {1.0 + sum(self.planner.priced_prior):.2f}; confidences x "
                 + " ".join(f"{x:.2f}" for x in f) + f" from {self.planner.accepts.outcomes} request-steps)")
 
+    def _step_cost_note(self) -> str:
+        """The measured/modelled step times; the sampled steps' too once they moved off the table."""
+        calibration = self.planner.calibration
+        if calibration is None or not self.planner.can_step_aside:
+            return ""
+        greedy, sampled = calibration.scale_for(False), calibration.scale_for(True)
+        note = f", measured/modelled step time: draft {greedy['draft']:.2f}, plain {greedy['plain']:.2f}"
+        if any(abs(v - 1.0) > 1e-3 for v in sampled.values()):
+            note += f" (sampled steps: draft {sampled['draft']:.2f}, plain {sampled['plain']:.2f})"
+        return note
+
     def _maybe_log(self, force: bool = False) -> None:
         """The periodic `spec:` line (every LOG_INTERVAL_S while steps run; force: now, when any
         step ran since the last line: the engine went idle, so a burst of load gets its line)."""
         now, steps = time.monotonic(), self.stats.steps + self.stats.step_aside_steps
         if (force or now - self._last_log >= LOG_INTERVAL_S) and steps > self._logged_steps:
-            scale = self.planner.calibration.scale if self.planner.calibration is not None else None
-            logger.info(self.stats.log_line() + (f", measured/modelled step time: draft {scale['draft']:.2f}, "
-                                                 f"plain {scale['plain']:.2f}" if scale and self.planner.can_step_aside else "")
+            logger.info(self.stats.log_line() + self._step_cost_note()
                         + f", prior accept {1.0 + sum(self.planner.prior):.2f}"
                         + self._calibration_note()
                         + (self.log_suffix() if self.log_suffix is not None else ""))

@@ -25,7 +25,9 @@ paper's Theta = tau * SPS(B).
   again (and drafts, if that pays): stale survivals of one bad patch cannot keep it aside.
   The table's step times are scaled by what engine steps of each kind really took
   (`StepCostCalibration`): the table sees the target forward, DSpark's work and a plain decode,
-  not the rest of an engine step (on an H200, 2026-12-01, it priced a DSpark step 14-35% low).
+  not the rest of an engine step (on an H200, 2026-12-01, it priced a DSpark step 14-35% low);
+  steps where some row samples at T > 0 have scales of their own (their eager sampling and
+  accept cost several times the greedy steps' host work).
 - Confidences checked against outcomes (`AcceptCalibration`): the survivals a drafting step
   predicted for the slots it verified are compared, slot by slot, with what the target accepted,
   and every price (lagged rows, the prior, a burst's accept estimate) uses the survivals scaled by
@@ -206,38 +208,69 @@ def _paying(k: int, rate: float, plain: float, sps: SpsTable, min_gain: float, d
 
 class StepCostCalibration:
     """Measured engine step time over the table's step time, per kind of step ("draft": a DSpark
-    step, "plain": a stepped-aside one), as a running mean. The table prices the target forward,
-    DSpark's own work and a plain decode; the rest of an engine step (step input, commit,
-    outputs, the host work that grows with the tokens committed) it does not see, and that part
-    differs between the two kinds. Each ratio learns only from steps of its own kind."""
+    step, "plain": a stepped-aside one) and per class (greedy: every row that samples is greedy;
+    sampled: some row samples at T > 0), as a running mean. The table prices the target forward,
+    DSpark's own work and a plain decode, all timed greedily; the rest of an engine step (step
+    input, commit, outputs, the host work that grows with the tokens committed) it does not see,
+    and that part differs between the two kinds, and far more between the two classes: a sampled
+    step filters the target's rows, draws from them and accepts eagerly (session 31, H100, c=1:
+    about 7.8 ms between a DSpark stream's chunks at T=0.7, against about 1.7 ms at T=0). Each
+    scale learns only from steps of its own kind and class.
+
+    A step over OUTLIER times its scale (a lazy drafter-graph capture, a GC pause) is no
+    steady-state cost and teaches nothing; OUTLIER_RUN of them in a row of one kind and class are
+    (a cost the table does not know, such as the sampled steps' before their class had learnt
+    anything, once left out for good): the scale jumps to the least of them."""
 
     DECAY = 0.9
-    OUTLIER = 3.0  # NOTE: a step over 3x its modelled time (a lazy drafter-graph capture, a GC pause)
-    #                is no steady-state cost: it teaches nothing (a capture once locked a c=1 run aside)
-    RELAX = 0.02  # per step of the other kind, a scale moves this far back toward the table's 1.0
+    OUTLIER = 3.0  # NOTE: a step over 3x its scale is a stall, not a cost (a capture once locked a c=1 run aside)
+    OUTLIER_RUN = 3
+    RELAX = 0.02  # per step of the other kind (same class), a scale moves this far back toward the table's 1.0
+    KINDS = ("draft", "plain")
 
     def __init__(self):
-        self.scale = {"draft": 1.0, "plain": 1.0}
-        self.pending: tuple[str, float] | None = None  # (kind, modelled seconds) of the planned step
+        self.scales = {(kind, sampled): 1.0 for kind in self.KINDS for sampled in (False, True)}
+        self._runs: dict[tuple[str, bool], list[float]] = {key: [] for key in self.scales}
+        # (kind, modelled seconds, sampled) of the planned step
+        self.pending: tuple[str, float, bool] | None = None
 
-    def expect(self, kind: str, seconds: float) -> None:
-        self.pending = (kind, seconds)
+    @property
+    def scale(self) -> dict[str, float]:
+        """The greedy class's scales by kind (bursts, the start-up figures)."""
+        return self.scale_for(False)
+
+    def scale_for(self, sampled: bool) -> dict[str, float]:
+        return {kind: self.scales[(kind, sampled)] for kind in self.KINDS}
+
+    def to_dict(self) -> dict[str, float]:
+        """For /server_info: draft, plain (greedy steps), draft_sampled, plain_sampled."""
+        return {kind + ("_sampled" if sampled else ""): value for (kind, sampled), value in self.scales.items()}
+
+    def expect(self, kind: str, seconds: float, sampled: bool = False) -> None:
+        self.pending = (kind, seconds, sampled)
 
     def observe(self, seconds: float) -> None:
         """The planned step took `seconds` (host wall time, which waits for its read-backs). The
-        kind not taken relaxes toward the table, so a correction it no longer sees cannot keep
-        the planner from trying that kind again."""
+        kind not taken (of the same class) relaxes toward the table, so a correction it no longer
+        sees cannot keep the planner from trying that kind again."""
         if self.pending is None or self.pending[1] <= 0:
             return
-        kind, modelled = self.pending
+        kind, modelled, sampled = self.pending
         self.pending = None
-        other = "plain" if kind == "draft" else "draft"
-        self.scale[other] += self.RELAX * (1.0 - self.scale[other])
-        ratio = seconds / modelled
-        if ratio > self.OUTLIER:
+        other = ("plain" if kind == "draft" else "draft", sampled)
+        self.scales[other] += self.RELAX * (1.0 - self.scales[other])
+        key, ratio = (kind, sampled), seconds / modelled
+        run = self._runs[key]
+        if ratio > self.OUTLIER * self.scales[key]:
+            run.append(ratio)
+            if len(run) < self.OUTLIER_RUN:
+                return
+            self.scales[key] = min(run)
+            run.clear()
             return
+        run.clear()
         ratio = max(ratio, 1.0 / self.OUTLIER)
-        self.scale[kind] = self.DECAY * self.scale[kind] + (1 - self.DECAY) * ratio
+        self.scales[key] = self.DECAY * self.scales[key] + (1 - self.DECAY) * ratio
 
 
 def align_to_tier(budget: int, fixed_tokens: int, max_budget: int, tiers: Sequence[int]) -> int:
@@ -421,15 +454,18 @@ class DSparkPlanner:
         return choose_budget(self._priced(self.relay.lagged_values(request_ids)), len(request_ids), self.sps,
                              extra_tokens, committed_extra)
 
-    def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0) -> int | None:
+    def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0,
+                    sampled: bool = False) -> int | None:
         """Host, before anything is drafted: the budget K, or None to step aside (draft nothing:
         the step is a plain decode step and the drafter does not run). The decision prices
         unknown requests at the running mean survival, not at 1.0. committed_extra: tokens the
         step's other rows commit either way (non-speculating decodes, a prefill chunk that ends
-        its prompt): both rates count them."""
+        its prompt): both rates count them. sampled: some row of the step samples at T > 0 (its
+        step costs are corrected by the sampled class's scales)."""
         if not self.can_step_aside:
             return self.budget(request_ids, extra_tokens, committed_extra)
-        R, scale = len(request_ids), self.calibration.scale if self.calibration else {"draft": 1.0, "plain": 1.0}
+        R = len(request_ids)
+        scale = self.calibration.scale_for(sampled) if self.calibration else {"draft": 1.0, "plain": 1.0}
         budget = None
         if self.relay.has_lagged():
             lagged = self._priced(self.relay.lagged_values(request_ids, self.prior))
@@ -445,7 +481,7 @@ class DSparkPlanner:
             budget = (k if known else self.budget(request_ids, extra_tokens, committed_extra)) or None
         if self.calibration is not None:
             self.calibration.expect(*(("plain", self.sps.plain_step_seconds(R, extra_tokens)) if budget is None else
-                                      ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))))
+                                      ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))), sampled)
         return budget
 
     def _at_prior(self, request_ids: Sequence[Any], extra_tokens: int,

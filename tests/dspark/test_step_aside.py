@@ -205,7 +205,8 @@ def test_the_start_up_profile_prices_plain_decode_steps(dspark_files):
         assert stats["steps"] == 0 and stats["step_aside_steps"] == 0 and engine.spec.planner.prior == [1.0] * GAMMA
         assert engine.allocator.num_used == 0
         # /server_info shows the planner's correction of the table (nothing measured yet)
-        assert engine.live_stats()["speculative"]["step_cost_scale"] == {"draft": 1.0, "plain": 1.0}
+        assert engine.live_stats()["speculative"]["step_cost_scale"] == {
+            "draft": 1.0, "plain": 1.0, "draft_sampled": 1.0, "plain_sampled": 1.0}
     finally:
         cluster.stop(engine)
 
@@ -235,6 +236,60 @@ def test_measured_step_times_correct_the_table():
     before = planner.calibration.scale[kind]
     planner.observe_step_seconds(1e6)
     assert planner.calibration.scale[kind] == before
+
+
+def test_a_cost_that_lasts_is_learnt_though_each_step_looks_like_a_stall():
+    """Steps at 5x their model, one after another (session 31: a sampled DSpark step took about
+    7.8 ms on the H100 where the table priced a greedy one near 1.7 ms), are a cost, not stalls:
+    after OUTLIER_RUN of them the scale takes the least of them, then follows the steps; a single
+    stall between normal steps still teaches nothing."""
+    from sglaunch.speculative.planner import StepCostCalibration
+
+    cal = StepCostCalibration()
+    for ratio in (5.0, 6.0):
+        cal.expect("draft", 0.01, sampled=True)
+        cal.observe(ratio * 0.01)
+        assert cal.scales[("draft", True)] == 1.0
+    cal.expect("draft", 0.01, sampled=True)
+    cal.observe(5.5 * 0.01)
+    assert cal.scales[("draft", True)] == pytest.approx(5.0)
+    cal.expect("draft", 0.01, sampled=True)
+    cal.observe(6.0 * 0.01)
+    assert cal.scales[("draft", True)] == pytest.approx(0.9 * 5.0 + 0.1 * 6.0)
+    # the greedy class never saw any of it
+    assert cal.scale == {"draft": 1.0, "plain": 1.0}
+    # stalls between normal steps: each run is broken before it is long enough
+    for _ in range(4):
+        for ratio in (50.0, 50.0, 1.2):
+            cal.expect("draft", 0.01)
+            cal.observe(ratio * 0.01)
+    assert 1.0 < cal.scale["draft"] < 1.2
+    # a run of another class, or of the other kind, does not break a class's run
+    cal = StepCostCalibration()
+    for kind, sampled in (("draft", True), ("draft", False), ("plain", True), ("draft", True), ("draft", True)):
+        cal.expect(kind, 0.01, sampled)
+        cal.observe(0.01 if not sampled or kind == "plain" else 0.04)
+    assert cal.scales[("draft", True)] == pytest.approx(4.0)
+
+
+def test_sampled_steps_are_priced_by_their_own_scales():
+    """A planner that drafts for greedy steps steps aside for steps whose rows sample once those
+    are seen to cost 4x the table (and 1x for plain sampled steps), while greedy steps, priced
+    by the greedy scales, keep drafting."""
+    planner = DSparkPlanner(GAMMA, "compact", table({1: 0.003}, {1: 0.01}), lag_steps=1)
+    planner.observe(["a"], [[0.5, 0.3, 0.2, 0.1]])  # tau 2.1 for 13 ms: 1.6x the plain 10 ms
+    asides = 0
+    for _ in range(40):
+        budget = planner.plan_drafts(["a"], sampled=True)
+        kind, modelled, sampled = planner.calibration.pending
+        assert sampled and (kind == "plain") == (budget is None)
+        asides += budget is None
+        planner.observe_step_seconds((4.0 if kind == "draft" else 1.0) * modelled)
+        if budget is not None:
+            planner.observe(["a"], [[0.5, 0.3, 0.2, 0.1]])
+    assert planner.calibration.scales[("draft", True)] > 1.6
+    assert asides > 30 and planner.plan_drafts(["a"], sampled=True) is None
+    assert planner.plan_drafts(["a"]) is not None and planner.calibration.scale == {"draft": 1.0, "plain": 1.0}
 
 
 def test_a_stale_correction_fades_so_drafting_is_tried_again():
@@ -390,3 +445,44 @@ def test_a_drafter_whose_confidence_the_target_does_not_bear_out_is_stepped_arou
     # plain most of the run: stepped aside, or (once their context was skipped) no candidate at all
     assert 3 * stats["steps"] < total, (total, stats)
     assert skipped > 0 and stats["step_aside_steps"] >= engine.context_skip_streak, stats
+
+
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_slow_sampled_steps_step_aside_while_greedy_ones_keep_drafting(dspark_files, tmp_path, monkeypatch,
+                                                                      overlap):
+    """The accept of a sampled drafting step made to take 150 ms (a step the table prices at
+    about 10 ms): after OUTLIER_RUN such steps the sampled requests decode plainly, while greedy
+    requests served next by the same engine, priced by the greedy scales, still draft."""
+    import time
+
+    from test_engine_dspark import sampled
+
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", overlap)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "cheap.json", table({1: 1e-4})))
+    engine, cluster = create_engine(config)
+    real = engine.spec.accept
+    slow = []
+
+    def slow_accept(*args, **kwargs):
+        slow.append(1)
+        time.sleep(0.15)
+        return real(*args, **kwargs)
+
+    engine.spec.accept = slow_accept
+    try:
+        batch = prompts(4, seed=5)
+        run(engine, [GenerateRequest(f"t-{i}", tuple(p), sampled(i)) for i, p in enumerate(batch)])
+        stats = engine.spec.stats.to_dict()
+        scales = engine.live_stats()["speculative"]["step_cost_scale"]
+        assert len(slow) <= 6 and stats["steps"] == len(slow), (stats, scales)
+        assert stats["step_aside_steps"] >= 10 and scales["draft_sampled"] > 5.0, (stats, scales)
+        if overlap == "1":  # the sampled plain steps taught their own scale too
+            assert scales["plain_sampled"] != 1.0, scales
+        assert scales["draft"] < 3.0 and scales["plain"] < 3.0
+        before = stats["steps"]
+        run(engine, make_requests(batch, "g"))
+        after = engine.spec.stats.to_dict()
+        assert after["steps"] - before >= 5 and len(slow) == before, (after, scales)
+    finally:
+        cluster.stop(engine)
