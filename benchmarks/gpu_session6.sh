@@ -1071,6 +1071,23 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline69() {  # session 32 (written without device time, for the next session): every GPU test (session 31's four
+  # fixes and session 32's planner change have not run on a GPU); the sampler's filter cost on the card
+  # (benchmarks/sampler_cost.py: since session 32 a temperature-only row skips the sort); then the brief's "never
+  # slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts, FlashInfer, with session 32's
+  # sampled-step scales (the bench's server_info snapshot shows step_cost_scale's draft_sampled / plain_sampled).
+  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  part sampler 60 python3 benchmarks/sampler_cost.py --device cuda --rows 1,8,64
+  touch "$W/core.done"
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  touch "$W/all.done"
+}
+
 pipeline68() {  # session 31, run 3 (the last 150 s of device time): plain against DSpark compact at T=0.7 over HTTP,
   # c=1, 24 prompts, one round, Triton attention (no FlashInfer JIT on a fresh machine), with the shipping defaults
   # (the sampled chain off); it ran out of time after plain's row. Run 2 served DSpark at T=0.7
