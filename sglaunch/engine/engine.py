@@ -24,7 +24,7 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import is_greedy, make_generator, sample
+from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, sample, sample_device
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -92,7 +92,8 @@ def scheduler_limits(config: EngineConfig, runner: ModelRunner) -> SchedulerLimi
 
 @dataclasses.dataclass
 class InFlight:
-    """Overlap: a launched all-greedy step whose tokens the host has not read yet."""
+    """Overlap: a launched plain step whose tokens the host has not read yet (chosen greedily by
+    the forward, or sampled on the device at TP 1)."""
 
     chunks: list[Chunk]
     rows: list[int | None]  # per chunk, its logit row (sample_rows)
@@ -393,8 +394,9 @@ class LLMEngine:
         outputs = drained + self._step_plain_overlapped(chunks)
         if self.spec is not None:
             if pipelined == (self._in_flight is not None) and (pipelined or sampled):
-                # NOTE: a step where a row samples at T > 0 never stays in flight: with nothing in
-                # flight before it either, its wall time is what such a step costs in steady state
+                # NOTE: a step where a row samples at T > 0 stays in flight only at TP 1 (sampled on
+                # the device); where it cannot, with nothing in flight before it either, its wall time
+                # is what such a step costs in steady state
                 self._observe_overlapped(time.perf_counter() - began)
             else:
                 self.spec.planner.observe_step_seconds(None)
@@ -406,15 +408,18 @@ class LLMEngine:
         step's wall time in steady state (schedule, launch, wait for the step before, resolve) is
         one such pipelined step: observed as it is. A stepped-aside step with nothing in flight
         before it (after a drafting step) or none after it (it finished at once) is no
-        pipelined step: it teaches nothing, unless it is a step where some row samples at T > 0,
-        which never stays in flight (with nothing in flight before it, it is what such steps cost,
-        for the sampled steps' own scale). A drafting step is observed without its drain."""
+        pipelined step: it teaches nothing, unless it is a step where some row samples at T > 0
+        that could not stay in flight (TP > 1, or a row failed on the host): with nothing in
+        flight before it, it is what such steps cost, for the sampled steps' own scale. A drafting
+        step is observed without its drain."""
         self.spec.planner.observe_step_seconds(seconds)
 
     def _step_plain_overlapped(self, chunks: list[Chunk]) -> list[TokenOutput]:
         """Launch a plain step (placeholders filled on the device), then resolve the step in
-        flight; an all-greedy step stays in flight."""
-        logits, readback, rows = None, None, sample_rows(chunks)
+        flight; the step stays in flight when the forward chose every row greedily, or (TP 1)
+        when its rows are sampled on the device (sampler.sample_device: the uniforms come from
+        the requests' generators now, so the tokens are the synchronous engine's)."""
+        logits, readback, rows, choices = None, None, sample_rows(chunks), None
         if chunks:
             step = build_step_input(chunks, self.config.page_size)
             if self.context_skip:
@@ -424,6 +429,11 @@ class LLMEngine:
             self.counters["steps"] += 1
             if not step.logits and step.sample_indices and self.runner.step_greedy is not None:
                 readback = self.runner.greedy_readback()  # NOTE: queued before step N + 2 can overwrite it
+            elif step.logits and self.tp.size == 1:
+                choices = self._sample_on_device(chunks, rows, logits)
+                if choices[1] is None:  # NOTE: every row sampled on the host's terms: it stays in flight
+                    self.runner.keep_choices(choices[0])
+                    readback = self.runner.greedy_readback()
         outputs = self._resolve_in_flight()
         live = [i for i, c in enumerate(chunks) if c.req.status is ReqStatus.RUNNING]
         chunks, rows = [chunks[i] for i in live], [rows[i] for i in live]
@@ -433,35 +443,62 @@ class LLMEngine:
             self._in_flight = InFlight(chunks, rows, indices, readback)
             self.overlap_counts["in_flight"] += 1
             return outputs
-        return outputs + self._finish_now(chunks, rows, logits)
+        return outputs + self._finish_now(chunks, rows, logits, choices)
+
+    def _sample_on_device(self, chunks: list[Chunk], rows: list, logits: torch.Tensor):
+        """A plain step's sampling without a read-back -> (choices [2 or 3, logit rows] on the
+        device, failures): failures is None when no row failed on the host (the choices can stay
+        in flight), else {logit row: error}."""
+        order = [i for i, r in enumerate(rows) if r is not None]  # NOTE: logit rows 0, 1, ... in chunk order
+        failures: dict[int, Exception] = {}
+        choices = sample_device(logits, [chunks[i].req.sampling for i in order],
+                                [self.generators.get(chunks[i].req.rid) for i in order], failures)
+        return choices, failures or None
 
     def _resolve_in_flight(self) -> list[TokenOutput]:
         """Step N's tokens (waiting for step N only), the stop rules, and its outputs; plus the
         requests the pool dropped while scheduling step N + 1 (with their step N token)."""
         dropped = self.scheduler.take_dropped()
         flight, self._in_flight = self._in_flight, None
-        chunks, sampled, logprobs, finished = [], [], [], list(dropped)
+        chunks, sampled, logprobs, finished, failed = [], [], [], list(dropped), []
         if flight is not None:
             dropped_ids = {id(req) for req in dropped}
             sampling = [i for i, index in enumerate(flight.indices) if index is not None]
-            tokens, lps = flight.readback.get([flight.rows[i] for i in sampling])
-            for i, token, logprob in zip(sampling, tokens, lps):
+            logit_rows = [flight.rows[i] for i in sampling]
+            tokens, lps = flight.readback.get(logit_rows)
+            for i, token, logprob, bad in zip(sampling, tokens, lps, flight.readback.failed(logit_rows)):
                 chunk, req = flight.chunks[i], flight.chunks[i].req
                 if req.status is ReqStatus.FINISHED and id(req) not in dropped_ids:
                     continue  # aborted meanwhile: its last output has gone already
+                if bad:  # a sampled row that could not be sampled: its request fails (sampler.BAD_PROBABILITIES)
+                    failed.append(req.rid)
+                    continue
                 if self.scheduler.resolve(req, flight.indices[i], token) is not None:
                     finished.append(req)
                 chunks.append(chunk)
                 sampled.append(token)
                 logprobs.append(logprob)
-        return self._outputs(chunks, sampled, logprobs, finished)
+        outputs = self._outputs(chunks, sampled, logprobs, finished)
+        return outputs + [out for rid in failed
+                          if (out := self.fail_request(rid, RuntimeError(BAD_PROBABILITIES))) is not None]
 
-    def _finish_now(self, chunks: list[Chunk], rows: list, logits) -> list[TokenOutput]:
-        """A launched step that does not stay in flight (it samples, or samples nothing)."""
+    def _finish_now(self, chunks: list[Chunk], rows: list, logits, choices=None) -> list[TokenOutput]:
+        """A launched step that does not stay in flight (it samples at TP > 1 or with a row that
+        failed on the host, or samples nothing). choices: _sample_on_device's, when it ran."""
         sampled: list = [None] * len(chunks)
         logprobs: list = [None] * len(chunks)
         failed: dict[int, Exception] = {}
-        if chunks:
+        if chunks and choices is not None:
+            failures = dict(choices[1] or {})
+            tokens, values = read_choices(choices[0], failures)
+            for i, r in enumerate(rows):
+                if r is None:
+                    continue
+                if r in failures:
+                    failed[i] = failures[r]
+                else:
+                    sampled[i], logprobs[i] = tokens[r], values[r]
+        elif chunks:
             self._sample(chunks, logits, rows, sampled, logprobs, failed)
         finished = self.scheduler.commit(chunks, sampled)
         outputs = self._outputs(chunks, sampled, logprobs, finished)

@@ -71,11 +71,13 @@ def configure_cpu_rank(ranks_on_this_node: int) -> None:
 
 
 class GreedyReadback:
-    """One forward's greedy (token, log-probability) choices on their way to the host: a pinned
-    copy and the event after it on CUDA, the lists themselves on a CPU."""
+    """One forward's (token, log-probability) choices on their way to the host: a pinned copy and
+    the event after it on CUDA, the lists themselves on a CPU. Greedy choices, or a plain step's
+    sampled ones (ModelRunner.keep_choices), which add a third row: 1.0 where a row could not be
+    sampled."""
 
     def __init__(self, host, rows: list[int], event):
-        self.host, self.rows, self.event = host, rows, event  # host: [2, columns]; logit row -> column
+        self.host, self.rows, self.event = host, rows, event  # host: [2 or 3, columns]; logit row -> column
 
     def get(self, logit_rows: list[int]) -> tuple[list[int], list[float]]:
         """Those rows' choices; waits for that forward only (not for any step queued after it)."""
@@ -84,6 +86,12 @@ class GreedyReadback:
             self.host, self.event = self.host.tolist(), None
         columns = [self.rows[r] for r in logit_rows]
         return [int(self.host[0][c]) for c in columns], [self.host[1][c] for c in columns]
+
+    def failed(self, logit_rows: list[int]) -> list[bool]:
+        """After get(): whether each of those rows could not be sampled (never, for greedy choices)."""
+        if len(self.host) < 3:
+            return [False] * len(logit_rows)
+        return [bool(self.host[2][self.rows[r]]) for r in logit_rows]
 
 
 class ModelRunner:
@@ -299,21 +307,27 @@ class ModelRunner:
         (index,) = to_device([torch.tensor([rows, sources], dtype=torch.int64)], self.device)
         input_ids[index[0]] = tokens[index[1]]
 
+    def keep_choices(self, choices: torch.Tensor) -> None:
+        """Overlap, a plain step that samples (TP 1): its sampled choices (sampler.sample_device,
+        [2 or 3, logit rows] on the device) stand in for the forward's greedy ones: the next
+        step's placeholders take them, and greedy_readback copies them."""
+        self.step_greedy, self._greedy_read = (choices, list(range(choices.shape[1]))), None
+
     def greedy_readback(self) -> GreedyReadback:
         """Start copying the last forward's greedy choices to the host without waiting for them
         (overlap: the host reads them while the next step runs). Call right after forward()."""
         greedy, rows = self.step_greedy
         if self.device.type != "cuda":
             return GreedyReadback(greedy.tolist(), rows, None)
-        n = greedy.shape[1]
+        k, n = greedy.shape
         self._readback_turn ^= 1  # NOTE: two buffers: one being read while the next one fills
         buffer = self._readback_buffers[self._readback_turn]
-        if buffer is None or buffer.numel() < 2 * n:
-            buffer = torch.empty(2 * max(n, 256), dtype=torch.float64, pin_memory=True)
+        if buffer is None or buffer.numel() < k * n:
+            buffer = torch.empty(3 * max(n, 256), dtype=torch.float64, pin_memory=True)
             self._readback_buffers[self._readback_turn] = buffer
         # NOTE: a contiguous pinned destination: into a strided one torch would stage the copy
         # in pageable memory, which waits for the stream (this step) to finish
-        host = buffer[: 2 * n].view(2, n)
+        host = buffer[: k * n].view(k, n)
         host.copy_(greedy, non_blocking=True)
         event = torch.cuda.Event()
         event.record()

@@ -45,6 +45,19 @@ def sample(
     Without `failures` any error raises; with it, row i's error is stored as failures[i] (that
     row's token is then meaningless) and every other row is sampled as usual.
     """
+    return read_choices(sample_device(logits, params, generators, failures), failures)
+
+
+def sample_device(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    failures: dict[int, Exception] | None = None,
+) -> torch.Tensor:
+    """sample()'s device part, nothing read back: [2 or 3, batch] float64 on the logits' device,
+    each row's token and its log-probability, then (when some row samples at T > 0) 1.0 where a
+    row could not be sampled (a non-finite or negative probability, or no mass). A row whose
+    settings fail on the host is in `failures` at once (raises without it). The uniforms are
+    drawn from the generators here, so a seeded request gets the same tokens whenever the
+    choices are read (read_choices)."""
     tokens = logits.argmax(dim=-1)  # [batch]
     bad = None
     random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
@@ -63,8 +76,14 @@ def sample(
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
     # NOTE: one read-back for all (float64 holds every token id and float32 value exactly)
     parts = [tokens.double(), logprobs.double()] + ([bad.double()] if bad is not None else [])
-    host = torch.stack(parts).tolist()
-    if bad is not None:
+    return torch.stack(parts)
+
+
+def read_choices(choices, failures: dict[int, Exception] | None = None) -> tuple[list[int], list[float]]:
+    """sample_device's choices (a device tensor, or its rows as host lists) -> (tokens, log-probabilities);
+    a row flagged as not sampleable raises, or (with `failures`) is stored there."""
+    host = choices.tolist() if isinstance(choices, torch.Tensor) else choices
+    if len(host) > 2:
         for i, flag in enumerate(host[2]):
             if flag:
                 if failures is None:

@@ -140,14 +140,76 @@ def test_radix_cache_reuse(monkeypatch, checkpoints):
     assert ovl_final["b2"].cached_tokens == 10
 
 
-def test_sampled_requests_drain_the_pipeline(monkeypatch, checkpoints):
-    """A seeded sampled request beside greedy ones: the steps it is in finish at once."""
+def test_sampled_requests_beside_greedy_ones_get_the_synchronous_tokens(monkeypatch, checkpoints):
+    """A seeded sampled request beside greedy ones: the steps it is in are sampled on the device
+    and stay in flight, with the synchronous engine's tokens."""
     seeded = dict(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=10)
     script = {0: [("add", request("g0", PROMPTS[0], max_new_tokens=16))],
               3: [("add", request("s", PROMPTS[1], **seeded))],
               5: [("add", request("g1", PROMPTS[2], max_new_tokens=8))]}
     (sync, _, _), (ovl, _, _) = run_both(monkeypatch, engine_config(checkpoints["qwen3"]), script)
     assert ovl == sync
+
+
+def test_sampled_steps_stay_in_flight_and_keep_seeds_stops_and_log_probabilities(monkeypatch, checkpoints):
+    """Only sampled requests (seeded, temperature alone or filtered, one with a stop token learnt a
+    step late, one aborted with a token in flight): the steps stay in flight (run_both checks it;
+    before session 32 every sampled step finished at once), and the tokens, finish reasons and
+    log-probabilities equal the synchronous engine's."""
+    config = engine_config(checkpoints["llama"], page_size=2)
+    first = dict(temperature=0.8, seed=3, max_new_tokens=12)
+    probe = generate_batch(config, [PROMPTS[1]], dataclasses.replace(GREEDY, **first))[0]
+    stop = probe[4]
+    script = {0: [("add", request("a", PROMPTS[0], temperature=1.1, seed=1, max_new_tokens=14)),
+                  ("add", request("b", PROMPTS[1], stop_token_ids=(stop,), **first))],
+              2: [("add", request("c", PROMPTS[2], temperature=0.7, top_k=5, top_p=0.9, seed=5, max_new_tokens=9))],
+              4: [("add", request("d", PROMPTS[3], temperature=0.9, seed=8, max_new_tokens=30))],
+              7: [("abort", "d")]}
+    logprobs = []
+
+    def keep_logprobs(engine):
+        real = engine._outputs
+
+        def outputs(*args):
+            out = real(*args)
+            logprobs.append({o.rid: o.logprobs for o in out})
+            return out
+
+        engine._outputs = outputs
+
+    (sync, sync_final, _), (ovl, ovl_final, _) = run_both(monkeypatch, config, script, keep_logprobs)
+    assert sync_final["b"].finish_reason == ovl_final["b"].finish_reason == "stop" and sync["b"][-1] == stop
+    assert ovl_final["d"].finish_reason == sync_final["d"].finish_reason == "abort"
+    assert ovl["d"] == sync["d"][: len(ovl["d"])] and len(ovl["d"]) >= len(sync["d"]) - 1
+    assert {r: t for r, t in ovl.items() if r != "d"} == {r: t for r, t in sync.items() if r != "d"}
+    half = len(logprobs) // 2  # NOTE: the engines ran one after the other
+
+    def per_request(parts):
+        joined = defaultdict(list)
+        for part in parts:
+            for rid, values in part.items():
+                joined[rid].extend(values)
+        return joined
+
+    sync_lp, ovl_lp = per_request(logprobs[:half]), per_request(logprobs[half:])
+    for rid in "abc":  # NOTE: a finished request's row stays one step longer in flight: batches differ in float32
+        assert ovl_lp[rid] == pytest.approx(sync_lp[rid], abs=1e-5), rid
+
+
+def test_a_row_that_cannot_be_sampled_fails_its_request_only_in_flight(monkeypatch, checkpoints):
+    """A NaN temperature (the server refuses it; the engine must still survive it) makes its row
+    unsampleable on the device: with the step in flight, that request fails (abort, the sampler's
+    error) when the step is read, and the others get the synchronous engine's tokens."""
+    import math
+
+    script = {0: [("add", request("ok", PROMPTS[0], temperature=0.9, seed=2, max_new_tokens=10)),
+                  ("add", request("nan", PROMPTS[1], temperature=math.nan, max_new_tokens=10)),
+                  ("add", request("g", PROMPTS[2], max_new_tokens=10))]}
+    (sync, sync_final, _), (ovl, ovl_final, _) = run_both(monkeypatch, engine_config(checkpoints["llama"]), script)
+    for final in (sync_final, ovl_final):
+        assert final["nan"].finish_reason == "abort" and "probability" in final["nan"].error
+        assert final["ok"].finish_reason == final["g"].finish_reason == "length"
+    assert ovl["ok"] == sync["ok"] and ovl["g"] == sync["g"] and ovl["nan"] == sync["nan"] == []
 
 
 def test_tp2_overlapped_matches_tp1(monkeypatch, checkpoints):
@@ -251,3 +313,26 @@ def test_admission_grouping_changes_no_token(monkeypatch, checkpoints, overlap):
     assert grouped == plain and [len(plain[r]) for r in "abcde"] == [24, 6, 5, 4, 7]
     assert plain_held == 0 and held > 0
     assert prefills < plain_prefills  # b waited for c, d and e: one step admitted them all
+
+
+def test_a_row_whose_settings_fail_on_the_host_fails_alone_and_the_step_finishes_at_once(monkeypatch, checkpoints):
+    """A row the filter raises for (sampler._filtered_rows retries each row alone): that step is
+    read at once from the choices already drawn (no second draw), the request fails, and the
+    others get the synchronous engine's tokens."""
+    from sglaunch.engine import sampler
+
+    real = sampler.filtered_probs
+
+    def picky(logits, params):
+        if any(p.min_p == 0.125 for p in params):
+            raise ValueError("refused by the test")
+        return real(logits, params)
+
+    monkeypatch.setattr(sampler, "filtered_probs", picky)
+    script = {0: [("add", request("ok", PROMPTS[0], temperature=0.9, seed=2, max_new_tokens=10)),
+                  ("add", request("g", PROMPTS[2], max_new_tokens=10))],
+              3: [("add", request("bad", PROMPTS[1], temperature=0.9, min_p=0.125, max_new_tokens=10))]}
+    (sync, sync_final, _), (ovl, ovl_final, _) = run_both(monkeypatch, engine_config(checkpoints["llama"]), script)
+    for final in (sync_final, ovl_final):
+        assert final["bad"].finish_reason == "abort" and "refused by the test" in final["bad"].error
+    assert ovl == sync and ovl["bad"] == []
