@@ -283,11 +283,11 @@ def force_aside(engine):
     spec = engine.spec
     planner = spec.planner
 
-    def plan(rids, extra_tokens, committed_extra=0):
-        budget = planner.plan_drafts(rids, extra_tokens, committed_extra)
+    def plan(rids, extra_tokens, committed_extra=0, sampled=False):
+        budget = planner.plan_drafts(rids, extra_tokens, committed_extra, sampled)
         if budget is not None and planner.can_step_aside and planner.calibration is not None:
             # the planner expected a drafting step: this one is a plain one (what the real aside expects)
-            planner.calibration.expect("plain", planner.sps.plain_step_seconds(len(rids), extra_tokens))
+            planner.calibration.expect("plain", planner.sps.plain_step_seconds(len(rids), extra_tokens), sampled)
         spec.stats.record_step_aside(len(rids))
         planner.skip_step()
         spec._maybe_log()

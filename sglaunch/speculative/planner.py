@@ -218,9 +218,11 @@ class StepCostCalibration:
     scale learns only from steps of its own kind and class.
 
     A step over OUTLIER times its scale (a lazy drafter-graph capture, a GC pause) is no
-    steady-state cost and teaches nothing; OUTLIER_RUN of them in a row of one kind and class are
-    (a cost the table does not know, such as the sampled steps' before their class had learnt
-    anything, once left out for good): the scale jumps to the least of them."""
+    steady-state cost and teaches nothing. For the sampled class, OUTLIER_RUN of them in a row of
+    one kind are: the table never timed a sampled step, so a cost far over it is what such steps
+    take (before session 32 every sampled DSpark step at 4-5x its model was left out as a stall,
+    so their scale never moved); the scale jumps to the least of them. The greedy class keeps
+    the plain rule: the start-up profile timed steps like its own."""
 
     DECAY = 0.9
     OUTLIER = 3.0  # NOTE: a step over 3x its scale is a stall, not a cost (a capture once locked a c=1 run aside)
@@ -263,7 +265,7 @@ class StepCostCalibration:
         run = self._runs[key]
         if ratio > self.OUTLIER * self.scales[key]:
             run.append(ratio)
-            if len(run) < self.OUTLIER_RUN:
+            if not sampled or len(run) < self.OUTLIER_RUN:
                 return
             self.scales[key] = min(run)
             run.clear()
