@@ -217,22 +217,24 @@ class StepCostCalibration:
     about 7.8 ms between a DSpark stream's chunks at T=0.7, against about 1.7 ms at T=0). Each
     scale learns only from steps of its own kind and class.
 
-    A step over OUTLIER times its scale (a lazy drafter-graph capture, a GC pause) is no
-    steady-state cost and teaches nothing. For the sampled class, OUTLIER_RUN of them in a row of
+    A greedy step over OUTLIER times its modelled time, or a sampled one over OUTLIER times its
+    scale (a lazy drafter-graph capture, a GC pause), is no steady-state cost and teaches
+    nothing. For the sampled class, OUTLIER_RUN of them in a row of
     one kind are: the table never timed a sampled step, so a cost far over it is what such steps
     take (before session 32 every sampled DSpark step at 4-5x its model was left out as a stall,
     so their scale never moved); the scale jumps to the least of them. The greedy class keeps
     the plain rule: the start-up profile timed steps like its own."""
 
     DECAY = 0.9
-    OUTLIER = 3.0  # NOTE: a step over 3x its scale is a stall, not a cost (a capture once locked a c=1 run aside)
+    OUTLIER = 3.0  # NOTE: a step over 3x its model (greedy) or its scale (sampled) is a stall, not a cost
+    #                (a capture once locked a c=1 run aside)
     OUTLIER_RUN = 3
     RELAX = 0.02  # per step of the other kind (same class), a scale moves this far back toward the table's 1.0
     KINDS = ("draft", "plain")
 
     def __init__(self):
         self.scales = {(kind, sampled): 1.0 for kind in self.KINDS for sampled in (False, True)}
-        self._runs: dict[tuple[str, bool], list[float]] = {key: [] for key in self.scales}
+        self._runs: dict[tuple[str, bool], list[float]] = {key: [] for key in self.scales}  # sampled keys only
         # (kind, modelled seconds, sampled) of the planned step
         self.pending: tuple[str, float, bool] | None = None
 
@@ -263,9 +265,11 @@ class StepCostCalibration:
         self.scales[other] += self.RELAX * (1.0 - self.scales[other])
         key, ratio = (kind, sampled), seconds / modelled
         run = self._runs[key]
+        if not sampled and ratio > self.OUTLIER:  # NOTE: the greedy class: as before session 32
+            return
         if ratio > self.OUTLIER * self.scales[key]:
             run.append(ratio)
-            if not sampled or len(run) < self.OUTLIER_RUN:
+            if len(run) < self.OUTLIER_RUN:
                 return
             self.scales[key] = min(run)
             run.clear()
