@@ -10,6 +10,7 @@ For each row count, the median of `--repeats` calls of
   row took before session 32, and what a row with top_p < 1 still takes);
 - `sample temperature-only`: the plain sampler's whole `sample()` for those rows (filter, the
   uniforms from each request's CPU generator, the draw, the log-probabilities, one read-back);
+- `draw`: its inverse-CDF draw alone (a float64 cumulative sum over the vocabulary);
 and, as the DSpark verify of one request at gamma 7 filters 8 rows, `--rows 8` is that step's share.
 Prints one JSON object (milliseconds). Ratios within one run are what to compare.
 """
@@ -38,7 +39,7 @@ def main() -> None:
     import torch
 
     from sglaunch.engine.interface import SamplingParams
-    from sglaunch.engine.sampler import _sorted_filter, filtered_probs, make_generator, sample
+    from sglaunch.engine.sampler import _sorted_filter, draw, filtered_probs, make_generator, sample
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=49152, help="SmolLM2's vocabulary by default")
@@ -56,11 +57,14 @@ def main() -> None:
         logits = (torch.randn(n, args.vocab, generator=gen) * 3.0).to(device)
         params = [SamplingParams(max_new_tokens=1, temperature=0.7)] * n
         generators = [make_generator(i) for i in range(n)]
+        probs = filtered_probs(logits, params)
+        uniforms = torch.rand(n, generator=gen, dtype=torch.float64).to(device)
         out["rows"][n] = {
             "softmax": median_ms(lambda: torch.softmax(logits / 0.7, -1), args.repeats, sync),
             "filtered temperature-only": median_ms(lambda: filtered_probs(logits, params), args.repeats, sync),
             "sorted filter": median_ms(lambda: _sorted_filter(logits, params), args.repeats, sync),
             "sample temperature-only": median_ms(lambda: sample(logits, params, generators), args.repeats, sync),
+            "draw": median_ms(lambda: draw(probs, uniforms), args.repeats, sync),
         }
     print(json.dumps(out, indent=1))
 
