@@ -311,10 +311,12 @@ def test_greedy_with_overlap_equals_without(files, graphs, monkeypatch):
     assert_same_greedy(overlapped, sync, f"overlap on vs off (graphs {graphs})")
 
 
-def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch):
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch, temperature):
     """SGLAUNCH_OVERLAP=1, a steady decode batch replaying graphs: the whole engine step (graph
     inputs, FlashInfer plan, placeholder fill, read-back) makes no synchronising CUDA call but
-    the two event waits it means to make (the last step's read-back, its plan copies)."""
+    the two event waits it means to make (the last step's read-back, its plan copies). At T=0.8
+    (session 32) the rows are sampled on the device and the step stays in flight the same way."""
     import traceback
     import warnings
     from pathlib import Path
@@ -324,7 +326,8 @@ def test_overlapped_decode_steps_wait_only_on_their_events(files, monkeypatch):
     root = Path(__file__).resolve().parents[2]
     allowed = ("self.event.synchronize()", "self._loaded.synchronize()")
     monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
-    params = SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=200, temperature=temperature, seed=11 if temperature else None,
+                            ignore_eos=True)
     sites = []
 
     def show(message, *args, **kwargs):
