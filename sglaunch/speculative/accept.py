@@ -45,12 +45,13 @@ def mode_lengths(mode: str, windows: torch.Tensor, gamma: int) -> tuple[torch.Te
 def inverse_cdf(dist: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """dist [R, V] (unnormalised, >= 0), u [R] in [0, 1) -> [R]: first v with cumsum > u * mass,
     never a zero-probability entry."""
-    cdf = dist.cumsum(-1)  # [R, V]
-    hit = (cdf > (u * cdf[:, -1])[:, None]) & (dist > 0)
-    v = torch.arange(dist.shape[-1], device=dist.device)
-    first = torch.where(hit, v, dist.shape[-1]).min(-1).values
+    V = dist.shape[-1]
+    cdf = dist.cumsum(-1)  # [R, V]: non-decreasing, so a binary search finds the first v over u * mass
+    # NOTE: cdf[v] > cdf[v - 1] there, so dist[v] > 0 (a zero adds nothing, even in float)
+    first = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None].to(cdf.dtype), right=True)[:, 0]
+    v = torch.arange(V, device=dist.device)
     last_positive = torch.where(dist > 0, v, -1).max(-1).values  # rounding left no hit
-    return torch.where(first < dist.shape[-1], first, last_positive)
+    return torch.where(first < V, first, last_positive)
 
 
 def accept_draft(

@@ -243,7 +243,7 @@ class DSparkDecoder:
         u = moved[0] if moved else torch.zeros(len(reqs), 2 * G + 1, device=self.device)
         draw, accept_u, sample_u = u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
         block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
-                                          all_greedy=all(greedy))
+                                          all_greedy=all(greedy), any_greedy=any(greedy))
         second = second_probs = None
         if chains:
             second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,

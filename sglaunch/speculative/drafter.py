@@ -373,14 +373,17 @@ class DSparkDrafter(nn.Module):
     @torch.inference_mode()
     def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
                      uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                     return_probs: bool = True, all_greedy: bool = False, keep_logits: bool = True) -> DraftBlock:
+                     return_probs: bool = True, all_greedy: bool = False, keep_logits: bool = True,
+                     any_greedy: bool = True) -> DraftBlock:
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
         softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
         all_greedy: the caller knows every row is greedy (from the host, so no device read here):
         the softmax and the draw are skipped, and no probabilities are returned.
         With a draft vocabulary (restrict_vocab), out.logits and the returned logits are over its
         K tokens; tokens are target ids and probs cover the whole vocabulary (0 outside it).
-        keep_logits=False: the returned block's logits are None (not stacked: [B, G, V] a step)."""
+        keep_logits=False: the returned block's logits are None (not stacked: [B, G, V] a step).
+        any_greedy=False: the caller knows no row is greedy (from the host): no argmax, no one-hot
+        rows (three launches a slot fewer)."""
         B, G, V = out.logits.shape  # V: the draft vocabulary's size
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
@@ -404,10 +407,15 @@ class DSparkDrafter(nn.Module):
                     l_k = l_k + bias
             if self.confidence_head is not None:
                 conf.append(self.confidence_head(h, e))
-            if argmax is None:
+            if argmax is None and (all_greedy or any_greedy):
                 argmax = l_k.argmax(-1)
             if all_greedy:
                 x = argmax
+            elif not any_greedy:  # NOTE: every row samples: q and its draw as they are
+                q = torch.softmax(l_k / temp, dim=-1)  # [B, V]
+                x = inverse_cdf(q, uniforms[:, k].float())
+                if return_probs:
+                    probs.append(q)
             else:
                 q = torch.softmax(l_k / temp, dim=-1)  # [B, V]
                 x = torch.where(greedy, argmax, inverse_cdf(q, uniforms[:, k].float()))

@@ -135,3 +135,38 @@ def test_chi_square_catches_a_biased_rule():
     T, Q = tables(seed=4)
     cells = first_two_tokens(biased_rule, T, Q, seed=11)
     assert chi_square_p(cells, exact_first_two(T)) < 1e-6
+
+
+def test_inverse_cdf_takes_the_first_token_past_u_times_the_mass():
+    """inverse_cdf (a binary search over the cumulative sum since session 32) against its definition
+    read off a Python loop: the first v whose cumulative mass exceeds u x the row's mass, never a
+    zero-probability token; where rounding leaves no such v (u a hair below 1, mass absorbed by
+    rounding), the last token of positive probability. Zeros, unnormalised rows, float32 and
+    float64."""
+    import math
+
+    from sglaunch.speculative.accept import inverse_cdf
+
+    gen = torch.Generator().manual_seed(11)
+    for V in (1, 2, 7, 300):
+        dist = torch.softmax(torch.randn(40, V, generator=gen) * 8.0, -1) * 3.0
+        dist = dist * (torch.rand(40, V, generator=gen) > 0.4)
+        dist[0, 0] = 1.0
+        if V > 1:
+            dist[1] = torch.tensor([1.0] + [1e-12] * (V - 1))  # float32 absorbs the tail: the fallback
+        u = torch.rand(40, generator=gen)
+        u[:3] = torch.tensor([0.0, math.nextafter(1.0, 0.0), 0.5])
+        for dtype in (torch.float32, torch.float64):
+            d = dist.to(dtype)
+            got = inverse_cdf(d, u).tolist()
+            for r in range(40):
+                row, want = d[r].tolist(), None
+                cdf = d[r].cumsum(0)
+                threshold = float(u[r].to(dtype) * cdf[-1])
+                for v in range(V):
+                    if float(cdf[v]) > threshold and row[v] > 0:
+                        want = v
+                        break
+                if want is None:
+                    want = max((v for v in range(V) if row[v] > 0), default=-1)
+                assert got[r] == want, (V, dtype, r)

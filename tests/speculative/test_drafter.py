@@ -62,6 +62,27 @@ def test_all_greedy_fast_path_drafts_what_the_general_path_drafts(tmp_path, mark
 
 
 @pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
+def test_all_sampled_path_drafts_what_the_general_path_drafts(tmp_path, markov):
+    """any_greedy=False (every row samples, known on the host) skips the argmax and the one-hot
+    rows; tokens, probabilities, logits and confidences equal the general path's."""
+    drafter = build(tmp_path, markov_head_type=markov)
+    cfg = drafter.config
+    cache = DraftContextCache(drafter.make_pool(64))
+    for rid, n in enumerate((5, 8, 3)):
+        cache.add(rid)
+        cache.append(rid, feature_rows(n, cfg, seed=30 + rid))
+    out = run_batch(drafter, cache, [0, 1, 2], [7, 8, 9])
+    temps, u = torch.tensor([0.7, 1.0, 1.3]), torch.rand(3, cfg.block_size, generator=torch.Generator().manual_seed(4))
+    general = drafter.sample_block(out, torch.tensor([7, 8, 9]), temps, uniforms=u)
+    sampled = drafter.sample_block(out, torch.tensor([7, 8, 9]), temps, uniforms=u, any_greedy=False)
+    assert torch.equal(sampled.tokens, general.tokens)
+    for a, b in ((sampled.probs, general.probs), (sampled.logits, general.logits),
+                 (sampled.conf_logits, general.conf_logits)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert len(set(general.tokens.flatten().tolist())) > 3  # really drawn, not one token
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
 def test_batched_cached_forward_matches_naive_reference(tmp_path, markov):
     drafter = build(tmp_path, markov_head_type=markov)
     cfg = drafter.config
