@@ -166,6 +166,26 @@ def _engine_state(http) -> dict:
     return http.get("/server_info").json()["internal_states"][0]
 
 
+def _wait_until_idle(server, http, generated_before: int) -> dict:
+    """The engine's state once no request runs; fails, telling every poll and the server log's
+    tail, if one still does after 30 s. NOTE: a generous wait (a loaded CI host once saw a
+    request still listed after 10 s); the abort itself is judged by the tokens generated, which
+    a late end would not hide."""
+    began = time.monotonic()
+    seen = []  # (seconds, running, generated since)
+    while True:
+        state = _engine_state(http)
+        seen.append((round(time.monotonic() - began, 2), state["num_running_requests"],
+                     state["total_generated_tokens"] - generated_before))
+        if not state["num_running_requests"] or time.monotonic() - began > 30:
+            break
+        time.sleep(0.05)
+    assert state["num_running_requests"] == 0, (
+        f"still running after the disconnect; (s, running, generated): {seen[:5]} ... {seen[-5:]}\n"
+        + "\n".join(server.log().splitlines()[-40:]))
+    return state
+
+
 LONG = 230  # prompt + LONG stays under CONTEXT_LENGTH
 
 
@@ -186,20 +206,7 @@ def test_disconnect_mid_stream_aborts_and_the_server_keeps_serving(server, http,
                 events += line.startswith("data: ")
                 if events == 3:
                     break  # leaving the block closes the connection mid-stream
-    # NOTE: a generous wait (a loaded CI host once saw the request still listed after 10 s);
-    # the abort itself is judged by the tokens generated, which a late end would not hide
-    began = time.monotonic()
-    seen = []  # (seconds, running, generated since): told on failure
-    while True:
-        state = _engine_state(http)
-        seen.append((round(time.monotonic() - began, 2), state["num_running_requests"],
-                     state["total_generated_tokens"] - generated_before))
-        if not state["num_running_requests"] or time.monotonic() - began > 30:
-            break
-        time.sleep(0.05)
-    assert state["num_running_requests"] == 0, (
-        f"still running after the disconnect; (s, running, generated): {seen[:5]} ... {seen[-5:]}\n"
-        + "\n".join(server.log().splitlines()[-40:]))
+    state = _wait_until_idle(server, http, generated_before)
     # aborted early: far fewer tokens than the request asked for were ever generated
     assert state["total_generated_tokens"] - generated_before < LONG - 50
     after = http.post("/v1/completions", json=completion(max_tokens=3, ignore_eos=True)).json()
@@ -216,20 +223,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_batch_aborts_it(server, htt
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/completions", headers=server.headers(), timeout=0.5,
                    json=completion(prompt=prompts, max_tokens=LONG, ignore_eos=True))
-    # NOTE: a generous wait (a loaded CI host once saw the request still listed after 10 s);
-    # the abort itself is judged by the tokens generated, which a late end would not hide
-    began = time.monotonic()
-    seen = []  # (seconds, running, generated since): told on failure
-    while True:
-        state = _engine_state(http)
-        seen.append((round(time.monotonic() - began, 2), state["num_running_requests"],
-                     state["total_generated_tokens"] - generated_before))
-        if not state["num_running_requests"] or time.monotonic() - began > 30:
-            break
-        time.sleep(0.05)
-    assert state["num_running_requests"] == 0, (
-        f"still running after the disconnect; (s, running, generated): {seen[:5]} ... {seen[-5:]}\n"
-        + "\n".join(server.log().splitlines()[-40:]))
+    state = _wait_until_idle(server, http, generated_before)
     assert state["total_generated_tokens"] - generated_before < wanted // 2
 
 
