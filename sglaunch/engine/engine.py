@@ -24,7 +24,7 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, sample, sample_device
+from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, sample_device
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -488,16 +488,9 @@ class LLMEngine:
         sampled: list = [None] * len(chunks)
         logprobs: list = [None] * len(chunks)
         failed: dict[int, Exception] = {}
-        if chunks and choices is not None:
-            failures = dict(choices[1] or {})
-            tokens, values = read_choices(choices[0], failures)
-            for i, r in enumerate(rows):
-                if r is None:
-                    continue
-                if r in failures:
-                    failed[i] = failures[r]
-                else:
-                    sampled[i], logprobs[i] = tokens[r], values[r]
+        if chunks and choices is not None:  # NOTE: a choice per logit row: row r is position r
+            self._take_choices([(i, r) for i, r in enumerate(rows) if r is not None], choices[0],
+                               dict(choices[1] or {}), sampled, logprobs, failed)
         elif chunks:
             self._sample(chunks, logits, rows, sampled, logprobs, failed)
         finished = self.scheduler.commit(chunks, sampled)
@@ -800,12 +793,20 @@ class LLMEngine:
                 return
         generators = [self.generators.get(chunks[i].req.rid) for i in plain]
         failures: dict[int, Exception] = {}  # NOTE: a row that cannot be sampled fails its request only
-        tokens, token_logprobs = sample(logits[[rows[i] for i in plain]], params, generators, failures)
-        for row, (i, token, logprob) in enumerate(zip(plain, tokens, token_logprobs)):
-            if row in failures:
-                failed[i] = failures[row]
+        choices = sample_device(logits[[rows[i] for i in plain]], params, generators, failures)
+        self._take_choices(list(zip(plain, range(len(plain)))), choices, failures, sampled, logprobs, failed)
+
+    @staticmethod
+    def _take_choices(pairs: list[tuple[int, int]], choices, failures: dict[int, Exception], sampled: list,
+                      logprobs: list, failed: dict[int, Exception]) -> None:
+        """Read sampled choices back (one copy) into per-chunk results: pairs (chunk index, its
+        position in the choices); a position in `failures` (or flagged on the device) fails its chunk."""
+        tokens, values = read_choices(choices, failures)
+        for i, position in pairs:
+            if position in failures:
+                failed[i] = failures[position]
             else:
-                sampled[i], logprobs[i] = token, logprob
+                sampled[i], logprobs[i] = tokens[position], values[position]
 
     def fail_request(self, rid: str, error: BaseException) -> TokenOutput | None:
         """End one request because the engine could not run it: its pages are freed and its

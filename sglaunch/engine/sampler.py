@@ -145,12 +145,11 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     which = [i for i, p in enumerate(params) if filters(p, vocab)]
     if len(which) == len(params):
         return _sorted_filter(logits, params)
-    temperature = to_device([torch.tensor([p.temperature for p in params], dtype=torch.float32)],
-                            logits.device)[0][:, None]
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if which:  # NOTE: a mixed batch: the filtering rows over their own
-        index = to_device([torch.tensor(which, dtype=torch.int64)], logits.device)[0]
-        probs[index] = _sorted_filter(logits[index], [params[i] for i in which])
+    temperature, *index = to_device([torch.tensor([p.temperature for p in params], dtype=torch.float32)]
+                                    + ([torch.tensor(which, dtype=torch.int64)] if which else []), logits.device)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    if which:  # NOTE: a mixed batch: the filtering rows over their own (their index came down in the same copy)
+        probs[index[0]] = _sorted_filter(logits[index[0]], [params[i] for i in which])
     return probs
 
 
