@@ -41,16 +41,22 @@ def test_shapes_and_sampling(qwen3_ckpt):
     assert (block.probs[1].gather(-1, block.tokens[1][:, None]) > 0).all()
 
 
-@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
-def test_all_greedy_fast_path_drafts_what_the_general_path_drafts(tmp_path, markov):
-    """all_greedy skips the softmax and the draw; tokens, logits and confidences are unchanged."""
+def three_requests(tmp_path, markov: str, seed: int):
+    """A drafter with this Markov head and its block output for three requests (contexts of 5, 8
+    and 3 feature rows, anchors 7, 8, 9)."""
     drafter = build(tmp_path, markov_head_type=markov)
-    cfg = drafter.config
     cache = DraftContextCache(drafter.make_pool(64))
     for rid, n in enumerate((5, 8, 3)):
         cache.add(rid)
-        cache.append(rid, feature_rows(n, cfg, seed=20 + rid))
-    out = run_batch(drafter, cache, [0, 1, 2], [7, 8, 9])
+        cache.append(rid, feature_rows(n, drafter.config, seed=seed + rid))
+    return drafter, run_batch(drafter, cache, [0, 1, 2], [7, 8, 9])
+
+
+@pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
+def test_all_greedy_fast_path_drafts_what_the_general_path_drafts(tmp_path, markov):
+    """all_greedy skips the softmax and the draw; tokens, logits and confidences are unchanged."""
+    drafter, out = three_requests(tmp_path, markov, seed=20)
+    cfg = drafter.config
     greedy = torch.zeros(3)
     general = drafter.sample_block(out, torch.tensor([7, 8, 9]), greedy, uniforms=torch.rand(3, cfg.block_size))
     fast = drafter.sample_block(out, torch.tensor([7, 8, 9]), greedy, return_probs=False, all_greedy=True)
@@ -65,13 +71,8 @@ def test_all_greedy_fast_path_drafts_what_the_general_path_drafts(tmp_path, mark
 def test_all_sampled_path_drafts_what_the_general_path_drafts(tmp_path, markov):
     """any_greedy=False (every row samples, known on the host) skips the argmax and the one-hot
     rows; tokens, probabilities, logits and confidences equal the general path's."""
-    drafter = build(tmp_path, markov_head_type=markov)
+    drafter, out = three_requests(tmp_path, markov, seed=30)
     cfg = drafter.config
-    cache = DraftContextCache(drafter.make_pool(64))
-    for rid, n in enumerate((5, 8, 3)):
-        cache.add(rid)
-        cache.append(rid, feature_rows(n, cfg, seed=30 + rid))
-    out = run_batch(drafter, cache, [0, 1, 2], [7, 8, 9])
     temps, u = torch.tensor([0.7, 1.0, 1.3]), torch.rand(3, cfg.block_size, generator=torch.Generator().manual_seed(4))
     general = drafter.sample_block(out, torch.tensor([7, 8, 9]), temps, uniforms=u)
     sampled = drafter.sample_block(out, torch.tensor([7, 8, 9]), temps, uniforms=u, any_greedy=False)
