@@ -1085,6 +1085,11 @@ pipeline69() {  # session 32 (written without device time, for the next session)
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  # session 33: where DSpark's sampled step goes (profile_step --temperature, new), against T=0 in the same run:
+  # plain and DSpark compact at c=1 with overlap, drafting at every step (step-aside off), per-phase times
+  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 60 --overlap 1"
+  part prof07 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
+  part prof00 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0 --json "$W/prof00.json"
   touch "$W/all.done"
 }
 
@@ -1266,7 +1271,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3 gputest acc_c0 acc_c3 acc_c7; do
+    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3 gputest acc_c0 acc_c3 acc_c7 sampler prof07 prof00; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in

@@ -1,12 +1,12 @@
 """Where one engine step's time goes: plain decoding against DSpark, on the real engine.
 
     python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
-        [--concurrency 1] [--steps 30] [--attention-backend flashinfer] [--random-like]
+        [--concurrency 1] [--temperature 0] [--steps 30] [--attention-backend flashinfer] [--random-like]
         [--overlap 0|1|both] [--force-aside [--no-context-write]]
 
 For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
-given) it builds the engine in-process, keeps `--concurrency` greedy requests in flight (EOS
-ignored), warms up, then measures `--steps` steps three ways:
+given) it builds the engine in-process, keeps `--concurrency` requests in flight (greedy, or sampled at
+`--temperature` with a seed each; EOS ignored), warms up, then measures `--steps` steps three ways:
 - wall time per step (median, with a device sync per step so that queued work is counted);
 - `torch.profiler`: host-side operator calls per step (each one is a dispatch and often a kernel
   launch: on a GPU machine with a slow host, this count times the per-launch cost bounds a step
@@ -140,15 +140,18 @@ def build_engine(args, mode: str | None, drafter: Path | None):
 
 
 class Load:
-    """Keeps `concurrency` greedy requests in flight."""
+    """Keeps `concurrency` requests in flight: greedy (temperature 0), or sampled at `temperature`
+    with a seed per request (temperature only: the sampler's sort-free filter path)."""
 
-    def __init__(self, engine, concurrency: int, prompt_len: int, max_tokens: int, vocab: int):
+    def __init__(self, engine, concurrency: int, prompt_len: int, max_tokens: int, vocab: int,
+                 temperature: float = 0.0):
         from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
         self.engine, self.made = engine, 0
         self.make = lambda i: GenerateRequest(
             f"r{i}", tuple((17 * i + 31 * j) % (vocab - 100) + 50 for j in range(prompt_len)),
-            SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+            SamplingParams(max_new_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+                           seed=i if temperature > 0 else None))
         self.concurrency, self.live = concurrency, set()
 
     def top_up(self):
@@ -215,7 +218,10 @@ def _phase_pass(engine, load, steps: int, sync, count: bool) -> dict:
     undo = [wrap(runner, "forward", "target forward"), wrap(runner, "draft_block", "draft forward")]
     if decoder is not None:
         undo += [wrap(decoder, "plan", "plan (step aside?)"), wrap(decoder, "propose", "propose (all)"), wrap(decoder.drafter, "sample_block", "sample_block"),
-                 wrap(decoder, "accept", "accept"), wrap(decoder, "accept_greedy", "accept")]
+                 wrap(decoder, "accept", "accept"), wrap(decoder, "accept_greedy", "accept"),
+                 # inside propose and accept (a sampled row's uniforms; its target probabilities)
+                 wrap(decoder, "_uniforms", "uniforms (in propose)"),
+                 wrap(decoder, "_target_probs", "target probs (in accept)")]
     graphs = getattr(runner, "graphs", None)
     before = dict(graphs.replays) if graphs is not None else {}
     try:
@@ -486,7 +492,8 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     unforce = force_aside(engine) if aside and engine.spec is not None else (lambda: None)
     try:
-        load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size)
+        load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size,
+                    args.temperature)
         draft_graphs = getattr(engine.runner.draft, "graphs", None) if engine.runner.draft is not None else None
         captured_at_start = draft_graphs.captures if draft_graphs is not None else None
         for _ in range(args.warmup):
@@ -610,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="static,compact")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the requests' temperature (0: greedy; > 0: sampled, seeded per request)")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)

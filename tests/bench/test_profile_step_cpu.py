@@ -143,3 +143,22 @@ def test_profile_step_compares_overlap_off_and_on_in_one_run(tmp_path, capsys, m
     assert all(r["pipelined_step_ms"] > 0 for r in results.values())
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("overlap on / off (same run)")
     assert "SGLAUNCH_OVERLAP" not in __import__("os").environ
+
+
+def test_profile_step_at_a_temperature_profiles_the_sampled_phases(tmp_path):
+    """--temperature: sampled requests (a seed each), so the DSpark step draws uniforms and accepts
+    against the target's probabilities; a greedy run never computes those."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    runs = {}
+    for temperature in ("0", "0.7"):
+        code, out = profile_small_model(tmp_path / temperature, f"temp{temperature}", [
+            "--modes", "static", "--steps", "3", "--warmup", "2", "--prompt-len", "8", "--top", "2",
+            "--concurrency", "2", "--temperature", temperature])
+        assert code == 0
+        runs[temperature] = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    sampled, greedy = runs["0.7"]["dspark-static"]["phases"], runs["0"]["dspark-static"]["phases"]
+    for phase in ("uniforms (in propose)", "target probs (in accept)"):
+        assert sampled[phase]["ms"] > 0 and sampled[phase]["ops"] > 0, phase
+    assert "target probs (in accept)" not in greedy
+    assert runs["0.7"]["dspark-static"]["spec"]["speculative"]["steps"] > 0
