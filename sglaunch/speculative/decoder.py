@@ -189,11 +189,16 @@ class DSparkDecoder:
         # give (H100, session 30), and the planner's step cost does not count them
         chains = ((self.second_chain if all(greedy) else self.sampled_chain)
                   if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
+        # a step with a sampled row draws its uniforms now: the block's draws go with the draft step,
+        # for a drafter graph that samples (DraftStepInput.temperatures)
+        host_u = None if all(greedy) else self._uniforms(reqs, greedy, generators, chains)
+        temps = None if all(greedy) else [0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)]
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
-                              chains if all(greedy) else 0)
+                              chains if all(greedy) else 0, temps,
+                              host_u[:, : self.gamma] if host_u is not None else None)
         out = run_draft(step)
-        proposal = self._propose(chunks, out, greedy, generators, budget, extra_tokens, verify_tiers, start,
+        proposal = self._propose(chunks, out, greedy, host_u, budget, extra_tokens, verify_tiers, start,
                                  0 if all(greedy) else chains)
         if chains:
             if all(greedy):  # the runner-up chains the draft runner drafted on every rank
@@ -217,9 +222,11 @@ class DSparkDecoder:
             lens.append(n)
         proposal.second_lens = lens
 
-    def _propose(self, chunks, out: BlockOutput, greedy: list[bool], generators: dict, budget: int,
+    def _propose(self, chunks, out: BlockOutput, greedy: list[bool], host_u: torch.Tensor | None, budget: int,
                  extra_tokens: int, verify_tiers: Sequence[int], start: float, chains: int = 0) -> Proposal:
-        """chains: the drafts of the sampled second chains to draw (a step with a sampled row)."""
+        """host_u: _uniforms(...) of a step with a sampled row (None: all greedy); chains: the drafts
+        of the sampled second chains to draw (a step with a sampled row). out.sampled: the block a
+        sampled drafter graph drew with host_u's first gamma columns (else it is drawn here)."""
         reqs = [c.req for c in chunks]
         if all(greedy) and out.greedy is not None:  # sampled inside the drafter's graph: no copy down
             # NOTE: no uniforms, and caps go down only where tier alignment ranks by them; the
@@ -233,7 +240,6 @@ class DSparkDecoder:
             verify_lens, accept_lens, _ = self._plan(chunks, out.greedy, budget, extra_tokens, caps, verify_tiers)
             return Proposal(chunks, out.greedy, None, None, None, verify_lens, time.perf_counter() - start,
                             accept_lens)
-        host_u = self._uniforms(reqs, greedy, generators, chains)
         temps, anchors, caps, greedy_mask, *moved = to_device([
             torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
             torch.tensor([r.token_ids[-1] for r in reqs], dtype=torch.int64),
@@ -242,8 +248,9 @@ class DSparkDecoder:
         G = self.gamma
         u = moved[0] if moved else torch.zeros(len(reqs), 2 * G + 1, device=self.device)
         draw, accept_u, sample_u = u[:, :G], u[:, G: 2 * G], u[:, 2 * G]
-        block = self.drafter.sample_block(out, anchors, temps, uniforms=draw, return_probs=not all(greedy),
-                                          all_greedy=all(greedy), any_greedy=any(greedy))
+        block = out.sampled if out.sampled is not None else self.drafter.sample_block(
+            out, anchors, temps, uniforms=draw, return_probs=not all(greedy), all_greedy=all(greedy),
+            any_greedy=any(greedy))
         second = second_probs = None
         if chains:
             second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,

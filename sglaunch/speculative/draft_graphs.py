@@ -14,6 +14,16 @@ context of the step), so a graph is keyed on both, each rounded up:
   request's context length masks them, as it masks the table's own padding.
 Keys whose gathered context would be too large (B * C above MAX_CELLS) run eagerly.
 
+A step with sampled rows (T > 0) replays a second set of graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 turns
+them off: such steps then sample eagerly after the forward's graph, as before session 33). Their body
+is the forward and then the Markov block sampling of any mix of greedy and sampled rows
+(`sampled_graph_body`): each row's temperature (0: greedy) and its G draw uniforms, drawn on the host
+from the request's generator, go down in a second static input (float32) with the step's one copy of
+the int64 input. The block's draft probabilities (over the draft vocabulary) stay in a static output
+of [batch, G, K] floats, so these graphs cover only the batch buckets whose probabilities fit in
+SAMPLED_PROBS_BYTES (`sampled_batch_cap`); larger sampled steps sample eagerly. Eagerly, the sampling
+dispatched about 200 operators a step at G=7 (benchmarks/sampled_draft_ops.py).
+
 Every key the plan can pick is captured at start-up (`DraftGraphRunner.capture_all`, from
 ModelRunner, before the step-cost profile), largest first, by every rank alike (the drafter's
 collectives, under TP, are inside the graph); a serving step never captures (`pick` only returns
@@ -42,14 +52,28 @@ from sglaunch.speculative.drafter import BlockOutput, DraftBatch, DraftBlock, Dr
 logger = logging.getLogger(__name__)
 
 ENABLE_ENV = "SGLAUNCH_DRAFT_CUDA_GRAPH"
+SAMPLED_ENV = "SGLAUNCH_DRAFT_SAMPLED_GRAPH"
 MIN_CONTEXT = 128
 MAX_CELLS = 1 << 19  # padded batch x padded context: the gathered K/V of one layer stays < 1 GiB
+SAMPLED_PROBS_BYTES = 64 << 20  # the sampled graphs' static draft probabilities [batch, G, K] float32
 
 
 def enabled_from_env() -> bool:
     """On unless SGLAUNCH_DRAFT_CUDA_GRAPH is 0/false/no/off. NOTE: on by default since the H200 run
     of 2026-12-01 (88 of 88 GPU tests; DSpark's work per step 2.5-4.8 ms against 5.6-7.4 eagerly)."""
     return os.environ.get(ENABLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def sampled_enabled_from_env() -> bool:
+    """Graphs for steps with sampled rows: on unless SGLAUNCH_DRAFT_SAMPLED_GRAPH is 0/false/no/off."""
+    return os.environ.get(SAMPLED_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def sampled_batch_cap(batch_sizes: Sequence[int], gamma: int, vocab: int, budget: int = SAMPLED_PROBS_BYTES) -> int:
+    """The largest batch bucket whose sampled graph's draft probabilities [bucket, gamma, vocab]
+    (float32) fit in `budget` bytes; 0 when none does."""
+    fits = [b for b in batch_sizes if b * gamma * vocab * 4 <= budget]
+    return max(fits, default=0)
 
 
 def start_up_graphs(runner, capture=None, force: bool = False) -> None:
@@ -65,7 +89,7 @@ def start_up_graphs(runner, capture=None, force: bool = False) -> None:
              else capture_batch_sizes(runner.config.graph_batch_cap))
     cuda = runner.device.type == "cuda"
     before = torch.cuda.memory_reserved(runner.device) if cuda else 0
-    runner.draft.enable_graphs(sizes, runner.context_length, capture)
+    runner.draft.enable_graphs(sizes, runner.context_length, capture, sampled=sampled_enabled_from_env())
     if cuda:  # NOTE: outside --mem-fraction-static's budget, like the target's graphs: say how much
         reserved = torch.cuda.memory_reserved(runner.device)
         logger.info("DSpark drafter graphs: %.1f MiB more reserved (static buffers and graph pool); %.2f GiB "
@@ -76,6 +100,7 @@ def start_up_graphs(runner, capture=None, force: bool = False) -> None:
 class DraftGraphKey:
     batch: int  # requests in the graph, dummies included
     context: int  # slot-table width, padding columns included
+    sampled: bool = False  # the body samples any mix of rows (sampled_graph_body), not greedy rows only
 
     @property
     def flat_size(self) -> int:
@@ -84,29 +109,41 @@ class DraftGraphKey:
 
 
 class DraftGraphPlan:
-    """Which graph (if any) a draft step of `batch` requests and longest context `context` replays."""
+    """Which graph (if any) a draft step of `batch` requests and longest context `context` replays;
+    sampled_batch: the largest batch bucket with sampled graphs (0: none)."""
 
-    def __init__(self, batch_sizes: Sequence[int], max_context: int, max_cells: int = MAX_CELLS):
+    def __init__(self, batch_sizes: Sequence[int], max_context: int, max_cells: int = MAX_CELLS,
+                 sampled_batch: int = 0):
         self.batch_sizes = sorted(batch_sizes)
         self.max_context = _round_up_pow2(max(max_context, MIN_CONTEXT))
         self.max_cells = max_cells
+        self.sampled_batch = max((b for b in self.batch_sizes if b <= sampled_batch), default=0)
 
-    def pick(self, batch: int, context: int) -> DraftGraphKey | None:
+    def pick(self, batch: int, context: int, sampled: bool = False) -> DraftGraphKey | None:
+        """sampled: a step with a row at T > 0 (None above sampled_batch: it samples eagerly)."""
         bucket = next((b for b in self.batch_sizes if b >= batch), None)
         width = _round_up_pow2(max(context, MIN_CONTEXT))
         if bucket is None or width > self.max_context or bucket * width > self.max_cells:
             return None
-        return DraftGraphKey(bucket, width)
+        if sampled and bucket > self.sampled_batch:
+            return None
+        return DraftGraphKey(bucket, width, sampled)
 
-    def keys(self) -> list[DraftGraphKey]:
-        """Every key pick() can return, largest first (the capture order)."""
+    def keys(self, sampled: bool = False) -> list[DraftGraphKey]:
+        """Every key pick(..., sampled) can return, largest first (the capture order)."""
         keys = []
         for b in self.batch_sizes:
+            if sampled and b > self.sampled_batch:
+                continue
             width = MIN_CONTEXT
             while width <= self.max_context and b * width <= self.max_cells:
-                keys.append(DraftGraphKey(b, width))
+                keys.append(DraftGraphKey(b, width, sampled))
                 width *= 2
         return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
+
+    def all_keys(self) -> list[DraftGraphKey]:
+        """What start-up captures: the greedy keys, then the sampled ones, each largest first."""
+        return self.keys() + self.keys(sampled=True)
 
     @property
     def max_flat_size(self) -> int:
@@ -142,6 +179,30 @@ def padded_inputs(anchors: Sequence[int], positions: Sequence[int], slot_table: 
     return flat
 
 
+def padded_sampling(temperatures: Sequence[float], uniforms, key: DraftGraphKey, gamma: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host values -> a sampled graph's flat float32 input (CPU): temperatures [B'] (0: greedy, the
+    padding's too), then the draw uniforms [B', gamma] row-major (padding 0). uniforms: [B, gamma]
+    (a tensor or nested lists). out: a CPU float32 buffer of at least key.batch * (1 + gamma)."""
+    import numpy as np
+
+    B, Bk = len(temperatures), key.batch
+    size = Bk * (1 + gamma)
+    flat = out[:size] if out is not None else torch.empty(size, dtype=torch.float32)
+    view = flat.numpy()
+    view[:] = 0
+    view[:B] = temperatures
+    grid = view[Bk:].reshape(Bk, gamma)
+    grid[:B] = uniforms.numpy() if isinstance(uniforms, torch.Tensor) else np.asarray(uniforms, dtype=np.float32)
+    return flat
+
+
+def sampling_from_flat(flat: torch.Tensor, key: DraftGraphKey, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(temperatures [B'], uniforms [B', gamma]) views over (a static buffer holding) padded_sampling's layout."""
+    B = key.batch
+    return flat[:B], flat[B: B * (1 + gamma)].view(B, gamma)
+
+
 def batch_from_flat(flat: torch.Tensor, key: DraftGraphKey, feature_width: int, dtype: torch.dtype) -> DraftBatch:
     """The DraftBatch over (a static buffer holding) a flat input of `key`: views, no copies."""
     B = key.batch
@@ -163,23 +224,38 @@ def graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool) -> 
     return out
 
 
+def sampled_graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor,
+                       uniforms: torch.Tensor) -> BlockOutput:
+    """What a sampled drafter graph captures: the block forward, then the Markov block sampling of
+    rows at their temperatures (0: greedy) and draw uniforms (out.sampled, its probabilities over
+    the draft vocabulary)."""
+    out = drafter.forward_block(batch, pool)
+    out.sampled = drafter.sampled_graph_block(out, batch.anchor_tokens, temperatures, uniforms)
+    return out
+
+
 class DraftOutputs:
     """The static outputs every drafter graph writes its rows into (rows [:key.batch]): the block
     forward's hidden states and logits (a sampled step samples from them), the greedy block's
-    tokens and confidence logits. Allocated once, for the largest batch, outside the graph pool."""
+    tokens and confidence logits (a sampled graph's block writes its tokens and confidence logits
+    there too, and its draft probabilities to `probs`, sized for the largest sampled batch).
+    Allocated once, for the largest batch, outside the graph pool."""
 
-    def __init__(self, drafter: DSparkDrafter, batch: int, device: torch.device):
+    def __init__(self, drafter: DSparkDrafter, batch: int, device: torch.device, sampled_batch: int = 0):
         c, G = drafter.config, drafter.config.block_size
         vocab = drafter.draft_vocab.numel() if drafter.draft_vocab is not None else c.vocab_size
+        self.drafter = drafter
         self.hidden = torch.zeros(batch, G, c.hidden_size, dtype=drafter.dtype, device=device)
         self.logits = torch.zeros(batch, G, vocab, dtype=torch.float32, device=device)
         self.tokens = torch.zeros(batch, G, dtype=torch.int64, device=device)
         self.conf = (torch.zeros(batch, G, dtype=torch.float32, device=device)
                      if drafter.confidence_head is not None else None)
+        self.probs = (torch.zeros(sampled_batch, G, vocab, dtype=torch.float32, device=device)
+                      if sampled_batch else None)
 
     @property
     def nbytes(self) -> int:
-        parts = [self.hidden, self.logits, self.tokens] + ([self.conf] if self.conf is not None else [])
+        parts = [self.hidden, self.logits, self.tokens] + [t for t in (self.conf, self.probs) if t is not None]
         return sum(t.numel() * t.element_size() for t in parts)
 
     def store(self, out: BlockOutput) -> None:
@@ -187,13 +263,21 @@ class DraftOutputs:
         B = out.hidden.shape[0]
         self.hidden[:B].copy_(out.hidden)
         self.logits[:B].copy_(out.logits)
-        self.tokens[:B].copy_(out.greedy.tokens)
+        block = out.sampled if out.sampled is not None else out.greedy
+        self.tokens[:B].copy_(block.tokens)
         if self.conf is not None:
-            self.conf[:B].copy_(out.greedy.conf_logits)
+            self.conf[:B].copy_(block.conf_logits)
+        if out.sampled is not None:
+            self.probs[:B].copy_(block.probs)
 
-    def rows(self, batch: int) -> BlockOutput:
-        """The first `batch` (real) requests' rows: views, valid until the next replay."""
+    def rows(self, batch: int, sampled: bool = False) -> BlockOutput:
+        """The first `batch` (real) requests' rows: views, valid until the next replay. sampled: a
+        sampled graph's replay (out.sampled, its probabilities over the whole vocabulary: a new
+        tensor when the drafter has a draft vocabulary), else the greedy block (out.greedy)."""
         conf = self.conf[:batch] if self.conf is not None else None
+        if sampled:
+            block = DraftBlock(self.tokens[:batch], self.drafter.expand_probs(self.probs[:batch]), None, conf)
+            return BlockOutput(self.hidden[:batch], self.logits[:batch], sampled=block)
         greedy = DraftBlock(self.tokens[:batch], None, None, conf)
         return BlockOutput(self.hidden[:batch], self.logits[:batch], greedy)
 
@@ -247,57 +331,84 @@ class DraftGraphRunner:
         # draft step only after rank 0's read-backs, which wait for the collectives that follow
         # the worker's copy in its stream
         self.host_flat = torch.zeros(self.flat.numel(), dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device)
+        # the sampled graphs' float input (temperatures, draw uniforms), device and pinned host alike
+        self.gamma = c.block_size
+        self.sampling = torch.zeros(max(plan.sampled_batch * (1 + self.gamma), 1), dtype=torch.float32, device=device)
+        self.host_sampling = torch.zeros(self.sampling.numel(), dtype=torch.float32, pin_memory=device.type == "cuda")
+        self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device, plan.sampled_batch)
         self.capture = capture if capture is not None else CudaCapture(device)
         self.graphs: dict[DraftGraphKey, object] = {}
         self.replays = 0
+        self.sampled_replays = 0  # of them, sampled graphs'
         self.captures = 0  # NOTE: all at start-up; a test checks serving adds none
         self.capture_seconds = 0.0
 
-    def pick(self, batch: int, context: int) -> DraftGraphKey | None:
-        """The captured graph a draft step replays, or None (eager). Never a key to capture."""
-        key = self.plan.pick(batch, context)
+    def pick(self, batch: int, context: int, sampled: bool = False) -> DraftGraphKey | None:
+        """The captured graph a draft step replays (sampled: one that samples any rows), or None
+        (eager). Never a key to capture."""
+        key = self.plan.pick(batch, context, sampled)
         return key if key in self.graphs else None
 
     @torch.inference_mode()
     def capture_all(self) -> None:
         """Capture every key the plan can pick, largest first (later ones reuse the pool's memory)."""
         start = time.perf_counter()
-        for key in self.plan.keys():
+        for key in self.plan.all_keys():
             if key not in self.graphs:
                 self.graphs[key] = self._capture(key)
         self.capture_seconds += time.perf_counter() - start
         batches = sorted({k.batch for k in self.graphs})
         contexts = sorted({k.context for k in self.graphs})
-        logger.info("DSpark drafter: %d CUDA graphs (batch %s, context %s) captured in %.1f s; static "
-                    "outputs %.1f MiB", len(self.graphs), _span(batches), _span(contexts), self.capture_seconds,
-                    self.outputs.nbytes / 2**20)
+        sampled = sum(k.sampled for k in self.graphs)
+        logger.info("DSpark drafter: %d CUDA graphs (batch %s, context %s; %s) captured in %.1f s; static "
+                    "outputs %.1f MiB", len(self.graphs), _span(batches), _span(contexts),
+                    f"{sampled} of them for sampled rows, batch 1-{self.plan.sampled_batch}" if sampled
+                    else "none for sampled rows", self.capture_seconds, self.outputs.nbytes / 2**20)
 
     def run_padded(self, key: DraftGraphKey, anchors: Sequence[int], positions: Sequence[int],
-                   slot_table: torch.Tensor) -> BlockOutput:
-        """padded_inputs into the persistent host buffer, then run() (one copy down)."""
-        return self.run(key, padded_inputs(anchors, positions, slot_table, key, self.host_flat), len(anchors))
+                   slot_table: torch.Tensor, temperatures: Sequence[float] | None = None,
+                   uniforms=None) -> BlockOutput:
+        """padded_inputs (and, for a sampled key, padded_sampling of the rows' temperatures and
+        [B, gamma] draw uniforms) into the persistent host buffers, then run()."""
+        sampling = (padded_sampling(temperatures, uniforms, key, self.gamma, self.host_sampling)
+                    if key.sampled else None)
+        return self.run(key, padded_inputs(anchors, positions, slot_table, key, self.host_flat), len(anchors),
+                        sampling)
 
     @torch.inference_mode()
-    def run(self, key: DraftGraphKey, host_flat: torch.Tensor, batch: int) -> BlockOutput:
+    def run(self, key: DraftGraphKey, host_flat: torch.Tensor, batch: int,
+            host_sampling: torch.Tensor | None = None) -> BlockOutput:
         """host_flat: padded_inputs(...) for `key` (on the device already, or on the CPU); key: a
-        captured one (pick()). -> the block output of the first `batch` (real) requests: views of
-        the static outputs, valid until the next replay."""
+        captured one (pick()); host_sampling: padded_sampling(...) for a sampled key. -> the block
+        output of the first `batch` (real) requests: views of the static outputs, valid until the
+        next replay (a sampled key's: out.sampled, else out.greedy)."""
         self.flat[: key.flat_size].copy_(host_flat, non_blocking=True)
+        if key.sampled:
+            if host_sampling is None:
+                raise ValueError("a sampled drafter graph needs its rows' temperatures and uniforms")
+            self.sampling[: host_sampling.numel()].copy_(host_sampling, non_blocking=True)
         self.graphs[key].replay()
         self.replays += 1
-        return self.outputs.rows(batch)
+        self.sampled_replays += key.sampled
+        return self.outputs.rows(batch, key.sampled)
 
     def _capture(self, key: DraftGraphKey):
         batch = batch_from_flat(self.flat, key, self.feature_width, self.dtype)
         self.flat[: key.flat_size].zero_()  # dummy requests: anchor 0 at position 0, no context
+        if key.sampled:
+            self.sampling.zero_()  # dummy rows: greedy
+            temperatures, uniforms = sampling_from_flat(self.sampling, key, self.gamma)
 
-        def body():
-            self.outputs.store(graph_body(self.drafter, batch, self.pool))
+            def body():
+                self.outputs.store(sampled_graph_body(self.drafter, batch, self.pool, temperatures, uniforms))
+        else:
+            def body():
+                self.outputs.store(graph_body(self.drafter, batch, self.pool))
 
         graph = self.capture(body)
         self.captures += 1
-        logger.debug("DSpark drafter: graph for batch %d, context %d captured", key.batch, key.context)
+        logger.debug("DSpark drafter: graph for batch %d, context %d%s captured", key.batch, key.context,
+                     " (sampled rows)" if key.sampled else "")
         return graph
 
 

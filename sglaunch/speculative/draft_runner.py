@@ -77,44 +77,62 @@ class DraftRunner:
         the KV pool's default budget: on an H100 the default 0.88 left too little beside the
         drafter graphs, and their capture ran out of memory at start-up (session 24, in-process
         `dspark_sweep.py`: 1.13 GiB asked with 0.6 GiB free)."""
-        from sglaunch.speculative.draft_graphs import DraftGraphPlan, batch_from_flat, graph_body
+        from sglaunch.speculative.draft_graphs import (DraftGraphPlan, batch_from_flat, graph_body, sampled_batch_cap,
+                                                       sampled_graph_body, sampling_from_flat)
 
-        keys = DraftGraphPlan(batch_sizes, max_context).keys()
+        plan = DraftGraphPlan(batch_sizes, max_context,
+                              sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, self._draft_vocab_size()))
+        keys = plan.keys()
         if not keys:
             return 0
-        key, c = keys[0], self.drafter.config  # NOTE: largest first (padded batch x context, then batch)
+        # NOTE: largest first (padded batch x context, then batch); the largest sampled key's body
+        # too (its sampling's intermediates beside the forward's)
+        runs, c = [keys[0]] + plan.keys(sampled=True)[:1], self.drafter.config
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             before = torch.cuda.memory_allocated(self.device)
         pool = self.drafter.make_pool(1, kv_dtype)
-        flat = torch.zeros(key.flat_size, dtype=torch.int64, device=self.device)
         with torch.inference_mode():
-            graph_body(self.drafter, batch_from_flat(flat, key, c.num_features * c.hidden_size, self.drafter.dtype),
-                       pool)
+            for key in runs:
+                flat = torch.zeros(key.flat_size, dtype=torch.int64, device=self.device)
+                batch = batch_from_flat(flat, key, c.num_features * c.hidden_size, self.drafter.dtype)
+                if key.sampled:
+                    sampling = torch.zeros(key.batch * (1 + self.block_size), dtype=torch.float32, device=self.device)
+                    sampled_graph_body(self.drafter, batch, pool, *sampling_from_flat(sampling, key, self.block_size))
+                else:
+                    graph_body(self.drafter, batch, pool)
+                del flat, batch
         if not cuda:
             return 0
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        del pool, flat
+        del pool
         torch.cuda.empty_cache()
         logger.info("DSpark: the drafter's largest forward (batch %d, context %d) takes %.1f MiB while it runs",
-                    key.batch, key.context, peak / 2**20)
+                    keys[0].batch, keys[0].context, peak / 2**20)
         return peak
 
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 
-    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None) -> None:
+    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None, sampled: bool = True) -> None:
         """CUDA graphs of the block forward (draft_graphs.py), every key captured now (start-up),
-        none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in."""
-        from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner
+        none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in; sampled:
+        graphs for steps with sampled rows too, for the batch buckets whose probabilities fit."""
+        from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner, sampled_batch_cap
 
-        graphs = DraftGraphRunner(self.drafter, self.pool, DraftGraphPlan(batch_sizes, max_context), self.device,
-                                  capture)
+        plan = DraftGraphPlan(batch_sizes, max_context,
+                              sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, self._draft_vocab_size())
+                              if sampled else 0)
+        graphs = DraftGraphRunner(self.drafter, self.pool, plan, self.device, capture)
         graphs.capture_all()
         self.graphs = graphs
+
+    def _draft_vocab_size(self) -> int:
+        d = self.drafter
+        return d.draft_vocab.numel() if d.draft_vocab is not None else d.config.vocab_size
 
     def block_tokens(self) -> torch.Tensor:
         """The last graph-drafted block's tokens, flat [max batch * gamma] (request r's slot j at
@@ -129,12 +147,17 @@ class DraftRunner:
 
     @torch.inference_mode()
     def forward(self, step: DraftStepInput, page_size: int) -> BlockOutput:
-        """The parallel stage for every request of the step (collectives inside: all ranks run it)."""
+        """The parallel stage for every request of the step (collectives inside: all ranks run it).
+        A step with sampling inputs (rank 0's, with a sampled row) replays a sampled graph where one
+        is captured: out.sampled is its block. NOTE: TP workers get no sampling inputs and replay the
+        greedy graph of the same key; both bodies run the same forward (the only collectives)."""
         batch, context = len(step.anchor_tokens), max(step.anchor_positions, default=0)
-        key = self.graphs.pick(batch, context) if self.graphs is not None else None
-        if key is not None:  # one copy down, from the graphs' persistent pinned buffer
+        sampled = step.temperatures is not None
+        key = self.graphs.pick(batch, context, sampled) if self.graphs is not None else None
+        if key is not None:  # one copy down (two with sampling inputs), from the graphs' persistent pinned buffers
             table = context_slots(step.page_tables, step.anchor_positions, page_size)
-            out = self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table)
+            out = self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table,
+                                         step.temperatures, step.draw_uniforms)
             if step.second_chain:
                 (anchors,) = to_device([torch.tensor(step.anchor_tokens, dtype=torch.int64)], self.device)
                 self._second_chain(out, anchors, step.second_chain)

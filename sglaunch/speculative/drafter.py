@@ -82,6 +82,7 @@ class BlockOutput:
     hidden: torch.Tensor  # [B, gamma, d] final-normed block states h_k
     logits: torch.Tensor  # [B, gamma, V] float32 base logits U_k (slot k predicts position p + k + 1)
     greedy: DraftBlock | None = None  # the all-greedy sample_block, when a drafter graph computed it too
+    sampled: DraftBlock | None = None  # the block a sampled drafter graph drew (any rows; full-vocabulary probs)
     second: torch.Tensor | None = None  # [B, length] the runner-up chain (second_chain), when asked for
 
 
@@ -374,7 +375,7 @@ class DSparkDrafter(nn.Module):
     def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
                      uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
                      return_probs: bool = True, all_greedy: bool = False, keep_logits: bool = True,
-                     any_greedy: bool = True) -> DraftBlock:
+                     any_greedy: bool = True, full_vocab_probs: bool = True) -> DraftBlock:
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
         softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
         all_greedy: the caller knows every row is greedy (from the host, so no device read here):
@@ -383,7 +384,9 @@ class DSparkDrafter(nn.Module):
         K tokens; tokens are target ids and probs cover the whole vocabulary (0 outside it).
         keep_logits=False: the returned block's logits are None (not stacked: [B, G, V] a step).
         any_greedy=False: the caller knows no row is greedy (from the host): no argmax, no one-hot
-        rows (three launches a slot fewer)."""
+        rows (three launches a slot fewer).
+        full_vocab_probs=False: with a draft vocabulary, the probabilities stay over its K tokens
+        ([B, G, K], what a sampled drafter graph keeps; expand_probs makes them [B, G, vocab])."""
         B, G, V = out.logits.shape  # V: the draft vocabulary's size
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
@@ -428,9 +431,8 @@ class DSparkDrafter(nn.Module):
                 logits.append(l_k)
             prev = x
         q_all = torch.stack(probs, 1) if probs else None
-        if q_all is not None and self.draft_vocab is not None:  # [B, G, K] -> [B, G, vocab], 0 elsewhere
-            full = q_all.new_zeros(B, G, self.config.vocab_size)
-            q_all = full.index_copy_(2, self.draft_vocab, q_all)
+        if q_all is not None and full_vocab_probs:
+            q_all = self.expand_probs(q_all)
         return DraftBlock(torch.stack(tokens, 1), q_all, torch.stack(logits, 1) if logits else None,
                           torch.stack(conf, 1) if conf else None)
 
@@ -551,6 +553,22 @@ class DSparkDrafter(nn.Module):
         both = torch.stack([x] + self._greedy_slots(x, hidden, logits, state, G, conf, B), 1)  # [2B, G]
         block = DraftBlock(both[:B], None, None, torch.stack(conf, 1) if conf else None)
         return block, both[B:]
+
+    def expand_probs(self, q: torch.Tensor) -> torch.Tensor:
+        """Draft probabilities over the draft vocabulary [B, G, K] -> over the whole vocabulary
+        [B, G, vocab], 0 outside it (as they are without a draft vocabulary)."""
+        if self.draft_vocab is None:
+            return q
+        B, G, _ = q.shape
+        return q.new_zeros(B, G, self.config.vocab_size).index_copy_(2, self.draft_vocab, q)
+
+    def sampled_graph_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
+                            uniforms: torch.Tensor) -> DraftBlock:
+        """sample_block for any mix of greedy (temperature 0) and sampled rows, from device inputs
+        alone: what a sampled drafter CUDA graph captures after the forward (the block's logits not
+        kept; the probabilities over the draft vocabulary, for expand_probs outside the graph)."""
+        return self.sample_block(out, anchor_tokens, temperatures, uniforms=uniforms, return_probs=True,
+                                 keep_logits=False, any_greedy=True, full_vocab_probs=False)
 
     def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):

@@ -57,14 +57,20 @@ def test_every_graph_is_captured_at_start_up_and_none_while_serving(dspark_files
     assert no_graphs is None  # a CPU engine has no drafter graphs of its own
     with_graphs(monkeypatch)
     got, graphs, (captured, replayed) = serve(config, batch)
-    keys = graphs.plan.keys()
+    keys = graphs.plan.all_keys()
     assert graphs.plan.batch_sizes == [1, 2, 4] and captured == len(keys) == len(graphs.graphs) > 3
-    assert set(graphs.graphs) == set(keys)
+    assert set(graphs.graphs) == set(keys) and graphs.plan.sampled_batch == 4  # sampled graphs for every bucket
     assert graphs.captures == captured, "a serving step captured a drafter graph"
-    assert graphs.replays > replayed
+    assert graphs.replays > replayed and graphs.sampled_replays > 0  # the sampled rows' steps replayed them
     greedy = [r.rid for r in requests(batch, "r") if r.sampling.temperature == 0.0]
     assert {rid: got[rid][0] for rid in greedy} == {rid: plain[rid][0] for rid in greedy}
     assert {rid: v[0] for rid, v in got.items()} == {rid: v[0] for rid, v in eager.items()}  # sampled too
+    # without the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0) steps with a sampled row sample eagerly
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "0")
+    off, graphs, _ = serve(config, batch)
+    assert graphs.plan.sampled_batch == 0 and graphs.sampled_replays == 0 and graphs.replays > 0
+    assert not any(k.sampled for k in graphs.graphs)
+    assert {rid: v[0] for rid, v in off.items()} == {rid: v[0] for rid, v in eager.items()}
 
 
 def test_the_start_up_profile_times_the_graph_path(dspark_files, monkeypatch):
@@ -77,7 +83,7 @@ def test_the_start_up_profile_times_the_graph_path(dspark_files, monkeypatch):
         graphs = engine.runner.draft.graphs
         assert engine.spec.planner.sps is not None and engine.spec.planner.sps.prices_drafting
         # every profiled draft stage replayed a graph captured before the profile began
-        assert graphs.replays > 0 and graphs.captures == len(graphs.plan.keys())
+        assert graphs.replays > 0 and graphs.captures == len(graphs.plan.all_keys())
     finally:
         cluster.stop(engine)
 

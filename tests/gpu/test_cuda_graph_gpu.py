@@ -228,7 +228,7 @@ def greedy_outputs(config, prompts: list[list[int]], max_new_tokens: int | list[
     with booted(config) as engine:
         draft = engine.runner.draft
         if draft is not None and draft.graphs is not None:  # every key at start-up, none later
-            assert draft.graphs.captures == len(draft.graphs.plan.keys()) == len(draft.graphs.graphs)
+            assert draft.graphs.captures == len(draft.graphs.plan.all_keys()) == len(draft.graphs.graphs)
         captured = draft.graphs.captures if draft is not None and draft.graphs is not None else 0
         if prepare is not None:
             prepare(engine)
@@ -573,6 +573,44 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
     assert_same_greedy(graphed, eager, f"DSpark ({drafter} drafter) with drafter graphs vs without")
 
 
+def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
+    """Session 33: a step with a sampled row replays a sampled drafter graph (the forward, then the
+    block's draws at the rows' temperatures and host-drawn uniforms); seeded sampled requests beside
+    a greedy one produce exactly the tokens of SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 (the sampling eager
+    after the forward's graph), drafting at every step."""
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+    from sglaunch.speculative.draft_graphs import SAMPLED_ENV
+
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    batch = prompts(6, seed=12)
+
+    def sampled_run():
+        out = {f"r{i}": [] for i in range(len(batch))}
+        with booted(cuda_config(files, drafter="oracle")) as engine:
+            graphs = engine.runner.draft.graphs
+            before = (graphs.captures, graphs.sampled_replays)
+            for i, p in enumerate(batch):
+                params = SamplingParams(max_new_tokens=20, temperature=0.0 if i == 0 else 0.8, seed=60 + i,
+                                        ignore_eos=True)
+                engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+            while engine.has_work:
+                for o in engine.step():
+                    out[o.rid].extend(o.new_token_ids)
+            seen = dict(sampled_batch=graphs.plan.sampled_batch, sampled_replays=graphs.sampled_replays - before[1],
+                        captured_while_serving=graphs.captures - before[0], steps=engine.spec.stats.steps)
+        return out, seen
+
+    monkeypatch.setenv(SAMPLED_ENV, "0")
+    eager, eager_seen = sampled_run()
+    assert eager_seen["sampled_batch"] == 0 and eager_seen["sampled_replays"] == 0, eager_seen
+    monkeypatch.delenv(SAMPLED_ENV)  # the default: sampled graphs on
+    graphed, seen = sampled_run()
+    assert seen["sampled_batch"] >= MAX_BS and seen["sampled_replays"] > 0, seen
+    assert seen["captured_while_serving"] == 0 and seen["steps"] > 0, seen
+    assert all(len(t) == 20 for t in graphed.values())
+    assert graphed == eager
+
+
 def test_wide_heads_capture_every_graph_up_to_256_requests(tmp_path):
     """16 query heads of 128 (the Qwen3-1.7B shape's attention, two layers) with the default graph
     cap of 256: the ragged graph of 2,048 rows and 257 requests needs 288 MiB of split-KV partial
@@ -631,7 +669,7 @@ def test_dspark_default_budget_keeps_the_drafters_working_memory_free(files, cap
         measured = runner.draft.working_bytes(capture_batch_sizes(config.graph_batch_cap), runner.context_length,
                                               torch.bfloat16)
         graphs = runner.draft.graphs
-        assert graphs is not None and graphs.captures == len(graphs.plan.keys())
+        assert graphs is not None and graphs.captures == len(graphs.plan.all_keys())
     gathered = 2 * key.batch * key.context * c.num_kv_heads * c.head_dim * 2
     assert measured >= gathered, (measured, gathered, key)
     lines = [r.getMessage() for r in caplog.records if "working memory" in r.getMessage()]

@@ -563,7 +563,7 @@ def test_graph_path_host_syncs(flashinfer_files):
     engine, cluster = create_engine(flashinfer_files["config"])
     try:
         graphs = engine.runner.draft.graphs
-        assert graphs is not None and graphs.captures == len(graphs.plan.keys())
+        assert graphs is not None and graphs.captures == len(graphs.plan.all_keys())
         captured = graphs.captures
         run(engine, prompts, greedy(16), "warm-graphs")
         recorder = SyncRecorder()

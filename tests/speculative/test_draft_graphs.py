@@ -114,3 +114,71 @@ def test_runner_captures_at_start_up_only_and_shares_its_outputs(tmp_path):
     one = runner.run(runner.pick(1, 300 // 2), padded_inputs(anchors[:1], lengths[:1], table[:1], DraftGraphKey(1, 256)), 1)
     assert one.logits.data_ptr() == runner.outputs.logits.data_ptr()
     torch.testing.assert_close(one.logits[0], eager.logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_plan_keys_for_sampled_rows_stop_at_their_batch_cap():
+    from sglaunch.speculative.draft_graphs import sampled_batch_cap
+
+    # [bucket, gamma 7, 1000 tokens] float32 within 300 kB: 8 rows (224 kB) fit, 16 do not
+    assert sampled_batch_cap(BUCKETS, 7, 1000, budget=300_000) == 8
+    assert sampled_batch_cap(BUCKETS, 7, 1000, budget=1000) == 0
+    plan = DraftGraphPlan(BUCKETS, max_context=512, sampled_batch=10)  # 10: down to the bucket 8
+    assert plan.sampled_batch == 8
+    assert plan.pick(3, 129, sampled=True) == DraftGraphKey(4, 256, True)
+    assert plan.pick(9, 10, sampled=True) is None and plan.pick(9, 10) == DraftGraphKey(16, MIN_CONTEXT)
+    sampled = plan.keys(sampled=True)
+    assert sampled and all(k.sampled and k.batch <= 8 for k in sampled)
+    assert {plan.pick(b, c, sampled=True) for b in range(1, 40) for c in range(1, 600, 7)} - {None} == set(sampled)
+    assert plan.all_keys() == plan.keys() + sampled
+    assert DraftGraphPlan(BUCKETS, max_context=512).keys(sampled=True) == []  # no cap: no sampled graphs
+
+
+def test_padded_sampling_layout():
+    from sglaunch.speculative.draft_graphs import padded_sampling, sampling_from_flat
+
+    key = DraftGraphKey(4, 8, True)
+    flat = padded_sampling([0.0, 0.7], torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]), key, 3)
+    assert flat.shape == (4 * 4,) and flat.dtype == torch.float32
+    temps, uniforms = sampling_from_flat(flat, key, 3)
+    assert temps.tolist() == pytest.approx([0.0, 0.7, 0.0, 0.0])
+    assert uniforms[:2].flatten().tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert uniforms[2:].abs().sum() == 0  # the padding rows: greedy, zero uniforms
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_sampled_graph_draws_the_eager_block(tmp_path, draft_vocab):
+    """A sampled key's replay (the runner, with EagerCapture) over a padded batch: the tokens,
+    the whole-vocabulary draft probabilities and the confidence logits of sample_block on the
+    eager forward, for greedy and sampled rows at their uniforms; a greedy replay afterwards still
+    gives the greedy block."""
+    cfg = tiny_config(markov_head_type="rnn")
+    drafter = load_drafter(save_drafter(tmp_path / "d", cfg, init_drafter_state(cfg, seed=8)))
+    if draft_vocab:
+        drafter.restrict_vocab(range(3, cfg.vocab_size, 2))
+    page_size, pool = 4, drafter.make_pool(64)
+    plan = DraftGraphPlan([1, 2, 4], max_context=256, sampled_batch=4)
+    runner = DraftGraphRunner(drafter, pool, plan, torch.device("cpu"), capture=EagerCapture())
+    runner.capture_all()
+    assert runner.captures == len(plan.all_keys()) == 2 * len(plan.keys())
+    pages, lengths, anchors = [[2, 3], [4, 5, 6], [7]], [6, 10, 3], [10, 20, 30]
+    eager, table = eager_block(drafter, cfg, pool, pages, lengths, anchors, page_size, seed=60)
+    G = cfg.block_size
+    temps = [0.0, 0.9, 1.3]
+    uniforms = torch.rand(3, G, generator=torch.Generator().manual_seed(3))
+    key = runner.pick(3, max(lengths), sampled=True)
+    assert key == DraftGraphKey(4, MIN_CONTEXT, True)
+    out = runner.run_padded(key, anchors, lengths, table, temps, uniforms)
+    assert out.greedy is None and runner.sampled_replays == 1
+    want = drafter.sample_block(eager, torch.tensor(anchors), torch.tensor(temps), uniforms=uniforms)
+    got = out.sampled
+    assert torch.equal(got.tokens, want.tokens)
+    assert got.probs.shape == (3, G, cfg.vocab_size)
+    torch.testing.assert_close(got.probs, want.probs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.conf_logits, want.conf_logits, rtol=1e-5, atol=1e-5)
+    if draft_vocab:
+        assert got.probs[:, :, 0].abs().sum() == 0 and torch.isin(got.tokens, drafter.draft_vocab).all()
+    # the sampled draws differ from the greedy block: the test can tell the two apart
+    greedy = drafter.sample_block(eager, torch.tensor(anchors), torch.zeros(3), uniforms=uniforms, all_greedy=True)
+    assert not torch.equal(greedy.tokens[1:], got.tokens[1:])
+    back = runner.run_padded(runner.pick(3, max(lengths)), anchors, lengths, table)
+    assert back.sampled is None and torch.equal(back.greedy.tokens, greedy.tokens)
