@@ -1071,25 +1071,27 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
-pipeline69() {  # session 32 (written without device time, for the next session): every GPU test (session 31's four
-  # fixes and session 32's planner change have not run on a GPU); the sampler's filter cost on the card
-  # (benchmarks/sampler_cost.py: since session 32 a temperature-only row skips the sort); then the brief's "never
-  # slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts, FlashInfer, with session 32's
-  # sampled-step scales (the bench's server_info snapshot shows step_cost_scale's draft_sampled / plain_sampled).
+pipeline69() {  # session 32 (written without device time), run in session 33 with its additions: every GPU test
+  # (session 31's four fixes, session 32's planner change and session 33's sampled drafter graphs have not run on a
+  # GPU); the brief's "never slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts,
+  # FlashInfer, with session 32's sampled-step scales (the bench's server_info snapshot shows step_cost_scale's
+  # draft_sampled / plain_sampled) and session 33's sampled drafter graphs (default on); those graphs off against on
+  # (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0); where DSpark's sampled step goes (profile_step --temperature) against T=0; the
+  # sampler's filter cost on the card (benchmarks/sampler_cost.py: since session 32 a temperature-only row skips the sort)
   # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
-  part sampler 60 python3 benchmarks/sampler_cost.py --device cuda --rows 1,8,64
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
-  # session 33: where DSpark's sampled step goes (profile_step --temperature, new), against T=0 in the same run:
+  part bench2 300 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs "" 1,8 64 "$W/bench2/bench.json"'
   # plain and DSpark compact at c=1 with overlap, drafting at every step (step-aside off), per-phase times
   local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 60 --overlap 1"
   part prof07 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
   part prof00 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0 --json "$W/prof00.json"
+  part sampler 60 python3 benchmarks/sampler_cost.py --device cuda --rows 1,8,64
   touch "$W/all.done"
 }
 
