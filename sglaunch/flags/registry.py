@@ -338,6 +338,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     # read once at start-up by sglaunch's own engine (no effect on SGLang)
     EnvVar("SGLAUNCH_DRAFT_CUDA_GRAPH", "CUDA graphs of the DSpark drafter and of the draft-context write "
            "inside the target graphs; on unless 0.", choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "DSpark: a drafting step with a sampled row (T > 0) replays a drafter "
+           "CUDA graph that also draws the block (each row's temperature and uniforms as graph inputs), for the "
+           "batch sizes whose draft probabilities fit in 64 MiB; on unless 0 (0: the block is drawn eagerly after "
+           "the forward's graph).", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_STEP_ASIDE", "DSpark decodes plainly at steps where drafting would not pay "
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SECOND_CHAIN", "DSpark at T=0: a drafting step of up to 4 requests also verifies a "
