@@ -1088,9 +1088,9 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   part bench2 300 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs "" 1,8 64 "$W/bench2/bench.json"'
   # plain and DSpark compact at c=1 with overlap, drafting at every step (step-aside off), per-phase times
-  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 60 --overlap 1"
-  part prof07 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
-  part prof00 150 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0 --json "$W/prof00.json"
+  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1"
+  part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
+  part prof00 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0 --json "$W/prof00.json"
   part sampler 60 python3 benchmarks/sampler_cost.py --device cuda --rows 1,8,64
   touch "$W/all.done"
 }
