@@ -1077,7 +1077,7 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   # FlashInfer, with session 32's sampled-step scales (the bench's server_info snapshot shows step_cost_scale's
   # draft_sampled / plain_sampled) and session 33's sampled drafter graphs (default on); those graphs off against on
   # (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0); where DSpark's sampled step goes (profile_step --temperature) against T=0; the
-  # sampler's filter cost on the card (benchmarks/sampler_cost.py: since session 32 a temperature-only row skips the sort)
+  # sampler's filter cost on the card (sampler_cost.py) was dropped for device time (session 33: 823 s left)
   # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
@@ -1091,7 +1091,6 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1"
   part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
   part prof00 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0 --json "$W/prof00.json"
-  part sampler 60 python3 benchmarks/sampler_cost.py --device cuda --rows 1,8,64
   touch "$W/all.done"
 }
 
