@@ -1085,8 +1085,8 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   part bench2 300 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs "" 1,8 64 "$W/bench2/bench.json"'
+  part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   # plain and DSpark compact at c=1 with overlap, drafting at every step (step-aside off), per-phase times
   local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1"
   part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --temperature 0.7 --json "$W/prof07.json"
