@@ -1083,7 +1083,7 @@ pipeline70() {  # session 33, with little device time left (538 s): pipeline69 r
   pull_smol
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench2 200 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs "" 1,8 32 "$W/bench2/bench.json"'
+  part bench2 200 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 32 "$W/bench2/bench.json"'
   part bench1 200 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 32'
   part pytest3 300 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not (sampled or drafter_graphs or budget or host_syncs)"
   touch "$W/all.done"
@@ -1093,8 +1093,8 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   # (session 31's four fixes, session 32's planner change and session 33's sampled drafter graphs have not run on a
   # GPU); the brief's "never slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts,
   # FlashInfer, with session 32's sampled-step scales (the bench's server_info snapshot shows step_cost_scale's
-  # draft_sampled / plain_sampled) and session 33's sampled drafter graphs (default on); those graphs off against on
-  # (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0); where DSpark's sampled step goes (profile_step --temperature) against T=0; the
+  # draft_sampled / plain_sampled); session 33's sampled drafter graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH=1, off by
+  # default) against the eager draws; where DSpark's sampled step goes (profile_step --temperature) against T=0; the
   # sampler's filter cost on the card (sampler_cost.py) was dropped for device time (session 33: 823 s left)
   # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
@@ -1103,7 +1103,7 @@ pipeline69() {  # session 32 (written without device time), run in session 33 wi
   touch "$W/core.done"
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench2 300 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs "" 1,8 64 "$W/bench2/bench.json"'
+  part bench2 300 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 64 "$W/bench2/bench.json"'
   part bench1 300 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   # plain and DSpark compact at c=1 with overlap, drafting at every step (step-aside off), per-phase times
   local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1"

@@ -56,6 +56,7 @@ def test_every_graph_is_captured_at_start_up_and_none_while_serving(dspark_files
     eager, no_graphs, _ = serve(config, batch)
     assert no_graphs is None  # a CPU engine has no drafter graphs of its own
     with_graphs(monkeypatch)
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "1")
     got, graphs, (captured, replayed) = serve(config, batch)
     keys = graphs.plan.all_keys()
     assert graphs.plan.batch_sizes == [1, 2, 4] and captured == len(keys) == len(graphs.graphs) > 3
@@ -65,8 +66,9 @@ def test_every_graph_is_captured_at_start_up_and_none_while_serving(dspark_files
     greedy = [r.rid for r in requests(batch, "r") if r.sampling.temperature == 0.0]
     assert {rid: got[rid][0] for rid in greedy} == {rid: plain[rid][0] for rid in greedy}
     assert {rid: v[0] for rid, v in got.items()} == {rid: v[0] for rid, v in eager.items()}  # sampled too
-    # without the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0) steps with a sampled row sample eagerly
-    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "0")
+    # without the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH unset: the default) steps with a sampled row
+    # sample eagerly
+    monkeypatch.delenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH")
     off, graphs, _ = serve(config, batch)
     assert graphs.plan.sampled_batch == 0 and graphs.sampled_replays == 0 and graphs.replays > 0
     assert not any(k.sampled for k in graphs.graphs)

@@ -574,10 +574,10 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
 
 
 def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
-    """Session 33: a step with a sampled row replays a sampled drafter graph (the forward, then the
-    block's draws at the rows' temperatures and host-drawn uniforms); seeded sampled requests beside
-    a greedy one produce exactly the tokens of SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 (the sampling eager
-    after the forward's graph), drafting at every step."""
+    """Session 33: with SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 a step with a sampled row replays a sampled
+    drafter graph (the forward, then the block's draws at the rows' temperatures and host-drawn
+    uniforms); seeded sampled requests beside a greedy one produce exactly the tokens of the
+    default (the sampling eager after the forward's graph), drafting at every step."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
     from sglaunch.speculative.draft_graphs import SAMPLED_ENV
 
@@ -600,10 +600,10 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
                         captured_while_serving=graphs.captures - before[0], steps=engine.spec.stats.steps)
         return out, seen
 
-    monkeypatch.setenv(SAMPLED_ENV, "0")
+    monkeypatch.delenv(SAMPLED_ENV, raising=False)  # the default: the draws eager
     eager, eager_seen = sampled_run()
     assert eager_seen["sampled_batch"] == 0 and eager_seen["sampled_replays"] == 0, eager_seen
-    monkeypatch.delenv(SAMPLED_ENV)  # the default: sampled graphs on
+    monkeypatch.setenv(SAMPLED_ENV, "1")
     graphed, seen = sampled_run()
     assert seen["sampled_batch"] >= MAX_BS and seen["sampled_replays"] > 0, seen
     assert seen["captured_while_serving"] == 0 and seen["steps"] > 0, seen

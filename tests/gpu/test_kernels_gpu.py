@@ -451,10 +451,14 @@ def test_compact_hot_path_host_syncs(dspark_files):
     check_budget(watched_run(dspark_files, greedy(16), "watched"))
 
 
-def test_compact_sampled_step_host_syncs(dspark_files):
-    """The same with seeded sampling (the target-probs path); the engine sampler's pageable
+@pytest.mark.parametrize("sampled_graphs", ["0", "1"])
+def test_compact_sampled_step_host_syncs(dspark_files, sampled_graphs, monkeypatch):
+    """The same with seeded sampling (the target-probs path), the block drawn eagerly or (session 33,
+    SGLAUNCH_DRAFT_SAMPLED_GRAPH=1) inside a sampled drafter graph; the engine sampler's pageable
     parameter copies are listed, not failed (KNOWN_ELSEWHERE)."""
     from sglaunch.engine.interface import SamplingParams
+
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", sampled_graphs)
 
     params = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True)
     check_budget(watched_run(dspark_files, params, "sampled"), tolerated=KNOWN_ELSEWHERE)
