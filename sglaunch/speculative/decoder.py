@@ -189,14 +189,16 @@ class DSparkDecoder:
         # give (H100, session 30), and the planner's step cost does not count them
         chains = ((self.second_chain if all(greedy) else self.sampled_chain)
                   if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
-        # a step with a sampled row draws its uniforms now: the block's draws go with the draft step,
-        # for a drafter graph that samples (DraftStepInput.temperatures)
+        # a step with a sampled row draws its uniforms now: the block's draws (and a sampled second
+        # chain's) go with the draft step, for a drafter graph that samples (DraftStepInput.temperatures)
         host_u = None if all(greedy) else self._uniforms(reqs, greedy, generators, chains)
         temps = None if all(greedy) else [0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)]
+        G = self.gamma
+        draws = None if host_u is None else (
+            torch.cat([host_u[:, :G], host_u[:, 2 * G + 1: 2 * G + 1 + chains]], 1) if chains else host_u[:, :G])
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
-                              chains if all(greedy) else 0, temps,
-                              host_u[:, : self.gamma] if host_u is not None else None)
+                              chains if all(greedy) else 0, temps, draws)
         out = run_draft(step)
         proposal = self._propose(chunks, out, greedy, host_u, budget, extra_tokens, verify_tiers, start,
                                  0 if all(greedy) else chains)
@@ -252,7 +254,9 @@ class DSparkDecoder:
             out, anchors, temps, uniforms=draw, return_probs=not all(greedy), all_greedy=all(greedy),
             any_greedy=any(greedy))
         second = second_probs = None
-        if chains:
+        if chains and out.sampled_second is not None and out.sampled_second[0].shape[1] == chains:
+            second, second_probs = out.sampled_second  # drawn inside the sampled graph, from the same uniforms
+        elif chains:
             second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,
                                                                      u[:, 2 * G + 1: 2 * G + 1 + chains], chains)
         verify_lens, accept_lens, second_host = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers,

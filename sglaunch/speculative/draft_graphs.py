@@ -22,7 +22,10 @@ is the forward and then the Markov block sampling of any mix of greedy and sampl
 from the request's generator, go down in a second static input (float32) with the step's one copy of
 the int64 input. The block's draft probabilities (over the draft vocabulary) stay in a static output
 of [batch, G, K] floats, so these graphs cover only the batch buckets whose probabilities fit in
-SAMPLED_PROBS_BYTES (`sampled_batch_cap`); larger sampled steps sample eagerly. Eagerly, the sampling
+SAMPLED_PROBS_BYTES (`sampled_batch_cap`); larger sampled steps sample eagerly. With a sampled
+second chain of S drafts (SGLAUNCH_DSPARK_SAMPLED_CHAIN), the sampled graphs of up to
+SECOND_CHAIN_MAX_BATCH requests also draw it (`DSparkDrafter.sampled_graph_chain`, its S draw
+uniforms beside the block's), into static outputs of their own. Eagerly, the sampling
 dispatched about 200 operators a step at G=7 (benchmarks/sampled_draft_ops.py).
 
 Every key the plan can pick is captured at start-up (`DraftGraphRunner.capture_all`, from
@@ -92,7 +95,12 @@ def start_up_graphs(runner, capture=None, force: bool = False) -> None:
              else capture_batch_sizes(runner.config.graph_batch_cap))
     cuda = runner.device.type == "cuda"
     before = torch.cuda.memory_reserved(runner.device) if cuda else 0
-    runner.draft.enable_graphs(sizes, runner.context_length, capture, sampled=sampled_enabled_from_env())
+    from sglaunch.speculative.decoder import second_chain_length
+
+    sampled = sampled_enabled_from_env()
+    chain = (second_chain_length(runner.draft.block_size, runner.kv_pool.page_size, runner.device.type, sampled=True)
+             if sampled else 0)
+    runner.draft.enable_graphs(sizes, runner.context_length, capture, sampled=sampled, sampled_chain=chain)
     if cuda:  # NOTE: outside --mem-fraction-static's budget, like the target's graphs: say how much
         reserved = torch.cuda.memory_reserved(runner.device)
         logger.info("DSpark drafter graphs: %.1f MiB more reserved (static buffers and graph pool); %.2f GiB "
@@ -182,28 +190,30 @@ def padded_inputs(anchors: Sequence[int], positions: Sequence[int], slot_table: 
     return flat
 
 
-def padded_sampling(temperatures: Sequence[float], uniforms, key: DraftGraphKey, gamma: int,
+def padded_sampling(temperatures: Sequence[float], uniforms, key: DraftGraphKey, width: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Host values -> a sampled graph's flat float32 input (CPU): temperatures [B'] (0: greedy, the
-    padding's too), then the draw uniforms [B', gamma] row-major (padding 0). uniforms: [B, gamma]
-    (a tensor or nested lists). out: a CPU float32 buffer of at least key.batch * (1 + gamma)."""
+    padding's too), then the uniforms [B', width] row-major (the block's gamma draws, then a second
+    chain's draws where the key draws one; padding 0). uniforms: [B, w <= width] (a tensor or nested
+    lists; columns past w are 0). out: a CPU float32 buffer of at least key.batch * (1 + width)."""
     import numpy as np
 
     B, Bk = len(temperatures), key.batch
-    size = Bk * (1 + gamma)
+    size = Bk * (1 + width)
     flat = out[:size] if out is not None else torch.empty(size, dtype=torch.float32)
     view = flat.numpy()
     view[:] = 0
     view[:B] = temperatures
-    grid = view[Bk:].reshape(Bk, gamma)
-    grid[:B] = uniforms.numpy() if isinstance(uniforms, torch.Tensor) else np.asarray(uniforms, dtype=np.float32)
+    grid = view[Bk:].reshape(Bk, width)
+    values = uniforms.numpy() if isinstance(uniforms, torch.Tensor) else np.asarray(uniforms, dtype=np.float32)
+    grid[:B, : values.shape[1]] = values
     return flat
 
 
-def sampling_from_flat(flat: torch.Tensor, key: DraftGraphKey, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(temperatures [B'], uniforms [B', gamma]) views over (a static buffer holding) padded_sampling's layout."""
+def sampling_from_flat(flat: torch.Tensor, key: DraftGraphKey, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(temperatures [B'], uniforms [B', width]) views over (a static buffer holding) padded_sampling's layout."""
     B = key.batch
-    return flat[:B], flat[B: B * (1 + gamma)].view(B, gamma)
+    return flat[:B], flat[B: B * (1 + width)].view(B, width)
 
 
 def batch_from_flat(flat: torch.Tensor, key: DraftGraphKey, feature_width: int, dtype: torch.dtype) -> DraftBatch:
@@ -228,12 +238,17 @@ def graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool) -> 
 
 
 def sampled_graph_body(drafter: DSparkDrafter, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor,
-                       uniforms: torch.Tensor) -> BlockOutput:
+                       uniforms: torch.Tensor, chain: int = 0) -> BlockOutput:
     """What a sampled drafter graph captures: the block forward, then the Markov block sampling of
-    rows at their temperatures (0: greedy) and draw uniforms (out.sampled, its probabilities over
-    the draft vocabulary)."""
+    rows at their temperatures (0: greedy) and draw uniforms (uniforms[:, :G]; out.sampled, its
+    probabilities over the draft vocabulary); chain > 0: then a second chain of `chain` drafts
+    from uniforms[:, G:] (out.sampled_second)."""
+    G = drafter.config.block_size
     out = drafter.forward_block(batch, pool)
-    out.sampled = drafter.sampled_graph_block(out, batch.anchor_tokens, temperatures, uniforms)
+    out.sampled = drafter.sampled_graph_block(out, batch.anchor_tokens, temperatures, uniforms[:, :G])
+    if chain:
+        out.sampled_second = drafter.sampled_graph_chain(out, batch.anchor_tokens, out.sampled, temperatures,
+                                                         uniforms[:, G: G + chain], chain)
     return out
 
 
@@ -244,7 +259,8 @@ class DraftOutputs:
     there too, and its draft probabilities to `probs`, sized for the largest sampled batch).
     Allocated once, for the largest batch, outside the graph pool."""
 
-    def __init__(self, drafter: DSparkDrafter, batch: int, device: torch.device, sampled_batch: int = 0):
+    def __init__(self, drafter: DSparkDrafter, batch: int, device: torch.device, sampled_batch: int = 0,
+                 chain: int = 0, chain_batch: int = 0):
         c, G = drafter.config, drafter.config.block_size
         vocab = drafter.draft_vocab.numel() if drafter.draft_vocab is not None else c.vocab_size
         self.drafter = drafter
@@ -255,10 +271,15 @@ class DraftOutputs:
                      if drafter.confidence_head is not None else None)
         self.probs = (torch.zeros(sampled_batch, G, vocab, dtype=torch.float32, device=device)
                       if sampled_batch else None)
+        # a sampled second chain's drafts (target ids) and their distributions over the whole vocabulary
+        self.second = torch.zeros(chain_batch, chain, dtype=torch.int64, device=device) if chain else None
+        self.second_probs = (torch.zeros(chain_batch, chain, c.vocab_size, dtype=torch.float32, device=device)
+                             if chain else None)
 
     @property
     def nbytes(self) -> int:
-        parts = [self.hidden, self.logits, self.tokens] + [t for t in (self.conf, self.probs) if t is not None]
+        parts = [self.hidden, self.logits, self.tokens] + [t for t in (self.conf, self.probs, self.second,
+                                                                       self.second_probs) if t is not None]
         return sum(t.numel() * t.element_size() for t in parts)
 
     def store(self, out: BlockOutput) -> None:
@@ -272,15 +293,20 @@ class DraftOutputs:
             self.conf[:B].copy_(block.conf_logits)
         if out.sampled is not None:
             self.probs[:B].copy_(block.probs)
+        if out.sampled_second is not None:
+            self.second[:B].copy_(out.sampled_second[0])
+            self.second_probs[:B].copy_(out.sampled_second[1])
 
-    def rows(self, batch: int, sampled: bool = False) -> BlockOutput:
+    def rows(self, batch: int, sampled: bool = False, chain: bool = False) -> BlockOutput:
         """The first `batch` (real) requests' rows: views, valid until the next replay. sampled: a
         sampled graph's replay (out.sampled, its probabilities over the whole vocabulary: a new
-        tensor when the drafter has a draft vocabulary), else the greedy block (out.greedy)."""
+        tensor when the drafter has a draft vocabulary; chain: with out.sampled_second), else the
+        greedy block (out.greedy)."""
         conf = self.conf[:batch] if self.conf is not None else None
         if sampled:
             block = DraftBlock(self.tokens[:batch], self.drafter.expand_probs(self.probs[:batch]), None, conf)
-            return BlockOutput(self.hidden[:batch], self.logits[:batch], sampled=block)
+            second = (self.second[:batch], self.second_probs[:batch]) if chain else None
+            return BlockOutput(self.hidden[:batch], self.logits[:batch], sampled=block, sampled_second=second)
         greedy = DraftBlock(self.tokens[:batch], None, None, conf)
         return BlockOutput(self.hidden[:batch], self.logits[:batch], greedy)
 
@@ -323,8 +349,15 @@ class DraftGraphRunner:
     DraftGraphKey."""
 
     def __init__(self, drafter: DSparkDrafter, pool: DraftKVPool, plan: DraftGraphPlan, device: torch.device,
-                 capture=None):
+                 capture=None, sampled_chain: int = 0):
+        """sampled_chain: S > 0 (SGLAUNCH_DSPARK_SAMPLED_CHAIN): the sampled graphs of up to
+        SECOND_CHAIN_MAX_BATCH requests also draw a second chain of S drafts."""
+        from sglaunch.speculative.burst import SECOND_CHAIN_MAX_BATCH
+
         self.drafter, self.pool, self.plan, self.device = drafter, pool, plan, device
+        limit = min(SECOND_CHAIN_MAX_BATCH, plan.sampled_batch)
+        self.chain_batch = max((b for b in plan.batch_sizes if b <= limit), default=0) if sampled_chain else 0
+        self.chain = sampled_chain if self.chain_batch else 0
         c = drafter.config
         self.feature_width, self.dtype = c.num_features * c.hidden_size, drafter.dtype
         self.flat = torch.zeros(max(plan.max_flat_size, 1), dtype=torch.int64, device=device)
@@ -334,17 +367,24 @@ class DraftGraphRunner:
         # draft step only after rank 0's read-backs, which wait for the collectives that follow
         # the worker's copy in its stream
         self.host_flat = torch.zeros(self.flat.numel(), dtype=torch.int64, pin_memory=device.type == "cuda")
-        # the sampled graphs' float input (temperatures, draw uniforms), device and pinned host alike
+        # the sampled graphs' float input (temperatures, the block's and a chain's draw uniforms), device
+        # and pinned host alike
         self.gamma = c.block_size
-        self.sampling = torch.zeros(max(plan.sampled_batch * (1 + self.gamma), 1), dtype=torch.float32, device=device)
+        self.width = self.gamma + self.chain
+        self.sampling = torch.zeros(max(plan.sampled_batch * (1 + self.width), 1), dtype=torch.float32, device=device)
         self.host_sampling = torch.zeros(self.sampling.numel(), dtype=torch.float32, pin_memory=device.type == "cuda")
-        self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device, plan.sampled_batch)
+        self.outputs = DraftOutputs(drafter, max(plan.batch_sizes), device, plan.sampled_batch, self.chain,
+                                    self.chain_batch)
         self.capture = capture if capture is not None else CudaCapture(device)
         self.graphs: dict[DraftGraphKey, object] = {}
         self.replays = 0
         self.sampled_replays = 0  # of them, sampled graphs'
         self.captures = 0  # NOTE: all at start-up; a test checks serving adds none
         self.capture_seconds = 0.0
+
+    def draws_chain(self, key: DraftGraphKey) -> bool:
+        """Whether a key's graph draws the sampled second chain too."""
+        return key.sampled and self.chain > 0 and key.batch <= self.chain_batch
 
     def pick(self, batch: int, context: int, sampled: bool = False) -> DraftGraphKey | None:
         """The captured graph a draft step replays (sampled: one that samples any rows), or None
@@ -372,8 +412,9 @@ class DraftGraphRunner:
                    slot_table: torch.Tensor, temperatures: Sequence[float] | None = None,
                    uniforms=None) -> BlockOutput:
         """padded_inputs (and, for a sampled key, padded_sampling of the rows' temperatures and
-        [B, gamma] draw uniforms) into the persistent host buffers, then run()."""
-        sampling = (padded_sampling(temperatures, uniforms, key, self.gamma, self.host_sampling)
+        [B, gamma (+ S)] draw uniforms: the block's, then a second chain's) into the persistent host
+        buffers, then run()."""
+        sampling = (padded_sampling(temperatures, uniforms, key, self.width, self.host_sampling)
                     if key.sampled else None)
         return self.run(key, padded_inputs(anchors, positions, slot_table, key, self.host_flat), len(anchors),
                         sampling)
@@ -393,17 +434,18 @@ class DraftGraphRunner:
         self.graphs[key].replay()
         self.replays += 1
         self.sampled_replays += key.sampled
-        return self.outputs.rows(batch, key.sampled)
+        return self.outputs.rows(batch, key.sampled, self.draws_chain(key))
 
     def _capture(self, key: DraftGraphKey):
         batch = batch_from_flat(self.flat, key, self.feature_width, self.dtype)
         self.flat[: key.flat_size].zero_()  # dummy requests: anchor 0 at position 0, no context
         if key.sampled:
             self.sampling.zero_()  # dummy rows: greedy
-            temperatures, uniforms = sampling_from_flat(self.sampling, key, self.gamma)
+            temperatures, uniforms = sampling_from_flat(self.sampling, key, self.width)
+            chain = self.chain if self.draws_chain(key) else 0
 
             def body():
-                self.outputs.store(sampled_graph_body(self.drafter, batch, self.pool, temperatures, uniforms))
+                self.outputs.store(sampled_graph_body(self.drafter, batch, self.pool, temperatures, uniforms, chain))
         else:
             def body():
                 self.outputs.store(graph_body(self.drafter, batch, self.pool))

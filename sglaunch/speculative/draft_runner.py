@@ -98,7 +98,7 @@ class DraftRunner:
             for key in runs:
                 flat = torch.zeros(key.flat_size, dtype=torch.int64, device=self.device)
                 batch = batch_from_flat(flat, key, c.num_features * c.hidden_size, self.drafter.dtype)
-                if key.sampled:
+                if key.sampled:  # NOTE: the largest sampled key draws no second chain (at most 4 requests do)
                     sampling = torch.zeros(key.batch * (1 + self.block_size), dtype=torch.float32, device=self.device)
                     sampled_graph_body(self.drafter, batch, pool, *sampling_from_flat(sampling, key, self.block_size))
                 else:
@@ -117,16 +117,18 @@ class DraftRunner:
     def allocate_pool(self, num_slots: int, kv_dtype: torch.dtype) -> None:
         self.pool = self.drafter.make_pool(num_slots, kv_dtype)
 
-    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None, sampled: bool = True) -> None:
+    def enable_graphs(self, batch_sizes: list[int], max_context: int, capture=None, sampled: bool = True,
+                      sampled_chain: int = 0) -> None:
         """CUDA graphs of the block forward (draft_graphs.py), every key captured now (start-up),
         none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in; sampled:
-        graphs for steps with sampled rows too, for the batch buckets whose probabilities fit."""
+        graphs for steps with sampled rows too, for the batch buckets whose probabilities fit;
+        sampled_chain: S > 0: the small ones also draw a sampled second chain of S drafts."""
         from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner, sampled_batch_cap
 
         plan = DraftGraphPlan(batch_sizes, max_context,
                               sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, self._draft_vocab_size())
                               if sampled else 0)
-        graphs = DraftGraphRunner(self.drafter, self.pool, plan, self.device, capture)
+        graphs = DraftGraphRunner(self.drafter, self.pool, plan, self.device, capture, sampled_chain)
         graphs.capture_all()
         self.graphs = graphs
 

@@ -83,6 +83,8 @@ class BlockOutput:
     logits: torch.Tensor  # [B, gamma, V] float32 base logits U_k (slot k predicts position p + k + 1)
     greedy: DraftBlock | None = None  # the all-greedy sample_block, when a drafter graph computed it too
     sampled: DraftBlock | None = None  # the block a sampled drafter graph drew (any rows; full-vocabulary probs)
+    # (tokens [B, S], their distributions [B, S, vocab]): the sampled second chain such a graph drew too
+    sampled_second: tuple[torch.Tensor, torch.Tensor] | None = None
     second: torch.Tensor | None = None  # [B, length] the runner-up chain (second_chain), when asked for
 
 
@@ -569,6 +571,15 @@ class DSparkDrafter(nn.Module):
         kept; the probabilities over the draft vocabulary, for expand_probs outside the graph)."""
         return self.sample_block(out, anchor_tokens, temperatures, uniforms=uniforms, return_probs=True,
                                  keep_logits=False, any_greedy=True, full_vocab_probs=False)
+
+    def sampled_graph_chain(self, out: BlockOutput, anchor_tokens: torch.Tensor, block: DraftBlock,
+                            temperatures: torch.Tensor, uniforms: torch.Tensor,
+                            length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """sampled_second_chain for a block from sampled_graph_block (its probabilities over the
+        draft vocabulary: only slot 0's, which the chain's first draft is drawn from, are spread
+        over the whole vocabulary)."""
+        first = DraftBlock(block.tokens, self.expand_probs(block.probs[:, :1]), None, None)
+        return self.sampled_second_chain(out, anchor_tokens, first, temperatures, uniforms, length)
 
     def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):

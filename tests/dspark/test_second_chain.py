@@ -198,6 +198,58 @@ def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain,
     assert all(len(t) == 16 and all(0 <= x < VOCAB for x in t) for t in two)
 
 
+def test_sampled_graphs_draw_the_second_chain_the_eager_drafter_draws(dspark_files, decoy_drafter, monkeypatch):
+    """Session 33: with the drafter's graphs (the CPU stand-in for capture) and
+    SGLAUNCH_DRAFT_SAMPLED_GRAPH=1, the sampled graphs of up to SECOND_CHAIN_MAX_BATCH requests draw
+    the block and its sampled second chain from the step's uniforms: the same tokens as the eager
+    draws (the graphs' default), the chain verified and winning, and the chain taken from the
+    graph, not drawn again."""
+    import functools
+
+    from sglaunch.speculative import draft_graphs
+    from sglaunch.speculative.drafter import DSparkDrafter
+
+    monkeypatch.setattr(draft_graphs, "start_up_graphs",
+                        functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(),
+                                          force=True))
+    monkeypatch.setenv(ENV, "3")
+    monkeypatch.setenv(SAMPLED, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    eager, eager_stats = sampled_run(config, small, "g", 70)
+    calls = {"chain": 0, "in graph": 0}
+    drawn, in_graph = DSparkDrafter.sampled_second_chain, DSparkDrafter.sampled_graph_chain
+
+    def counted(self, *a, **k):
+        calls["chain"] += 1
+        return drawn(self, *a, **k)
+
+    def counted_in_graph(self, *a, **k):
+        calls["in graph"] += 1
+        return in_graph(self, *a, **k)
+
+    monkeypatch.setattr(DSparkDrafter, "sampled_second_chain", counted)
+    monkeypatch.setattr(DSparkDrafter, "sampled_graph_chain", counted_in_graph)
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "1")
+    graphs = {}
+    real_enable = draft_graphs.DraftGraphRunner.capture_all
+
+    def keep(self):
+        graphs["runner"] = self
+        return real_enable(self)
+
+    monkeypatch.setattr(draft_graphs.DraftGraphRunner, "capture_all", keep)
+    got, stats = sampled_run(config, small, "g", 70)
+    runner = graphs["runner"]
+    assert runner.chain == 3 and runner.chain_batch == SECOND_CHAIN_MAX_BATCH and runner.sampled_replays > 0
+    assert got == eager
+    assert stats["second_chains"] == eager_stats["second_chains"] > 0 and stats["second_chain_wins"] > 0
+    # the graphs' chains were taken: every chain was drawn inside a graph body (its capture, or a
+    # replay, which the CPU stand-in re-runs), none by the decoder after the replay
+    chain_keys = sum(runner.draws_chain(k) for k in runner.graphs)
+    assert chain_keys > 0 and calls["chain"] == calls["in graph"] > chain_keys
+
+
 def test_sampled_second_chain_draws_without_the_first_draft(dspark_files, decoy_drafter):
     """DSparkDrafter.sampled_second_chain: y_0 never repeats x_0 and its proposal row is q_0
     without x_0, renormalised; later slots are drawn from the Markov-corrected distribution of

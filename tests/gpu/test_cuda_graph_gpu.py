@@ -573,20 +573,24 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
     assert_same_greedy(graphed, eager, f"DSpark ({drafter} drafter) with drafter graphs vs without")
 
 
-def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
+@pytest.mark.parametrize("chain", [0, 3])
+def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch, chain):
     """Session 33: with SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 a step with a sampled row replays a sampled
     drafter graph (the forward, then the block's draws at the rows' temperatures and host-drawn
     uniforms); seeded sampled requests beside a greedy one produce exactly the tokens of the
-    default (the sampling eager after the forward's graph), drafting at every step."""
+    default (the sampling eager after the forward's graph), drafting at every step. chain 3:
+    SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 at page size 1, the second chains drawn in the graphs too."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
     from sglaunch.speculative.draft_graphs import SAMPLED_ENV
 
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
-    batch = prompts(6, seed=12)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_CHAIN", str(chain))
+    batch = prompts(4 if chain else 6, seed=12)  # NOTE: a chain needs at most SECOND_CHAIN_MAX_BATCH requests
+    config = second_chain_config(files, "compact", "random") if chain else cuda_config(files, drafter="oracle")
 
     def sampled_run():
         out = {f"r{i}": [] for i in range(len(batch))}
-        with booted(cuda_config(files, drafter="oracle")) as engine:
+        with booted(config) as engine:
             graphs = engine.runner.draft.graphs
             before = (graphs.captures, graphs.sampled_replays)
             for i, p in enumerate(batch):
@@ -597,7 +601,8 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
                 for o in engine.step():
                     out[o.rid].extend(o.new_token_ids)
             seen = dict(sampled_batch=graphs.plan.sampled_batch, sampled_replays=graphs.sampled_replays - before[1],
-                        captured_while_serving=graphs.captures - before[0], steps=engine.spec.stats.steps)
+                        captured_while_serving=graphs.captures - before[0], steps=engine.spec.stats.steps,
+                        chain=graphs.chain, chains=engine.spec.stats.to_dict()["second_chains"])
         return out, seen
 
     monkeypatch.delenv(SAMPLED_ENV, raising=False)  # the default: the draws eager
@@ -607,6 +612,7 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch):
     graphed, seen = sampled_run()
     assert seen["sampled_batch"] >= MAX_BS and seen["sampled_replays"] > 0, seen
     assert seen["captured_while_serving"] == 0 and seen["steps"] > 0, seen
+    assert seen["chain"] == chain and (seen["chains"] > 0) == (chain > 0), seen
     assert all(len(t) == 20 for t in graphed.values())
     assert graphed == eager
 

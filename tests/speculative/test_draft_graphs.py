@@ -143,33 +143,39 @@ def test_padded_sampling_layout():
     assert temps.tolist() == pytest.approx([0.0, 0.7, 0.0, 0.0])
     assert uniforms[:2].flatten().tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     assert uniforms[2:].abs().sum() == 0  # the padding rows: greedy, zero uniforms
+    # a step without a second chain fills the block's columns only; the chain's stay 0
+    flat = padded_sampling([0.5], [[0.1, 0.2]], key, 4, out=torch.full((40,), 9.0))
+    temps, uniforms = sampling_from_flat(flat, key, 4)
+    assert uniforms[0].tolist() == pytest.approx([0.1, 0.2, 0.0, 0.0]) and uniforms[1:].abs().sum() == 0
 
 
-@pytest.mark.parametrize("draft_vocab", [False, True])
-def test_sampled_graph_draws_the_eager_block(tmp_path, draft_vocab):
+@pytest.mark.parametrize("draft_vocab,chain", [(False, 0), (True, 0), (True, 3)])
+def test_sampled_graph_draws_the_eager_block(tmp_path, draft_vocab, chain):
     """A sampled key's replay (the runner, with EagerCapture) over a padded batch: the tokens,
     the whole-vocabulary draft probabilities and the confidence logits of sample_block on the
-    eager forward, for greedy and sampled rows at their uniforms; a greedy replay afterwards still
-    gives the greedy block."""
+    eager forward, for greedy and sampled rows at their uniforms (chain: and the sampled second
+    chain of sampled_second_chain, for keys of up to SECOND_CHAIN_MAX_BATCH requests); a greedy
+    replay afterwards still gives the greedy block."""
     cfg = tiny_config(markov_head_type="rnn")
     drafter = load_drafter(save_drafter(tmp_path / "d", cfg, init_drafter_state(cfg, seed=8)))
     if draft_vocab:
         drafter.restrict_vocab(range(3, cfg.vocab_size, 2))
     page_size, pool = 4, drafter.make_pool(64)
-    plan = DraftGraphPlan([1, 2, 4], max_context=256, sampled_batch=4)
-    runner = DraftGraphRunner(drafter, pool, plan, torch.device("cpu"), capture=EagerCapture())
+    plan = DraftGraphPlan([1, 2, 4, 8], max_context=256, sampled_batch=8)
+    runner = DraftGraphRunner(drafter, pool, plan, torch.device("cpu"), capture=EagerCapture(), sampled_chain=chain)
     runner.capture_all()
+    assert runner.chain == chain and runner.chain_batch == (4 if chain else 0)
     assert runner.captures == len(plan.all_keys()) == 2 * len(plan.keys())
     pages, lengths, anchors = [[2, 3], [4, 5, 6], [7]], [6, 10, 3], [10, 20, 30]
     eager, table = eager_block(drafter, cfg, pool, pages, lengths, anchors, page_size, seed=60)
     G = cfg.block_size
     temps = [0.0, 0.9, 1.3]
-    uniforms = torch.rand(3, G, generator=torch.Generator().manual_seed(3))
+    uniforms = torch.rand(3, G + chain, generator=torch.Generator().manual_seed(3))
     key = runner.pick(3, max(lengths), sampled=True)
-    assert key == DraftGraphKey(4, MIN_CONTEXT, True)
+    assert key == DraftGraphKey(4, MIN_CONTEXT, True) and runner.draws_chain(key) == bool(chain)
     out = runner.run_padded(key, anchors, lengths, table, temps, uniforms)
     assert out.greedy is None and runner.sampled_replays == 1
-    want = drafter.sample_block(eager, torch.tensor(anchors), torch.tensor(temps), uniforms=uniforms)
+    want = drafter.sample_block(eager, torch.tensor(anchors), torch.tensor(temps), uniforms=uniforms[:, :G])
     got = out.sampled
     assert torch.equal(got.tokens, want.tokens)
     assert got.probs.shape == (3, G, cfg.vocab_size)
@@ -177,8 +183,19 @@ def test_sampled_graph_draws_the_eager_block(tmp_path, draft_vocab):
     torch.testing.assert_close(got.conf_logits, want.conf_logits, rtol=1e-5, atol=1e-5)
     if draft_vocab:
         assert got.probs[:, :, 0].abs().sum() == 0 and torch.isin(got.tokens, drafter.draft_vocab).all()
+    if chain:
+        tokens, probs = drafter.sampled_second_chain(eager, torch.tensor(anchors), want, torch.tensor(temps),
+                                                     uniforms[:, G:], chain)
+        assert torch.equal(out.sampled_second[0], tokens)
+        torch.testing.assert_close(out.sampled_second[1], probs, rtol=1e-5, atol=1e-6)
+        # a key of more than SECOND_CHAIN_MAX_BATCH requests draws no chain
+        wide = runner.pick(5, max(lengths), sampled=True)
+        assert wide.batch == 8 and not runner.draws_chain(wide)
+    else:
+        assert out.sampled_second is None
     # the sampled draws differ from the greedy block: the test can tell the two apart
-    greedy = drafter.sample_block(eager, torch.tensor(anchors), torch.zeros(3), uniforms=uniforms, all_greedy=True)
+    greedy = drafter.sample_block(eager, torch.tensor(anchors), torch.zeros(3), uniforms=uniforms[:, :G],
+                                  all_greedy=True)
     assert not torch.equal(greedy.tokens[1:], got.tokens[1:])
     back = runner.run_padded(runner.pick(3, max(lengths)), anchors, lengths, table)
     assert back.sampled is None and torch.equal(back.greedy.tokens, greedy.tokens)
