@@ -351,8 +351,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            at_least=0),
     EnvVar("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "DSpark at T>0: a drafting step of up to 4 requests with a sampled row "
            "also verifies a second chain of N drafts, drawn without the block's first draft and judged by recursive "
-           "rejection sampling (the output distribution unchanged); 0 (default) off: the sampled step is eager and "
-           "the chain measured slower. Needs --page-size 1.", sglaunch_only=True, at_least=0),
+           "rejection sampling (the output distribution unchanged); 0 (default) off: with the sampled step eager the "
+           "chain measured slower (with SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 the chain is drawn inside the drafter's sampled "
+           "graphs, not yet measured). Needs --page-size 1.", sglaunch_only=True, at_least=0),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
