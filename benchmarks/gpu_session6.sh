@@ -1071,6 +1071,30 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline71() {  # session 33 (for the next session's first device run: session 33 got 21 s of a machine): every GPU
+  # test (session 31's four fixes, session 32's sampled plain steps in flight and sampled step-cost scales, session 33's
+  # sampled drafter graphs with and without the sampled second chain: none has run on a GPU); then at T=0.7 over HTTP
+  # (64 prompts, FlashInfer): DSpark compact with the block drawn eagerly (the default) against the sampled drafter
+  # graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH=1), c=1,8; those graphs without and with the sampled chain of 3, c=1,4 (where
+  # the chain runs); plain against DSpark with the graphs, c=1,8 (the brief's "never slower"; the bench's server_info
+  # shows step_cost_scale); then where the sampled step goes (profile_step --temperature 0.7, c=1, drafting at every
+  # step) with the graphs and without
+  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  touch "$W/core.done"
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench2 240 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 64 "$W/bench2/bench.json"'
+  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 64 "$W/bench3/bench.json"'
+  part bench1 240 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1 --temperature 0.7"
+  part prof07g 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 python3 benchmarks/profile_step.py $P --json "$W/prof07g.json"
+  part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --json "$W/prof07.json"
+  touch "$W/all.done"
+}
+
 pipeline70() {  # session 33, with little device time left (538 s): pipeline69 reordered and cut. The GPU tests that
   # session 33's sampled drafter graphs touch (their CUDA equality with the eager draws, the drafter graphs' tests,
   # the sampled sync censuses), then those graphs off against on at T=0.7 (c=1,8, 32 prompts), then plain against
@@ -1290,7 +1314,7 @@ collect() {  # summary.txt and results.tgz into $OUT
   {
     date
     cat "$W/pipeline.log" 2>/dev/null
-    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3 gputest acc_c0 acc_c3 acc_c7 sampler prof07 prof00; do
+    for f in topo serve cpupairs cpupairs2 bench1 decode decode2 layerk tp8b_old floor8b http1 pull pytest pytest2 randmodel long long2 random profile profile1 profile2 profile64 profile256 profile1024 tp8b capacity decode_torch decode_auto floor sweep sweep1 sweep2 sweep3 bench bench2 bench3 bench4 http mixed mixed2 mixed3 http1 http2 http3 http4 sweep64 fused vocab trainstep mixed4 pytest3 gputest acc_c0 acc_c3 acc_c7 sampler prof07 prof00 prof07g bench3; do
       [ -f "$W/$f.log" ] || continue
       echo "----- $f.log (tail)"
       case $f in
