@@ -175,6 +175,7 @@ class DraftStepInput:
     # the block, for verify rows that a second chain's markers fill in (0: none this step)
     second_chain: int = 0
     # rank 0 only (never sent to TP workers): a step with a sampled row gives every row's temperature
-    # (0: greedy) and its gamma draw uniforms [batch, gamma] (a CPU tensor), for a sampled drafter graph
+    # (0: greedy) and its draw uniforms [batch, gamma + S] (a CPU tensor: the block's gamma, then a sampled
+    # second chain's S, if the step draws one), for a sampled drafter graph
     temperatures: list[float] | None = None
     draw_uniforms: "torch.Tensor | None" = None

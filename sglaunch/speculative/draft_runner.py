@@ -78,10 +78,11 @@ class DraftRunner:
         drafter graphs, and their capture ran out of memory at start-up (session 24, in-process
         `dspark_sweep.py`: 1.13 GiB asked with 0.6 GiB free)."""
         from sglaunch.speculative.draft_graphs import (DraftGraphPlan, batch_from_flat, graph_body, sampled_batch_cap,
-                                                       sampled_graph_body, sampling_from_flat)
+                                                       sampled_enabled_from_env, sampled_graph_body, sampling_from_flat)
 
-        plan = DraftGraphPlan(batch_sizes, max_context,
-                              sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, self._draft_vocab_size()))
+        sampled = sampled_enabled_from_env()
+        plan = DraftGraphPlan(batch_sizes, max_context, sampled_batch=sampled_batch_cap(
+            batch_sizes, self.block_size, self._draft_vocab_size()) if sampled else 0)
         keys = plan.keys()
         if not keys:
             return 0
@@ -154,8 +155,11 @@ class DraftRunner:
         is captured: out.sampled is its block. NOTE: TP workers get no sampling inputs and replay the
         greedy graph of the same key; both bodies run the same forward (the only collectives)."""
         batch, context = len(step.anchor_tokens), max(step.anchor_positions, default=0)
-        sampled = step.temperatures is not None
-        key = self.graphs.pick(batch, context, sampled) if self.graphs is not None else None
+        key = None
+        if self.graphs is not None:
+            key = self.graphs.pick(batch, context, sampled=True) if step.temperatures is not None else None
+            if key is None:  # all greedy, or no sampled graph for it: the forward's graph, the draws after it
+                key = self.graphs.pick(batch, context)
         if key is not None:  # one copy down (two with sampling inputs), from the graphs' persistent pinned buffers
             table = context_slots(step.page_tables, step.anchor_positions, page_size)
             out = self.graphs.run_padded(key, step.anchor_tokens, step.anchor_positions, table,

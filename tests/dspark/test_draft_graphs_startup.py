@@ -199,3 +199,41 @@ def test_the_drafters_working_memory_dry_run_and_the_kv_budget_it_leaves(dspark_
         int((40 * gib - 20 * gib) // per_token)
     with pytest.raises(ValueError, match="kept for the DSpark drafter's working memory"):
         kv_pool.plan_kv_tokens(default, per_token, cuda, reserve_bytes=int(free_budget) + gib)
+
+
+@pytest.mark.parametrize("sampled_graphs", ["0", "1"])
+def test_every_sampled_drafting_step_replays_a_drafter_graph(dspark_files, batch, monkeypatch, sampled_graphs):
+    """Steps whose rows all sample replay a drafter graph at every drafting step: a sampled one
+    (SGLAUNCH_DRAFT_SAMPLED_GRAPH=1), or by default the forward's greedy graph with the block drawn
+    eagerly after it (not an eager forward)."""
+    from sglaunch.speculative.drafter import DSparkDrafter
+
+    with_graphs(monkeypatch)
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", sampled_graphs)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", sps=dspark_files["sps"],
+                           disable_radix_cache=True, cuda_graph_max_bs=8)
+    eager_draws = {"n": 0}
+    sample_block = DSparkDrafter.sample_block
+
+    def counted(self, out, anchors, temperatures, *a, **k):
+        if not k.get("all_greedy") and k.get("full_vocab_probs", True):  # the decoder's eager draw
+            eager_draws["n"] += 1
+        return sample_block(self, out, anchors, temperatures, *a, **k)
+
+    monkeypatch.setattr(DSparkDrafter, "sample_block", counted)
+    engine, cluster = create_engine(config)
+    try:
+        graphs = engine.runner.draft.graphs
+        replayed = graphs.replays
+        reqs = [GenerateRequest(f"s-{i}", tuple(p), SamplingParams(max_new_tokens=12, temperature=0.9, seed=5 + i,
+                                                                 ignore_eos=True)) for i, p in enumerate(batch)]
+        run(engine, reqs)
+        steps = engine.spec.stats.steps
+        assert steps > 3 and graphs.replays - replayed == steps
+        if sampled_graphs == "1":
+            assert graphs.sampled_replays == steps and eager_draws["n"] == 0
+        else:
+            assert graphs.sampled_replays == 0 and eager_draws["n"] == steps
+    finally:
+        cluster.stop(engine)
