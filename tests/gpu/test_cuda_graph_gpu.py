@@ -498,14 +498,27 @@ def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch
     assert_same_greedy(spec, plain, "DSpark bursts with a second chain (graphs on) vs plain greedy", max_diverged=3)
 
 
+def run_seeded(engine, batch, temperature, max_new_tokens: int, seed: int, out: dict) -> None:
+    """Request r{i} for each prompt at temperature(i) with seed + i (EOS ignored), run to the end;
+    out[rid] = (tokens, logprobs) lists, extended."""
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+    for i, p in enumerate(batch):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature(i), seed=seed + i,
+                                ignore_eos=True)
+        engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+    while engine.has_work:
+        for o in engine.step():
+            out[o.rid][0].extend(o.new_token_ids)
+            out[o.rid][1].extend(o.logprobs)
+
+
 def test_dspark_sampled_second_chain_with_graphs(files, monkeypatch):
     """SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 on CUDA, with SGLAUNCH_DSPARK_SECOND_CHAIN unset (3 there at
     page size 1, for the greedy steps): steps mixing sampled and greedy requests draw the sampled chains on the
     device, verify them inside graph replays and accept both chains on the device (the Triton accept
     for the first). The greedy requests stay plain greedy, the sampled ones produce their length,
     the chain wins, and every page comes back."""
-    from sglaunch.engine.interface import GenerateRequest, SamplingParams
-
     monkeypatch.delenv("SGLAUNCH_DSPARK_SECOND_CHAIN", raising=False)
     monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "3")
     batch = prompts(4, seed=7)
@@ -514,14 +527,7 @@ def test_dspark_sampled_second_chain_with_graphs(files, monkeypatch):
     # NOTE: the random drafter: its first drafts are rejected nearly always, so the chain gets its chances
     with booted(second_chain_config(files, "compact", "random")) as engine:
         assert engine.spec.second_chain == 3 and engine.spec.sampled_chain == 3
-        for i, p in enumerate(batch):
-            params = SamplingParams(max_new_tokens=24, temperature=0.0 if i % 2 else 1.0, seed=40 + i,
-                                    ignore_eos=True)
-            engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
-        while engine.has_work:
-            for o in engine.step():
-                out[o.rid][0].extend(o.new_token_ids)
-                out[o.rid][1].extend(o.logprobs)
+        run_seeded(engine, batch, lambda i: 0.0 if i % 2 else 1.0, 24, 40, out)
         stats = engine.spec.stats.to_dict()
         replays = dict(engine.runner.graphs.replays)
         cached = engine.scheduler.radix.cached_pages if engine.scheduler.radix else 0
@@ -587,7 +593,6 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch, chain):
     and the random drafter's flat distributions turn a last-bit difference (batch-dependent GEMM
     kernels, once a request has finished) into another draw; the draws themselves are compared
     at one shape in test_sampled_drafter_graph_draws_equal_the_eager_draws_at_its_shape."""
-    from sglaunch.engine.interface import GenerateRequest, SamplingParams
     from sglaunch.speculative.draft_graphs import SAMPLED_ENV
 
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
@@ -600,14 +605,7 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch, chain):
         with booted(config) as engine:
             graphs = engine.runner.draft.graphs
             before = (graphs.captures, graphs.sampled_replays)
-            for i, p in enumerate(batch):
-                params = SamplingParams(max_new_tokens=20, temperature=0.0 if i == 0 else 0.8, seed=60 + i,
-                                        ignore_eos=True)
-                engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
-            while engine.has_work:
-                for o in engine.step():
-                    out[o.rid][0].extend(o.new_token_ids)
-                    out[o.rid][1].extend(o.logprobs)
+            run_seeded(engine, batch, lambda i: 0.0 if i == 0 else 0.8, 20, 60, out)
             seen = dict(sampled_batch=graphs.plan.sampled_batch, sampled_replays=graphs.sampled_replays - before[1],
                         captured_while_serving=graphs.captures - before[0], steps=engine.spec.stats.steps,
                         chain=graphs.chain, chains=engine.spec.stats.to_dict()["second_chains"])
