@@ -39,6 +39,9 @@ COMMAND_CODES = {"noop": NOOP, "step": STEP, "draft": DRAFT, "shutdown": SHUTDOW
 STEP_LISTS = ("input_ids", "positions", "query_lens", "kv_lens", "sample_indices",
               "future_rows", "future_sources", "draft_rows", "draft_sources")
 DRAFT_LISTS = ("anchor_tokens", "anchor_positions")
+# rank 0's alone, never sent: the sampling inputs of a sampled drafter graph (a worker replays the
+# greedy graph of the same key: the same forward, the only part with collectives)
+DRAFT_RANK0_ONLY = ("temperatures", "draw_uniforms")
 
 
 def pack_command(kind: str, payload: Any = None) -> tuple[int, bytearray | None]:

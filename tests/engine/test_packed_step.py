@@ -253,10 +253,16 @@ def test_size_one_sends_nothing():
 
 
 def test_every_field_is_packed():
-    """A field added to StepInput or DraftStepInput must be added to the packing too."""
+    """A field added to StepInput or DraftStepInput must be added to the packing too (or, for a
+    draft step, named as rank 0's alone); unpacking drops the rank-0 fields."""
     from dataclasses import fields
 
-    from sglaunch.engine.packed_step import DRAFT_LISTS, STEP_LISTS
+    import torch
+
+    from sglaunch.engine.packed_step import DRAFT_LISTS, DRAFT_RANK0_ONLY, STEP_LISTS, pack_draft, unpack_draft
 
     assert {f.name for f in fields(StepInput)} == {*STEP_LISTS, "page_tables", "logits", "draft_context"}
-    assert {f.name for f in fields(DraftStepInput)} == {*DRAFT_LISTS, "page_tables", "second_chain"}
+    assert {f.name for f in fields(DraftStepInput)} == {*DRAFT_LISTS, *DRAFT_RANK0_ONLY, "page_tables", "second_chain"}
+    step = DraftStepInput([5, 6], [3, 4], [[1], [2]], 0, [0.0, 0.7], torch.rand(2, 7))
+    back = unpack_draft(pack_draft(step))
+    assert back.anchor_tokens == [5, 6] and back.temperatures is None and back.draw_uniforms is None
