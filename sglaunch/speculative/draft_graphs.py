@@ -14,9 +14,9 @@ context of the step), so a graph is keyed on both, each rounded up:
   request's context length masks them, as it masks the table's own padding.
 Keys whose gathered context would be too large (B * C above MAX_CELLS) run eagerly.
 
-With SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 (off by default until a GPU run measures its speed; session 33's
-H100 tests found its draws equal to the eager ones) a step with sampled rows (T > 0) replays a second set of graphs; otherwise such steps
-sample eagerly after the forward's graph. Their body
+With SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 (off by default until a GPU run measures its speed; session
+33's H100 tests found its draws equal to the eager ones) a step with sampled rows (T > 0) replays
+a second set of graphs; otherwise such steps sample eagerly after the forward's graph. Their body
 is the forward and then the Markov block sampling of any mix of greedy and sampled rows
 (`sampled_graph_body`): each row's temperature (0: greedy) and its G draw uniforms, drawn on the host
 from the request's generator, go down in a second static input (float32) with the step's one copy of
