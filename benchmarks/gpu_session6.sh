@@ -1095,24 +1095,6 @@ pipeline71() {  # session 33 (for the next session's first device run: session 3
   touch "$W/all.done"
 }
 
-pipeline70() {  # session 33, with little device time left (538 s): pipeline69 reordered and cut. The GPU tests that
-  # session 33's sampled drafter graphs touch (their CUDA equality with the eager draws, the drafter graphs' tests,
-  # the sampled sync censuses), then those graphs off against on at T=0.7 (c=1,8, 32 prompts), then plain against
-  # DSpark at T=0.7 (the same), then the rest of the GPU tests
-  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
-  part gputest 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_graph_gpu.py tests/gpu/test_kernels_gpu.py \
-    -k "sampled or drafter_graphs or budget or host_syncs"
-  touch "$W/core.done"
-  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
-  pull_smol
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part bench2 200 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 32 "$W/bench2/bench.json"'
-  part bench1 200 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 32'
-  part pytest3 300 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not (sampled or drafter_graphs or budget or host_syncs)"
-  touch "$W/all.done"
-}
-
 pipeline69() {  # session 32 (written without device time), run in session 33 with its additions: every GPU test
   # (session 31's four fixes, session 32's planner change and session 33's sampled drafter graphs have not run on a
   # GPU); the brief's "never slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts,
