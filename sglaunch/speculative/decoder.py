@@ -200,7 +200,7 @@ class DSparkDecoder:
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
                               chains if all(greedy) else 0, temps, draws)
         out = run_draft(step)
-        proposal = self._propose(chunks, out, greedy, host_u, budget, extra_tokens, verify_tiers, start,
+        proposal = self._propose(chunks, out, greedy, temps, host_u, budget, extra_tokens, verify_tiers, start,
                                  0 if all(greedy) else chains)
         if chains:
             if all(greedy):  # the runner-up chains the draft runner drafted on every rank
@@ -224,9 +224,11 @@ class DSparkDecoder:
             lens.append(n)
         proposal.second_lens = lens
 
-    def _propose(self, chunks, out: BlockOutput, greedy: list[bool], host_u: torch.Tensor | None, budget: int,
-                 extra_tokens: int, verify_tiers: Sequence[int], start: float, chains: int = 0) -> Proposal:
-        """host_u: _uniforms(...) of a step with a sampled row (None: all greedy); chains: the drafts
+    def _propose(self, chunks, out: BlockOutput, greedy: list[bool], temps: list[float] | None,
+                 host_u: torch.Tensor | None, budget: int, extra_tokens: int, verify_tiers: Sequence[int],
+                 start: float, chains: int = 0) -> Proposal:
+        """temps: each row's temperature (0.0 for greedy rows) and host_u: _uniforms(...), of a step
+        with a sampled row (both None: all greedy); chains: the drafts
         of the sampled second chains to draw (a step with a sampled row). out.sampled: the block a
         sampled drafter graph drew with host_u's first gamma columns (else it is drawn here)."""
         reqs = [c.req for c in chunks]
@@ -243,7 +245,7 @@ class DSparkDecoder:
             return Proposal(chunks, out.greedy, None, None, None, verify_lens, time.perf_counter() - start,
                             accept_lens)
         temps, anchors, caps, greedy_mask, *moved = to_device([
-            torch.tensor([0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)], dtype=torch.float32),
+            torch.tensor(temps if temps is not None else [0.0] * len(reqs), dtype=torch.float32),
             torch.tensor([r.token_ids[-1] for r in reqs], dtype=torch.int64),
             torch.tensor([c.lookahead for c in chunks], dtype=torch.int32),  # NOTE: the windows' dtype
             torch.tensor(greedy, dtype=torch.bool)] + ([host_u] if host_u is not None else []), self.device)

@@ -77,12 +77,10 @@ class DraftRunner:
         the KV pool's default budget: on an H100 the default 0.88 left too little beside the
         drafter graphs, and their capture ran out of memory at start-up (session 24, in-process
         `dspark_sweep.py`: 1.13 GiB asked with 0.6 GiB free)."""
-        from sglaunch.speculative.draft_graphs import (DraftGraphPlan, batch_from_flat, graph_body, sampled_batch_cap,
-                                                       sampled_enabled_from_env, sampled_graph_body, sampling_from_flat)
+        from sglaunch.speculative.draft_graphs import (batch_from_flat, graph_body, sampled_enabled_from_env,
+                                                       sampled_graph_body, sampling_from_flat)
 
-        sampled = sampled_enabled_from_env()
-        plan = DraftGraphPlan(batch_sizes, max_context, sampled_batch=sampled_batch_cap(
-            batch_sizes, self.block_size, self._draft_vocab_size()) if sampled else 0)
+        plan = self._graph_plan(batch_sizes, max_context, sampled_enabled_from_env())
         keys = plan.keys()
         if not keys:
             return 0
@@ -124,18 +122,22 @@ class DraftRunner:
         none later. capture: draft_graphs.CudaCapture (default) or a CPU test's stand-in; sampled:
         graphs for steps with sampled rows too, for the batch buckets whose probabilities fit;
         sampled_chain: S > 0: the small ones also draw a sampled second chain of S drafts."""
-        from sglaunch.speculative.draft_graphs import DraftGraphPlan, DraftGraphRunner, sampled_batch_cap
+        from sglaunch.speculative.draft_graphs import DraftGraphRunner
 
-        plan = DraftGraphPlan(batch_sizes, max_context,
-                              sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, self._draft_vocab_size())
-                              if sampled else 0)
-        graphs = DraftGraphRunner(self.drafter, self.pool, plan, self.device, capture, sampled_chain)
+        graphs = DraftGraphRunner(self.drafter, self.pool, self._graph_plan(batch_sizes, max_context, sampled),
+                                  self.device, capture, sampled_chain)
         graphs.capture_all()
         self.graphs = graphs
 
-    def _draft_vocab_size(self) -> int:
+    def _graph_plan(self, batch_sizes: list[int], max_context: int, sampled: bool):
+        """The drafter graphs' plan; sampled: with sampled keys for the buckets whose draft
+        probabilities (over the draft vocabulary) fit in draft_graphs.SAMPLED_PROBS_BYTES."""
+        from sglaunch.speculative.draft_graphs import DraftGraphPlan, sampled_batch_cap
+
         d = self.drafter
-        return d.draft_vocab.numel() if d.draft_vocab is not None else d.config.vocab_size
+        vocab = d.draft_vocab.numel() if d.draft_vocab is not None else d.config.vocab_size
+        return DraftGraphPlan(batch_sizes, max_context,
+                              sampled_batch=sampled_batch_cap(batch_sizes, self.block_size, vocab) if sampled else 0)
 
     def block_tokens(self) -> torch.Tensor:
         """The last graph-drafted block's tokens, flat [max batch * gamma] (request r's slot j at
