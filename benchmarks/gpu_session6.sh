@@ -1071,7 +1071,7 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
-pipeline71() {  # session 33 (for the next session's first device run: session 33 got 21 s of a machine): every GPU
+pipeline71() {  # session 33 (for the next session's first device run: session 33 had minutes for GPU tests only): every GPU
   # test (session 31's four fixes, session 32's sampled plain steps in flight and sampled step-cost scales, session 33's
   # sampled drafter graphs with and without the sampled second chain: none has run on a GPU); then at T=0.7 over HTTP
   # (64 prompts, FlashInfer): DSpark compact with the block drawn eagerly (the default) against the sampled drafter
