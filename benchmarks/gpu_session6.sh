@@ -1087,8 +1087,9 @@ pipeline71() {  # session 33 (for the next session's first device run: session 3
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench2 240 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 64 "$W/bench2/bench.json"'
-  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 64 "$W/bench3/bench.json"'
+  # session 34: plain against DSpark (the brief's never-slower) before the chain's A/B
   part bench1 240 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 64 "$W/bench3/bench.json"'
   local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1 --temperature 0.7"
   part prof07g 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 python3 benchmarks/profile_step.py $P --json "$W/prof07g.json"
   part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 python3 benchmarks/profile_step.py $P --json "$W/prof07.json"
