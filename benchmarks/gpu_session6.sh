@@ -1080,19 +1080,16 @@ pipeline71() {  # session 33 (for the next session's first device run: session 3
   # shows step_cost_scale); then where the sampled step goes (profile_step --temperature 0.7, c=1, drafting at every
   # step) with the graphs and without
   # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
-  # session 34 (five asks without a machine left about 1,000 s): 48 prompts a level, the eager profile dropped
-  part gputest 260 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  # session 34 (asks without a machine left 854 s): 48 prompts a level; the chain's A/B and the profiles dropped
+  part gputest 200 python3 -m pytest -v --tb=short -p no:cacheprovider tests/gpu
   touch "$W/core.done"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench2 240 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 48 "$W/bench2/bench.json"'
-  # session 34: plain against DSpark (the brief's never-slower) before the chain's A/B
-  part bench1 240 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 48'
-  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 48 "$W/bench3/bench.json"'
-  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1 --temperature 0.7"
-  part prof07g 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 python3 benchmarks/profile_step.py $P --json "$W/prof07g.json"
+  part bench2 200 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 48 "$W/bench2/bench.json"'
+  # plain against DSpark with the sampled graphs (the brief's never-slower)
+  part bench1 200 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 48'
   touch "$W/all.done"
 }
 
