@@ -1079,18 +1079,24 @@ pipeline71() {  # session 33 (for the next session's first device run: session 3
   # the chain runs); plain against DSpark with the graphs, c=1,8 (the brief's "never slower"; the bench's server_info
   # shows step_cost_scale); then where the sampled step goes (profile_step --temperature 0.7, c=1, drafting at every
   # step) with the graphs and without
-  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s)
-  # session 34 (asks without a machine left 764 s): the GPU tests run in the foreground of the first call
-  # (-k "sampled or wait_only or second_chain"), 48 prompts a level, the chain's A/B and the profiles dropped
+  # NOTE: FlashInfer's JIT on a fresh machine (about 80 s). Session 34 got no machine (its trims are undone);
+  # with less than about 900 s left, run benchmarks/gpu_sampled_ab.sh instead (no model upload)
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  touch "$W/core.done"
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
-  part bench2 200 env TEMP=0.7 bash -c 'dspark_ab eager "" graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 48 "$W/bench2/bench.json"'
-  # plain against DSpark with the sampled graphs (the brief's never-slower)
-  part bench1 200 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 48'
+  part bench2 240 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 64 "$W/bench2/bench.json"'
+  # plain against DSpark (the brief's never-slower) before the chain's A/B
+  part bench1 240 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 64 "$W/bench3/bench.json"'
+  local P="--model $SMOL --drafter $DRAFTER --modes compact --concurrency 1 --steps 40 --overlap 1 --temperature 0.7"
+  part prof07g 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 python3 benchmarks/profile_step.py $P --json "$W/prof07g.json"
+  part prof07 120 env SGLAUNCH_DSPARK_STEP_ASIDE=0 SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 python3 benchmarks/profile_step.py $P --json "$W/prof07.json"
   touch "$W/all.done"
 }
+
 
 pipeline69() {  # session 32 (written without device time), run in session 33 with its additions: every GPU test
   # (session 31's four fixes, session 32's planner change and session 33's sampled drafter graphs have not run on a
