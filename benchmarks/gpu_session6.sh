@@ -1097,7 +1097,6 @@ pipeline71() {  # session 33 (for the next session's first device run: session 3
   touch "$W/all.done"
 }
 
-
 pipeline69() {  # session 32 (written without device time), run in session 33 with its additions: every GPU test
   # (session 31's four fixes, session 32's planner change and session 33's sampled drafter graphs have not run on a
   # GPU); the brief's "never slower" at T=0.7: plain against DSpark compact over HTTP at c=1,8, 64 prompts,
