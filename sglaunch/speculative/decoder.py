@@ -195,7 +195,7 @@ class DSparkDecoder:
         temps = None if all(greedy) else [0.0 if g else r.sampling.temperature for g, r in zip(greedy, reqs)]
         G = self.gamma
         draws = None if host_u is None else (
-            torch.cat([host_u[:, :G], host_u[:, 2 * G + 1: 2 * G + 1 + chains]], 1) if chains else host_u[:, :G])
+            torch.cat([host_u[:, :G], self._chain_draws(host_u, chains)], 1) if chains else host_u[:, :G])
         step = DraftStepInput([r.token_ids[-1] for r in reqs], [c.start for c in chunks],
                               [r.pages[: -(-c.start // self.page_size)] for r, c in zip(reqs, chunks)],
                               chains if all(greedy) else 0, temps, draws)
@@ -260,7 +260,7 @@ class DSparkDecoder:
             second, second_probs = out.sampled_second  # drawn inside the sampled graph, from the same uniforms
         elif chains:
             second, second_probs = self.drafter.sampled_second_chain(out, anchors, block, temps,
-                                                                     u[:, 2 * G + 1: 2 * G + 1 + chains], chains)
+                                                                     self._chain_draws(u, chains), chains)
         verify_lens, accept_lens, second_host = self._plan(chunks, block, budget, extra_tokens, caps, verify_tiers,
                                                            second)
         return Proposal(chunks, block, greedy_mask, accept_u, sample_u, verify_lens, time.perf_counter() - start,
@@ -356,6 +356,12 @@ class DSparkDecoder:
             if not g:
                 host[row] = torch.rand(width, generator=generators.get(r.rid))
         return host
+
+    def _chain_draws(self, u: torch.Tensor, chains: int) -> torch.Tensor:
+        """The draw uniforms [R, S] of a sampled second chain of S drafts, in _uniforms' layout (after
+        the block's 2G + 1; its tests follow them)."""
+        start = 2 * self.gamma + 1
+        return u[:, start: start + chains]
 
     def _windows(self, chunks: list[Chunk], block: DraftBlock, budget: int, extra_tokens: int, caps: torch.Tensor,
                  verify_tiers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
