@@ -422,3 +422,58 @@ def test_synchronous_steps_of_many_requests_verify_one_chain(dspark_files, decoy
         tokens = out[f"m-{i}"][0]
         assert len(tokens) == 3 + (7 * i) % 31
         assert tokens[:24] == plain[i][: len(tokens)]
+
+
+def test_sampled_step_reads_each_uniform_once(dspark_files, decoy_drafter, monkeypatch):
+    """The decoder's layout of a sampled step's uniforms (DSparkDecoder._uniforms: the block's G
+    draws, its G tests, the correction draw, then a sampled chain's S draws and its S tests): every
+    sampled row's block draws, chain draws, tests, correction draw and chain tests are distinct
+    columns of that row, and together they are all of its columns. A slice off by one (a chain
+    drawn from the block's first test uniform) passes the lossless and equal-tokens tests above,
+    because the graph and the eager drafter read the same slice."""
+    from sglaunch.speculative.decoder import DSparkDecoder
+    from sglaunch.speculative.drafter import DSparkDrafter
+
+    monkeypatch.setenv(ENV, "3")
+    monkeypatch.setenv(SAMPLED, "3")
+    seen = {}
+    checked = []
+    real_block, real_chain, real_propose = (DSparkDrafter.sample_block, DSparkDrafter.sampled_second_chain,
+                                            DSparkDecoder._propose)
+
+    def block(self, *a, **k):
+        seen["draw"] = k["uniforms"]
+        return real_block(self, *a, **k)
+
+    def chain(self, out, anchors, blk, temps, uniforms, length):
+        seen["chain draw"] = uniforms
+        return real_chain(self, out, anchors, blk, temps, uniforms, length)
+
+    def propose(self, chunks, out, greedy, temps, host_u, *a, **k):
+        seen.clear()
+        proposal = real_propose(self, chunks, out, greedy, temps, host_u, *a, **k)
+        if host_u is None or proposal.second_uniforms is None:
+            return proposal
+        S = proposal.second_uniforms.shape[1]
+        assert host_u.shape[1] == 2 * self.gamma + 1 + 2 * S and seen["chain draw"].shape[1] == S
+        parts = {"draw": seen["draw"], "test": proposal.accept_uniforms, "correction": proposal.sample_uniforms[:, None],
+                 "chain draw": seen["chain draw"], "chain test": proposal.second_uniforms}
+        for r, g in enumerate(greedy):
+            if g:
+                continue
+            row, columns = host_u[r], {}
+            for name, u in parts.items():
+                hits = (u[r].cpu()[:, None] == row[None, :]).nonzero()
+                assert len(hits) == u.shape[1], (name, u[r], row)  # each value is one column of the row
+                columns[name] = set(hits[:, 1].tolist())
+            taken = [c for cols in columns.values() for c in cols]
+            assert len(taken) == len(set(taken)) == row.numel(), columns
+            checked.append(r)
+        return proposal
+
+    monkeypatch.setattr(DSparkDrafter, "sample_block", block)
+    monkeypatch.setattr(DSparkDrafter, "sampled_second_chain", chain)
+    monkeypatch.setattr(DSparkDecoder, "_propose", propose)
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
+    _, stats = sampled_run(config, BATCH[:SECOND_CHAIN_MAX_BATCH], "u", 90)
+    assert stats["second_chains"] > 0 and len(checked) > 0
