@@ -1071,6 +1071,22 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline72() {  # session 35: pipeline71's HTTP benches first, for a session that ran benchmarks/gpu_sampled_ab.sh
+  # (the sampled step's GPU tests and profiles) in its first call: at T=0.7 over HTTP (64 prompts, FlashInfer) the
+  # block drawn eagerly against the sampled drafter graphs (c=1,8); plain against DSpark with the graphs (c=1,8,
+  # the brief's "never slower"); the graphs without and with the sampled chain of 3 (c=1,4); then every GPU test
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench2 240 env TEMP=0.7 bash -c 'dspark_ab eager SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 graphs SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 1,8 64 "$W/bench2/bench.json"'
+  touch "$W/core.done"
+  part bench1 240 env TEMP=0.7 SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 two "SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3" 1,4 64 "$W/bench3/bench.json"'
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  touch "$W/all.done"
+}
+
 pipeline71() {  # session 33 (for the next session's first device run: session 33 had minutes for GPU tests only): every GPU
   # test (session 31's four fixes, session 32's sampled plain steps in flight and sampled step-cost scales, session 33's
   # sampled drafter graphs with and without the sampled second chain: none has run on a GPU); then at T=0.7 over HTTP
