@@ -340,7 +340,10 @@ class LLMEngine:
         start = time.perf_counter()
         logits = self._run_on_all_ranks(step)  # [num_samples, vocab]
         rows = sample_rows(chunks)
-        self._sample(chunks, logits, rows, sampled, logprobs, failed)
+        # NOTE: an all-greedy step's second chains go with the plain rows' greedy read (one copy)
+        chains = proposal.second if proposal is not None and any(proposal.second_lens or ()) and \
+            all(is_greedy(c.req.sampling) for c in proposal.chunks) else None
+        self._sample(chunks, logits, rows, sampled, logprobs, failed, chains)
         if proposal is not None:
             self._accept(proposal, logits, rows, chunks, sampled, logprobs, time.perf_counter() - start)
         self.counters["steps"] += 1
@@ -780,15 +783,17 @@ class LLMEngine:
         return tuple(self.runner.verify_token_tiers)
 
     def _sample(self, chunks: list[Chunk], logits: torch.Tensor, rows: list, sampled: list, logprobs: list,
-                failed: dict[int, Exception]) -> None:
+                failed: dict[int, Exception], extra: torch.Tensor | None = None) -> None:
+        """The plain (not drafting) rows' tokens. extra: read back with their greedy choices
+        (ModelRunner.greedy_host), for the accept that follows."""
         plain = [i for i, chunk in enumerate(chunks) if chunk.samples and not chunk.lookahead]
         if not plain:
             return
         params = [chunks[i].req.sampling for i in plain]
         if all(is_greedy(p) for p in params):  # a decode graph may have chosen them already
-            chosen = self.runner.greedy_host([rows[i] for i in plain])
+            chosen = self.runner.greedy_host([rows[i] for i in plain], extra)
             if chosen is not None:
-                for i, token, logprob in zip(plain, *chosen):
+                for i, token, logprob in zip(plain, *chosen[:2]):
                     sampled[i], logprobs[i] = token, logprob
                 return
         generators = [self.generators.get(chunks[i].req.rid) for i in plain]

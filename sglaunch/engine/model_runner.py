@@ -132,6 +132,7 @@ class ModelRunner:
         self.attn = backend_cls(self.kv_pool, heads, kv_heads, spec.head_dim, device)
         self.attn.set_query_dtype(self.model_dtype)
         self.step_greedy, self._greedy_read = None, None  # set by forward() (see greedy_host)
+        self._extra_read = None  # (tensor, its host copy): the extra read with the greedy choices
         self._readback_buffers: list[torch.Tensor | None] = [None, None]  # pinned (greedy_readback)
         self._readback_turn = 0
         self.graphs = self._capture_graphs(show_progress) if no_graphs is None else None
@@ -227,7 +228,7 @@ class ModelRunner:
             self._fill_placeholders(input_ids, step, previous)
             self._fill_drafts(input_ids, step)
 
-        self.step_greedy, self._greedy_read = None, None
+        self.step_greedy, self._greedy_read, self._extra_read = None, None, None
         if key is not None:
             hidden, features, positions, out_slots = self.graphs.replay(key, step, fill)
             if features is not None:  # None after a graph that wrote the draft context itself
@@ -311,7 +312,7 @@ class ModelRunner:
         """Overlap, a plain step that samples (TP 1): its sampled choices (sampler.sample_device,
         [2 or 3, logit rows] on the device) stand in for the forward's greedy ones: the next
         step's placeholders take them, and greedy_readback copies them."""
-        self.step_greedy, self._greedy_read = (choices, list(range(choices.shape[1]))), None
+        self.step_greedy, self._greedy_read, self._extra_read = (choices, list(range(choices.shape[1]))), None, None
 
     def greedy_readback(self) -> GreedyReadback:
         """Start copying the last forward's greedy choices to the host without waiting for them
@@ -341,7 +342,8 @@ class ModelRunner:
         back in one copy per step, when that forward chose them (any graph replay, or an eager
         step with `logits=False`); else None (sample from the logits). extra: a device tensor read
         back in the same copy where it is the step's first read (DSpark's second chains), returned
-        third as a flat list."""
+        third as a flat list; a later call with the same tensor gets that copy (the engine's plain
+        rows read first, the accept second: engine._sample passes the step's chains along)."""
         if self.step_greedy is None:
             return None
         greedy, rows = self.step_greedy
@@ -350,9 +352,12 @@ class ModelRunner:
             width = greedy.shape[1]
             flat = torch.cat([greedy.reshape(-1).double(), extra.reshape(-1).double()]).tolist()  # NOTE: one copy
             self._greedy_read, extra_host = [flat[:width], flat[width: 2 * width]], flat[2 * width:]
+            self._extra_read = (extra, extra_host)
         elif self._greedy_read is None:
             self._greedy_read = greedy.tolist()  # NOTE: the step's one device-to-host copy
-        elif extra is not None:  # NOTE: read after the step's copy (the forward done): no wait
+        elif extra is not None and self._extra_read is not None and self._extra_read[0] is extra:
+            extra_host = self._extra_read[1]  # read with the greedy choices
+        elif extra is not None:  # NOTE: a second copy (after the step's, the forward done: no wait)
             extra_host = extra.reshape(-1).tolist()
         host = self._greedy_read
         picked = [rows[r] for r in logit_rows]
