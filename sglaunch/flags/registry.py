@@ -340,8 +340,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "inside the target graphs; on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "DSpark: a drafting step with a sampled row (T > 0) replays a drafter "
            "CUDA graph that also draws the block (each row's temperature and uniforms as graph inputs), for the "
-           "batch sizes whose draft probabilities fit in 64 MiB; off unless 1 (not yet measured on a GPU; off: the "
-           "block is drawn eagerly after the forward's graph).", choices=("0", "1"), sglaunch_only=True),
+           "batch sizes whose draft probabilities fit in 64 MiB; on unless 0 (0: the block is drawn eagerly after the "
+           "forward's graph).", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_STEP_ASIDE", "DSpark decodes plainly at steps where drafting would not pay "
            "(step-cost table and lagged confidences); on unless 0.", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_SECOND_CHAIN", "DSpark at T=0: a drafting step of up to 4 requests also verifies a "

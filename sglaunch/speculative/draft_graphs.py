@@ -14,9 +14,9 @@ context of the step), so a graph is keyed on both, each rounded up:
   request's context length masks them, as it masks the table's own padding.
 Keys whose gathered context would be too large (B * C above MAX_CELLS) run eagerly.
 
-With SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 (off by default until a GPU run measures its speed; session
-33's H100 tests found its draws equal to the eager ones) a step with sampled rows (T > 0) replays
-a second set of graphs; otherwise such steps sample eagerly after the forward's graph. Their body
+Unless SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 (on by default since session 35's GPU run) a step with
+sampled rows (T > 0) replays a second set of graphs; with it 0 such steps sample eagerly after the
+forward's graph. Their body
 is the forward and then the Markov block sampling of any mix of greedy and sampled rows
 (`sampled_graph_body`): each row's temperature (0: greedy) and its G draw uniforms, drawn on the host
 from the request's generator, go down in a second static input (float32) with the step's one copy of
@@ -69,10 +69,9 @@ def enabled_from_env() -> bool:
 
 
 def sampled_enabled_from_env() -> bool:
-    """Graphs for steps with sampled rows: only when SGLAUNCH_DRAFT_SAMPLED_GRAPH is 1/true/yes/on.
-    NOTE: off by default until a GPU run has measured them against the eager draws (session 33 had
-    only the minutes for their GPU tests; `pipeline71` in benchmarks/gpu_session6.sh measures them)."""
-    return os.environ.get(SAMPLED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Graphs for steps with sampled rows: on unless SGLAUNCH_DRAFT_SAMPLED_GRAPH is 0/false/no/off
+    (on by default since session 35's GPU run: benchmarks/NOTES.md)."""
+    return os.environ.get(SAMPLED_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def sampled_batch_cap(batch_sizes: Sequence[int], gamma: int, vocab: int, budget: int = SAMPLED_PROBS_BYTES) -> int:

@@ -66,9 +66,13 @@ def test_every_graph_is_captured_at_start_up_and_none_while_serving(dspark_files
     greedy = [r.rid for r in requests(batch, "r") if r.sampling.temperature == 0.0]
     assert {rid: got[rid][0] for rid in greedy} == {rid: plain[rid][0] for rid in greedy}
     assert {rid: v[0] for rid, v in got.items()} == {rid: v[0] for rid, v in eager.items()}  # sampled too
-    # without the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH unset: the default) steps with a sampled row
-    # sample eagerly
+    # the default (SGLAUNCH_DRAFT_SAMPLED_GRAPH unset) is the sampled graphs
     monkeypatch.delenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH")
+    default, graphs, _ = serve(config, batch)
+    assert graphs.plan.sampled_batch == 4 and graphs.sampled_replays > 0
+    assert {rid: v[0] for rid, v in default.items()} == {rid: v[0] for rid, v in eager.items()}
+    # with it 0, steps with a sampled row sample eagerly
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "0")
     off, graphs, _ = serve(config, batch)
     assert graphs.plan.sampled_batch == 0 and graphs.sampled_replays == 0 and graphs.replays > 0
     assert not any(k.sampled for k in graphs.graphs)
@@ -204,8 +208,8 @@ def test_the_drafters_working_memory_dry_run_and_the_kv_budget_it_leaves(dspark_
 @pytest.mark.parametrize("sampled_graphs", ["0", "1"])
 def test_every_sampled_drafting_step_replays_a_drafter_graph(dspark_files, batch, monkeypatch, sampled_graphs):
     """Steps whose rows all sample replay a drafter graph at every drafting step: a sampled one
-    (SGLAUNCH_DRAFT_SAMPLED_GRAPH=1), or by default the forward's greedy graph with the block drawn
-    eagerly after it (not an eager forward)."""
+    (by default), or with SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 the forward's greedy graph with the block
+    drawn eagerly after it (not an eager forward)."""
     from sglaunch.speculative.drafter import DSparkDrafter
 
     with_graphs(monkeypatch)

@@ -200,9 +200,9 @@ def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain,
 
 def test_sampled_graphs_draw_the_second_chain_the_eager_drafter_draws(dspark_files, decoy_drafter, monkeypatch):
     """Session 33: with the drafter's graphs (the CPU stand-in for capture) and
-    SGLAUNCH_DRAFT_SAMPLED_GRAPH=1, the sampled graphs of up to SECOND_CHAIN_MAX_BATCH requests draw
-    the block and its sampled second chain from the step's uniforms: the same tokens as the eager
-    draws (the graphs' default), the chain verified and winning, and the chain taken from the
+    the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH's default) of up to SECOND_CHAIN_MAX_BATCH requests
+    draw the block and its sampled second chain from the step's uniforms: the same tokens as the eager
+    draws (SGLAUNCH_DRAFT_SAMPLED_GRAPH=0), the chain verified and winning, and the chain taken from the
     graph, not drawn again."""
     import functools
 
@@ -214,6 +214,7 @@ def test_sampled_graphs_draw_the_second_chain_the_eager_drafter_draws(dspark_fil
                                           force=True))
     monkeypatch.setenv(ENV, "3")
     monkeypatch.setenv(SAMPLED, "3")
+    monkeypatch.setenv("SGLAUNCH_DRAFT_SAMPLED_GRAPH", "0")
     config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
     small = BATCH[:SECOND_CHAIN_MAX_BATCH]
     eager, eager_stats = sampled_run(config, small, "g", 70)

@@ -582,10 +582,10 @@ def test_drafter_graphs_give_the_eager_drafts(files, drafter, monkeypatch):
 
 @pytest.mark.parametrize("chain", [0, 3])
 def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch, chain):
-    """Session 33: with SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 a step with a sampled row replays a sampled
+    """Session 33: by default (SGLAUNCH_DRAFT_SAMPLED_GRAPH unset) a step with a sampled row replays a sampled
     drafter graph (the forward, then the block's draws at the rows' temperatures and host-drawn
-    uniforms); seeded sampled requests beside a greedy one produce exactly the tokens of the
-    default (the sampling eager after the forward's graph), drafting at every step (the oracle
+    uniforms); seeded sampled requests beside a greedy one produce exactly the tokens of
+    SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 (the sampling eager after the forward's graph), drafting at every step (the oracle
     drafter: peaked draft distributions). chain 3: SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 at page size 1
     with the random drafter (so that the chain wins), the second chains drawn in the graphs too:
     the greedy request stays plain greedy and the sampled ones complete. NOTE: not compared token
@@ -612,10 +612,10 @@ def test_sampled_drafter_graphs_give_the_eager_draws(files, monkeypatch, chain):
                         chain=graphs.chain, chains=engine.spec.stats.to_dict()["second_chains"])
         return out, seen
 
-    monkeypatch.delenv(SAMPLED_ENV, raising=False)  # the default: the draws eager
+    monkeypatch.setenv(SAMPLED_ENV, "0")  # the draws eager
     eager, eager_seen = sampled_run()
     assert eager_seen["sampled_batch"] == 0 and eager_seen["sampled_replays"] == 0, eager_seen
-    monkeypatch.setenv(SAMPLED_ENV, "1")
+    monkeypatch.delenv(SAMPLED_ENV, raising=False)  # the default: the sampled graphs
     graphed, seen = sampled_run()
     assert seen["sampled_batch"] >= MAX_BS and seen["sampled_replays"] > 0, seen
     assert seen["captured_while_serving"] == 0 and seen["steps"] > 0, seen
