@@ -352,8 +352,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "DSpark at T>0: a drafting step of up to 4 requests with a sampled row "
            "also verifies a second chain of N drafts, drawn without the block's first draft and judged by recursive "
            "rejection sampling (the output distribution unchanged); 0 (default) off: with the sampled step eager the "
-           "chain measured slower (with SGLAUNCH_DRAFT_SAMPLED_GRAPH=1 the chain is drawn inside the drafter's sampled "
-           "graphs, not yet measured). Needs --page-size 1.", sglaunch_only=True, at_least=0),
+           "chain measured slower, and drawn inside the drafter's sampled graphs still 0.79x one chain at c=1 (H100, "
+           "T=0.7). Needs --page-size 1.", sglaunch_only=True, at_least=0),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "
