@@ -478,3 +478,34 @@ def test_sampled_step_reads_each_uniform_once(dspark_files, decoy_drafter, monke
     config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
     _, stats = sampled_run(config, BATCH[:SECOND_CHAIN_MAX_BATCH], "u", 90)
     assert stats["second_chains"] > 0 and len(checked) > 0
+
+
+def test_plain_rows_read_the_second_chains_with_the_greedy_choices(dspark_files, decoy_drafter, plain, monkeypatch):
+    """An all-greedy step whose plain rows (a request at its length cap, a prefill) are sampled
+    before the accept reads the verified second chains in the same copy as the greedy choices
+    (engine._sample passes them to ModelRunner.greedy_host, which keeps the copy for the accept):
+    no step reads them again (on CUDA that second copy is a synchronising read, session 35's GPU
+    sync tests), and the output is still plain greedy decoding's."""
+    from sglaunch.engine.model_runner import ModelRunner
+
+    monkeypatch.setenv(ENV, "3")
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
+    seen = {"merged": 0, "reused": 0, "second copy": 0}
+    real = ModelRunner.greedy_host
+
+    def watched(self, logit_rows, extra=None):
+        if extra is not None and self.step_greedy is not None:
+            if self._greedy_read is None:
+                seen["merged"] += 1
+            elif self._extra_read is not None and self._extra_read[0] is extra:
+                seen["reused"] += 1
+            else:
+                seen["second copy"] += 1
+        return real(self, logit_rows, extra)
+
+    monkeypatch.setattr(ModelRunner, "greedy_host", watched)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    tokens, _, stats = run_checked(config, small)
+    assert tokens == plain[: len(small)]
+    assert stats["second_chains"] > 0
+    assert seen["reused"] > 0 and seen["second copy"] == 0, seen
