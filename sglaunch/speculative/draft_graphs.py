@@ -16,11 +16,10 @@ Keys whose gathered context would be too large (B * C above MAX_CELLS) run eager
 
 Unless SGLAUNCH_DRAFT_SAMPLED_GRAPH=0 (on by default since session 35's GPU run) a step with
 sampled rows (T > 0) replays a second set of graphs; with it 0 such steps sample eagerly after the
-forward's graph. Their body
-is the forward and then the Markov block sampling of any mix of greedy and sampled rows
-(`sampled_graph_body`): each row's temperature (0: greedy) and its G draw uniforms, drawn on the host
-from the request's generator, go down in a second static input (float32) with the step's one copy of
-the int64 input. The block's draft probabilities (over the draft vocabulary) stay in a static output
+forward's graph. Their body is the forward and then the Markov block sampling of any mix of greedy
+and sampled rows (`sampled_graph_body`): each row's temperature (0: greedy) and its G draw uniforms,
+drawn on the host from the request's generator, go down in a second static input (float32) with the
+step's one copy of the int64 input. The block's draft probabilities (over the draft vocabulary) stay in a static output
 of [batch, G, K] floats, so these graphs cover only the batch buckets whose probabilities fit in
 SAMPLED_PROBS_BYTES (`sampled_batch_cap`); larger sampled steps sample eagerly. With a sampled
 second chain of S drafts (SGLAUNCH_DSPARK_SAMPLED_CHAIN), the sampled graphs of up to
