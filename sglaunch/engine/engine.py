@@ -24,7 +24,7 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, sample_device
+from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, rows_of, sample_device
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -798,7 +798,7 @@ class LLMEngine:
                 return
         generators = [self.generators.get(chunks[i].req.rid) for i in plain]
         failures: dict[int, Exception] = {}  # NOTE: a row that cannot be sampled fails its request only
-        choices = sample_device(logits[[rows[i] for i in plain]], params, generators, failures)
+        choices = sample_device(rows_of(logits, [rows[i] for i in plain]), params, generators, failures)
         self._take_choices(list(zip(plain, range(len(plain)))), choices, failures, sampled, logprobs, failed)
 
     @staticmethod

@@ -106,7 +106,7 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return index, invalid
 
 
-def _rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+def rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """logits[rows] without a synchronising copy: every row in order is the tensor itself, else
     the index goes down by transfer.to_device's pinned copy (indexing a CUDA tensor with a Python
     list copies the list from pageable memory and waits: GPU test of overlapped sampled steps,
@@ -123,7 +123,7 @@ def _filtered_rows(logits: torch.Tensor, rows: list[int], params: list[SamplingP
     and failures are collected, each row is retried alone and a row that still fails is left out
     (recorded in failures)."""
     try:
-        return filtered_probs(_rows_of(logits, rows), [params[i] for i in rows]), list(range(len(rows)))
+        return filtered_probs(rows_of(logits, rows), [params[i] for i in rows]), list(range(len(rows)))
     except (RuntimeError, ValueError, OverflowError) as exc:
         if failures is None:
             raise

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.engine.sampler import _sorted_filter, draw, filtered_probs, make_generator, sample
+from sglaunch.engine.sampler import _sorted_filter, draw, filtered_probs, make_generator, rows_of, sample
 
 SAMPLED = SamplingParams(max_new_tokens=4, temperature=0.9, top_p=0.95, top_k=0, seed=3)
 
@@ -117,3 +117,12 @@ def test_rows_that_filter_nothing_are_the_softmax_and_mixed_batches_equal_each_r
                                _sorted_filter(logits[[1, 3]], [params[1], params[3]]), atol=0, rtol=0)
     torch.testing.assert_close(filtered_probs(logits[[0, 5]], [params[0], params[5]]),
                                torch.softmax(logits[[0, 5]] / torch.tensor([[0.7], [1.0]]), -1), atol=0, rtol=0)
+
+
+def test_rows_of_takes_the_rows_without_a_list_index():
+    """sampler.rows_of: every row in order is the logits tensor itself (no copy); any other
+    selection equals logits[rows], in the order given, repeats included."""
+    logits = torch.randn(5, 11)
+    assert rows_of(logits, [0, 1, 2, 3, 4]) is logits
+    for rows in ([3, 1], [4], [0, 0, 2], [1, 2, 3, 4]):
+        torch.testing.assert_close(rows_of(logits, rows), logits[rows], rtol=0, atol=0)
