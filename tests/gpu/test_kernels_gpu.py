@@ -444,8 +444,8 @@ def check_budget(recorder, tolerated: tuple[str, ...] = ()) -> None:
     accepted = [(s, n) for s, n in allowed if not is_plan(s)]
     assert accepted, f"no accept read-back seen: {describe(recorder.sites.items())}"
     # NOTE: the greedy read's two sites (with and without the step's second chains) are one read-back
-    greedy_sites = [s for s, _ in accepted if s[3] == "greedy_host"]
-    assert len(accepted) - len(greedy_sites) + bool(greedy_sites) == 1 and 0 < sum(n for _, n in accepted) <= steps, \
+    readbacks = {"greedy_host" if s[3] == "greedy_host" else s for s, _ in accepted}
+    assert len(readbacks) == 1 and 0 < sum(n for _, n in accepted) <= steps, \
         f"one accept read-back, at most once per step ({steps} steps): {describe(accepted)}"
 
 
