@@ -29,7 +29,7 @@ from sglaunch.engine.loader import load_checkpoint
 from sglaunch.engine.model_spec import ModelSpec, find_weight_files, resolve_context_length
 from sglaunch.engine.models import CausalLM
 from sglaunch.engine.step import SECOND_CHAIN_BASE, DraftStepInput, StepInput
-from sglaunch.engine.transfer import to_device
+from sglaunch.engine.transfer import rows_of, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -240,11 +240,11 @@ class ModelRunner:
             if key.decode:  # the graph computed every row's logits too
                 if step.sample_indices == list(range(step.batch_size)):  # NOTE: all sample: no gather
                     return self.graphs.logits[: step.batch_size]
-                return self.graphs.logits[self._rows(step)]
+                return rows_of(self.graphs.logits, step.sample_indices)
             if not step.logits:
                 return None
         else:
-            input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
+            (input_ids,) = to_device([torch.tensor(step.input_ids, dtype=torch.int64)], self.device)  # NOTE: pinned, no wait
             fill(input_ids)
             meta = self.attn.prepare(step)
             positions, out_slots = meta.positions, meta.out_slots
@@ -256,7 +256,9 @@ class ModelRunner:
                 self.draft.write_context(features, positions, out_slots)
             if not step.sample_indices:  # only partial prefill chunks this step (same on every rank)
                 return torch.empty(0, self.spec.vocab_size, device=self.device)
-        logits = self.model.compute_logits(hidden[self._rows(step)]).float()  # [num_samples, vocab]
+        # NOTE: a view where the rows are a run (a verify step's every row), else one pinned copy of the index:
+        # torch.tensor(rows, device=cuda) waited for the verify graph before the accept was launched (session 36)
+        logits = self.model.compute_logits(rows_of(hidden, step.sample_indices)).float()  # [num_samples, vocab]
         if key is None and not step.logits:  # an all-greedy eager step: its choices, as a graph gives them
             from sglaunch.kernels.vocab_reduce import greedy_logprob_reference
 
@@ -333,9 +335,6 @@ class ModelRunner:
         event = torch.cuda.Event()
         event.record()
         return GreedyReadback(host, rows, event)
-
-    def _rows(self, step: StepInput) -> torch.Tensor:
-        return torch.tensor(step.sample_indices, dtype=torch.int64, device=self.device)
 
     def greedy_host(self, logit_rows: list[int], extra: torch.Tensor | None = None):
         """The greedy (token, log-probability) of these rows of the last forward's logits, read

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.engine.transfer import to_device
+from sglaunch.engine.transfer import rows_of, to_device
 
 GREEDY_TEMPERATURE = 1e-5
 
@@ -104,17 +104,6 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     invalid = ~(torch.isfinite(probs).all(dim=-1) & (probs >= 0).all(dim=-1) & (total > 0))
     index = torch.searchsorted(cdf, (u * total)[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
     return index, invalid
-
-
-def rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """logits[rows] without a synchronising copy: every row in order is the tensor itself, else
-    the index goes down by transfer.to_device's pinned copy (indexing a CUDA tensor with a Python
-    list copies the list from pageable memory and waits: GPU test of overlapped sampled steps,
-    session 35)."""
-    if rows == list(range(logits.shape[0])):
-        return logits
-    (index,) = to_device([torch.tensor(rows, dtype=torch.int64)], logits.device)
-    return logits.index_select(0, index)
 
 
 def _filtered_rows(logits: torch.Tensor, rows: list[int], params: list[SamplingParams],

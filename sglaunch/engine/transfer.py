@@ -5,6 +5,8 @@ scheduler allows.
   packed byte-wise into ONE pinned CPU buffer and moved with ONE non-blocking copy; a pinned
   non-blocking copy does not make the host wait. On a CPU device the tensors are returned as
   they are (nothing to copy).
+- `rows_of`: rows of a device tensor chosen on the host, as a view where they are a run and
+  otherwise through `to_device`, never a synchronising list index.
 - `pack_for_host` / `unpack_rows`: several device results of one phase in ONE float64 tensor,
   so the single read-back the host needs (`.tolist()` at the call site, which is the sync) moves
   all of them. float64 holds every int32/int64 token id and count below 2**53 and every float32
@@ -41,6 +43,19 @@ def to_device(tensors: Sequence[torch.Tensor], device: torch.device, pack: bool 
     moved = buffer.to(device, non_blocking=True)  # NOTE: the phase's one host-to-device copy
     return [moved[start: start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             for t, start in zip(tensors, offsets)]
+
+
+def rows_of(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """tensor[rows] without a synchronising copy. Indexing a CUDA tensor with a Python list, or
+    with a tensor built by torch.tensor(..., device=cuda), copies from pageable memory and waits
+    for the stream (GPU tests of overlapped sampled steps, session 35; the sampled verify step's
+    logit rows, session 36). Every row in order is the tensor itself, an ascending run of rows a
+    view of it, and any other selection goes through to_device's pinned copy."""
+    n = len(rows)
+    if n and rows[-1] - rows[0] == n - 1 and rows == list(range(rows[0], rows[0] + n)):
+        return tensor if n == tensor.shape[0] else tensor[rows[0]: rows[0] + n]
+    (index,) = to_device([torch.tensor(rows, dtype=torch.int64)], tensor.device)
+    return tensor.index_select(0, index)
 
 
 def pack_for_host(columns: Sequence[torch.Tensor]) -> torch.Tensor:

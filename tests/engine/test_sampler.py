@@ -119,10 +119,26 @@ def test_rows_that_filter_nothing_are_the_softmax_and_mixed_batches_equal_each_r
                                torch.softmax(logits[[0, 5]] / torch.tensor([[0.7], [1.0]]), -1), atol=0, rtol=0)
 
 
-def test_rows_of_takes_the_rows_without_a_list_index():
-    """sampler.rows_of: every row in order is the logits tensor itself (no copy); any other
-    selection equals logits[rows], in the order given, repeats included."""
+def test_rows_of_takes_the_rows_without_a_list_index(monkeypatch):
+    """transfer.rows_of (the sampler's and the model runner's row picks): every row in order is the
+    tensor itself, an ascending run of rows a view of it (no copy, no index: a verify step's
+    logit rows, session 36), and any other selection equals tensor[rows], in the order given,
+    repeats included, with its index moved by transfer.to_device (never a list index)."""
+    from sglaunch.engine import transfer
+
+    moved = []
+    real = transfer.to_device
+    monkeypatch.setattr(transfer, "to_device", lambda tensors, device, pack=None: moved.append(len(tensors))
+                        or real(tensors, device, pack))
     logits = torch.randn(5, 11)
     assert rows_of(logits, [0, 1, 2, 3, 4]) is logits
-    for rows in ([3, 1], [4], [0, 0, 2], [1, 2, 3, 4]):
+    for rows in ([1, 2, 3], [0, 1], [4], [2]):
+        view = rows_of(logits, rows)
+        assert view.data_ptr() == logits[rows[0]].data_ptr() and view.shape == (len(rows), 11)
+        torch.testing.assert_close(view, logits[rows], rtol=0, atol=0)
+    assert moved == []
+    for rows in ([3, 1], [0, 0, 2], [1, 3, 4], [4, 3, 2]):
         torch.testing.assert_close(rows_of(logits, rows), logits[rows], rtol=0, atol=0)
+    assert moved == [1, 1, 1, 1]
+
+

@@ -504,6 +504,49 @@ def test_align_verify_tokens_to_graph_tier_replays_filled_tiers(dspark_files, fl
             assert total in tiers, (rows, tiers)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_graph_forward_never_waits_for_the_device(flashinfer_files, temperature):
+    """FlashInfer + CUDA graphs, DSpark greedy and sampled: a target forward that replays a graph
+    (verify or decode) makes no host sync, so the accept's launches queue behind the graph. Session
+    36: a sampled verify step gathered its logit rows with torch.tensor(rows, device=cuda), which
+    waited for the whole verify graph (the third cudaStreamSynchronize a step in session 35's profile)."""
+    from sglaunch.engine.interface import SamplingParams
+    from sglaunch.engine.launch import create_engine
+
+    params = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=0.9 if temperature else 1.0,
+                            seed=3, ignore_eos=True)
+    prompts = helpers.prompts(8, seed=5)
+    control, on_graphs, eager = SyncRecorder(), SyncRecorder(), SyncRecorder()
+    with control.watching():  # NOTE: the recorder sees a read-back, or the census below proves nothing
+        torch.ones(2, device="cuda").tolist()
+    assert control.sites, "sync debug mode reported nothing: the recorder does not work with this torch"
+    engine, cluster = create_engine(flashinfer_files["config"])
+    try:
+        runner = engine.runner
+        assert runner.graphs is not None and runner.verify_token_tiers, "no verify graphs were captured"
+        run(engine, prompts, params, "warm")
+        engine.spec.planner.step_aside = False  # NOTE: as in watched_run: the census is of drafting steps
+        forward = runner.forward
+
+        def watched(step):
+            recorder = on_graphs if runner.graphs.pick(step) is not None else eager
+            recorder.calls["forward"] += 1
+            with recorder.watching():
+                return forward(step)
+
+        runner.forward = watched
+        before = dict(runner.graphs.replays)
+        run(engine, prompts, params, "watched")
+        replays = {k: v - before.get(k, 0) for k, v in runner.graphs.replays.items()}
+    finally:
+        cluster.stop(engine)
+    print(f"graph forwards {on_graphs.calls['forward']}, eager {eager.calls['forward']}; replays {replays}; "
+          f"eager forwards' syncs: {describe(eager.sites.items())}")
+    assert replays.get("verify", 0) > 0, replays
+    assert on_graphs.calls["forward"] >= replays["verify"]
+    assert not on_graphs.sites, f"host syncs in a graph forward: {describe(on_graphs.sites.items())}"
+
+
 @pytest.fixture(scope="module")
 def flashinfer_files(tmp_path_factory, dspark_files):
     """A head_dim-64 target (FlashInfer does not run dspark_helpers' head_dim 32) with the oracle

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata
 from sglaunch.engine.step import StepInput
+from sglaunch.engine.transfer import to_device
 
 
 @dataclass
@@ -57,9 +58,9 @@ class TorchAttentionBackend(AttentionBackend):
             req_t = None
         else:
             starts = [0, *accumulate(step.query_lens)]
-            tokens = torch.tensor([t for r in reqs for t in range(starts[r], starts[r + 1])], dtype=torch.int64,
-                                  device=dev)
-            req_t = torch.tensor(reqs, dtype=torch.int64, device=dev)
+            # NOTE: one pinned copy (torch.tensor(..., device=cuda) waits for the stream)
+            tokens, req_t = to_device([torch.tensor([t for r in reqs for t in range(starts[r], starts[r + 1])],
+                                                    dtype=torch.int64), torch.tensor(reqs, dtype=torch.int64)], dev)
 
         def pick(x: torch.Tensor) -> torch.Tensor:
             return x if req_t is None else x.index_select(0, req_t)
