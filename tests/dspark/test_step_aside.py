@@ -398,7 +398,10 @@ def test_a_stepped_aside_step_converts_and_copies_where_a_plain_step_does(dspark
     assert graphs is not None and graphs.replays == 0
     assert aside_census.calls["step"] == plain_census.calls["step"]
     sites = lambda c: Counter({(f, text): n for (f, _, text), n in c.items() if f.startswith("sglaunch/")})  # noqa: E731
-    assert sites(plain_census.read_backs) and sites(plain_census.moves)  # the census sees a plain step's
+    # NOTE: the census sees a plain step's read-backs; since session 36 a plain step on the CPU makes no direct
+    # move (its input ids and logit rows go through transfer.to_device, a no-op on the CPU), so only a stepped
+    # aside step that moves where a plain one does not would show here
+    assert sites(plain_census.read_backs)
     assert sites(aside_census.read_backs) == sites(plain_census.read_backs)
     assert sites(aside_census.moves) == sites(plain_census.moves)
 
