@@ -354,6 +354,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "rejection sampling (the output distribution unchanged); 0 (default) off: with the sampled step eager the "
            "chain measured slower, and drawn inside the drafter's sampled graphs still 0.79x one chain at c=1 (H100, "
            "T=0.7). Needs --page-size 1.", sglaunch_only=True, at_least=0),
+    EnvVar("SGLAUNCH_DSPARK_PRICE_GREEDY_CHAIN", "DSpark: the planner's step-aside decision and modelled step time "
+           "also count an all-greedy step's second chain (its verify rows and the tokens its wins add, as measured), "
+           "as they always do for the sampled chain; off unless 1 (the greedy chain's default was measured without "
+           "it).", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST", "DSpark bursts: an all-greedy decode batch runs up to N drafting steps "
            "back to back on the device, read back once, when the start-up profile says that beats plain "
            "decoding: 0 off, N iterations at most, auto (default) on CUDA with graphs (8 iterations at most, 4 above "

@@ -44,6 +44,9 @@ RECORD_ENV = "SGLAUNCH_DSPARK_RECORD_PATH"  # JSONL of drafted blocks for `sglau
 STEP_ASIDE_ENV = "SGLAUNCH_DSPARK_STEP_ASIDE"  # 0: draft at every step, even where it does not pay
 SECOND_CHAIN_ENV = "SGLAUNCH_DSPARK_SECOND_CHAIN"  # N > 0: greedy steps also verify a runner-up chain of N drafts
 SAMPLED_CHAIN_ENV = "SGLAUNCH_DSPARK_SAMPLED_CHAIN"  # N > 0: steps with sampled rows verify a second chain too
+# 1: the planner prices the greedy class's second chain too (its rows and measured wins; the sampled class's
+# always), off by default: the greedy chain's default was measured without it (planner.chain_terms)
+PRICE_GREEDY_CHAIN_ENV = "SGLAUNCH_DSPARK_PRICE_GREEDY_CHAIN"
 LOG_INTERVAL_S = 10.0
 
 
@@ -105,6 +108,7 @@ class Proposal:
     second_probs: torch.Tensor | None = None
     second_uniforms: torch.Tensor | None = None
     second_host: list[list[float]] | None = None  # at T > 0: the second chains' tokens, read back with the plan
+    sampled: bool = False  # a drafting row samples at T > 0 (the planner's sampled class)
 
 
 @dataclass
@@ -142,7 +146,8 @@ class DSparkDecoder:
         self.planner = DSparkPlanner(self.gamma, self.mode, sps, temps, int(os.environ.get(LAG_ENV, DEFAULT_LAG_STEPS)),
                                      has_confidence_head=drafter.confidence_head is not None,
                                      step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0",
-                                     start_prior=measured_survivals(spec.draft_model_path, self.gamma))
+                                     start_prior=measured_survivals(spec.draft_model_path, self.gamma),
+                                     price_greedy_chains=os.environ.get(PRICE_GREEDY_CHAIN_ENV, "0").strip() == "1")
         self.stats = SpecStats(self.gamma)
         self.second_chain = second_chain_length(self.gamma, page_size, device.type)
         self.sampled_chain = second_chain_length(self.gamma, page_size, device.type, sampled=True)
@@ -162,7 +167,9 @@ class DSparkDecoder:
         """Before anything is drafted or reserved: the step's draft budget K, or None when
         drafting does not pay at this load (the step decodes plainly; counted). committed_extra:
         tokens the step's other rows commit either way; sampled: some row samples at T > 0."""
-        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled)
+        # NOTE: the chain propose() would verify at this size and class (the engine passes it the pages)
+        chains = bool(self.sampled_chain if sampled else self.second_chain) and len(rids) <= SECOND_CHAIN_MAX_BATCH
+        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled, chains)
         if budget is None:
             self.stats.record_step_aside(len(rids))
             self.planner.skip_step()
@@ -202,6 +209,7 @@ class DSparkDecoder:
         out = run_draft(step)
         proposal = self._propose(chunks, out, greedy, temps, host_u, budget, extra_tokens, verify_tiers, start,
                                  0 if all(greedy) else chains)
+        proposal.sampled = not all(greedy)
         if chains:
             if all(greedy):  # the runner-up chains the draft runner drafted on every rank
                 proposal.second = out.second
@@ -500,6 +508,9 @@ class DSparkDecoder:
                                proposal.draft_seconds, verify_seconds)
         if any(second):
             self.stats.record_second_chains(sum(1 for n in second if n), sum(1 for a in out if a.second_won))
+            # NOTE: a chain wins only where its first chain's first draft was rejected (one token committed)
+            self.planner.observe_chains(proposal.sampled, len(out), sum(1 + n for n in second if n),
+                                        sum(a.accept_length - 1 for a, n in zip(out, second) if n and a.second_won))
         self._maybe_log()
         return out
 

@@ -89,6 +89,9 @@ FAILING_FACTOR = 0.5
 FAILING_ACCEPT = 1.2
 
 
+CHAIN_DECAY = 0.9  # per chained step: the second chains' running rows and gains (DSparkPlanner.observe_chains)
+
+
 def theta(tau: float, batch_tokens: int, sps: SpsTable, requests: int = 1) -> float:
     """Expected committed tokens per second of a step verifying `batch_tokens` for `requests`."""
     return tau / sps.step_seconds(batch_tokens, requests)
@@ -185,13 +188,14 @@ def plain_rate(num_requests: int, sps: SpsTable, extra_tokens: int = 0, committe
 
 def drafting_pays(lagged_survivals: Iterable[float], num_requests: int, sps: SpsTable, extra_tokens: int = 0,
                   min_gain: float = MIN_DRAFT_GAIN, draft_scale: float = 1.0, plain_scale: float = 1.0,
-                  committed_extra: int = 0) -> int | None:
+                  committed_extra: float = 0, chain: tuple[int, float] = (0, 0.0)) -> int | None:
     """The budget K when drafting is expected to beat a plain step by `min_gain`, else None
     (step aside: verify nothing, run no drafter). A budget of 0 always steps aside; the rate
     comparison needs a table that prices the draft stage (without it drafting looks free).
     draft_scale / plain_scale: measured over modelled step time of each kind of step.
-    committed_extra: tokens the other rows commit either way (_argmax_theta)."""
-    k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens, committed_extra)
+    committed_extra: tokens the other rows commit either way (_argmax_theta). chain: (rows, tokens)
+    the step's second chains add to the drafting side only (DSparkPlanner.chain_terms)."""
+    k, rate = best_budget(lagged_survivals, num_requests, sps, extra_tokens + chain[0], committed_extra + chain[1])
     plain = plain_rate(num_requests, sps, extra_tokens, committed_extra)
     return _paying(k, rate, plain, sps, min_gain, draft_scale, plain_scale)
 
@@ -427,7 +431,7 @@ class DSparkPlanner:
     def __init__(self, block_size: int, mode: str, sps: SpsTable | None = None,
                  sts_temperatures: Sequence[float] | None = None, lag_steps: int = DEFAULT_LAG_STEPS,
                  has_confidence_head: bool = True, step_aside: bool = True, calibrate: bool = True,
-                 start_prior: Sequence[float] | None = None):
+                 start_prior: Sequence[float] | None = None, price_greedy_chains: bool = False):
         if mode not in ("static", "cap-accept", "compact"):
             raise ValueError(f"unknown ragged verify mode {mode!r}; choose static, cap-accept or compact")
         if mode != "static" and not has_confidence_head:
@@ -446,59 +450,94 @@ class DSparkPlanner:
         self.start_prior = list(start_prior) if start_prior is not None else None
         self.reset_prior()
         self._device_temperatures: dict[Any, Any] = {}  # device -> [G] float32, copied once
+        # chain_terms: the greedy class's second chain priced too (SGLAUNCH_DSPARK_PRICE_GREEDY_CHAIN)
+        self.price_greedy_chains = price_greedy_chains
 
     @property
     def can_step_aside(self) -> bool:
         """Whether plan_drafts may decide to draft nothing (compact / cap-accept with a table)."""
         return self.step_aside and self.mode != "static" and self.sps is not None
 
-    def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0) -> int:
+    def budget(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: float = 0,
+               chain: tuple[int, float] = (0, 0.0)) -> int:
         """Host: K for this step from survivals lagged N steps (no device sync); a request unknown
-        then counts as surviving everywhere (verify all: new requests are drafted in full)."""
+        then counts as surviving everywhere (verify all: new requests are drafted in full).
+        chain: chain_terms' (rows, tokens) of the step's second chains."""
         if self.mode == "static" or self.sps is None:
             return len(request_ids) * self.block_size
         return choose_budget(self._priced(self.relay.lagged_values(request_ids)), len(request_ids), self.sps,
-                             extra_tokens, committed_extra)
+                             extra_tokens + chain[0], committed_extra + chain[1])
 
     def plan_drafts(self, request_ids: Sequence[Any], extra_tokens: int = 0, committed_extra: int = 0,
-                    sampled: bool = False) -> int | None:
+                    sampled: bool = False, chains: bool = False) -> int | None:
         """Host, before anything is drafted: the budget K, or None to step aside (draft nothing:
         the step is a plain decode step and the drafter does not run). The decision prices
         unknown requests at the running mean survival, not at 1.0. committed_extra: tokens the
         step's other rows commit either way (non-speculating decodes, a prefill chunk that ends
         its prompt): both rates count them. sampled: some row of the step samples at T > 0 (its
-        step costs are corrected by the sampled class's scales)."""
-        if not self.can_step_aside:
-            return self.budget(request_ids, extra_tokens, committed_extra)
+        step costs are corrected by the sampled class's scales). chains: a drafting step would
+        verify second chains too: their measured rows and tokens go into the drafting side's
+        price and its modelled step time (chain_terms)."""
         R = len(request_ids)
+        chain = self.chain_terms(R, sampled) if chains else (0, 0.0)
+        if not self.can_step_aside:
+            return self.budget(request_ids, extra_tokens, committed_extra, chain)
         scale = self.calibration.scale_for(sampled) if self.calibration else {"draft": 1.0, "plain": 1.0}
         budget = None
         if self.relay.has_lagged():
             lagged = self._priced(self.relay.lagged_values(request_ids, self.prior))
             k = drafting_pays(lagged, R, self.sps, extra_tokens, draft_scale=scale["draft"], plain_scale=scale["plain"],
-                              committed_extra=committed_extra)
+                              committed_extra=committed_extra, chain=chain)
         else:  # every request at the prior: the same question as the step before, asked of the memo
-            k, rate, plain = self._at_prior(request_ids, extra_tokens, committed_extra)
+            k, rate, plain = self._at_prior(request_ids, extra_tokens, committed_extra, chain)
             k = _paying(k, rate, plain, self.sps, MIN_DRAFT_GAIN, scale["draft"], scale["plain"])
         if k is not None:
             # NOTE: budget() prices unknown requests at 1.0, not at the prior: when every request is
             # known its K is the one just computed (the same survivals), so it is not computed again
             known = self.mode != "static" and self.relay.knows_all(request_ids)
-            budget = (k if known else self.budget(request_ids, extra_tokens, committed_extra)) or None
+            budget = (k if known else self.budget(request_ids, extra_tokens, committed_extra, chain)) or None
         if self.calibration is not None:
             self.calibration.expect(*(("plain", self.sps.plain_step_seconds(R, extra_tokens)) if budget is None else
-                                      ("draft", self.sps.step_seconds(extra_tokens + R + budget, R))), sampled)
+                                      ("draft", self.sps.step_seconds(extra_tokens + chain[0] + R + budget, R))),
+                                    sampled)
         return budget
 
+    def chain_terms(self, num_requests: int, sampled: bool) -> tuple[int, float]:
+        """(rows, committed tokens) that a drafting step of `num_requests` requests of this class
+        adds by verifying second chains, from what its chained steps measured (observe_chains):
+        their rows cost verify time and their wins commit tokens the first chains did not, so both
+        belong to the drafting side of the step-aside decision and to its modelled step time (else
+        the rows' cost lands in the draft scale and the wins nowhere: H100, session 35, T=0.7, the
+        sampled chain of 3 stepped aside at 64-67% of c=1's steps against 35% without it and
+        served 0.79x). (0, 0.0) before the class has verified a chain, and for the greedy class
+        unless price_greedy_chains (its chain's default was measured without the pricing)."""
+        measured = self.chain_measure[sampled]
+        if measured is None or not (sampled or self.price_greedy_chains):
+            return 0, 0.0
+        rows, tokens = measured
+        return round(rows * num_requests), tokens * num_requests
+
+    def observe_chains(self, sampled: bool, num_requests: int, rows: int, gained: int) -> None:
+        """A drafting step of `num_requests` verified second chains in `rows` rows, and their wins
+        committed `gained` tokens beyond what the first chains would have (a chain wins only where
+        its first chain's first draft was rejected: that chain would have committed one token):
+        folded per request into the class's running means (CHAIN_DECAY a step)."""
+        if num_requests <= 0:
+            return
+        now = (rows / num_requests, gained / num_requests)
+        before = self.chain_measure[sampled]
+        self.chain_measure[sampled] = now if before is None else tuple(
+            CHAIN_DECAY * b + (1 - CHAIN_DECAY) * n for b, n in zip(before, now))
+
     def _at_prior(self, request_ids: Sequence[Any], extra_tokens: int,
-                  committed_extra: int = 0) -> tuple[int, float, float]:
+                  committed_extra: float = 0, chain: tuple[int, float] = (0, 0.0)) -> tuple[int, float, float]:
         """(K, Theta(K), plain rate) of a step whose requests all have no lagged survivals (priced
         at the prior), memoised per (requests, extra tokens) until the prior or the table changes.
         NOTE: a stepping-aside streak at load asks this every step (the relay holds no survivals
         then): the sort over R * G values, the cumulative sums and the table's step times need
         not be redone (a stepped-aside step's _burst_plan + _decide at 64 requests: 28.5 us on
         the dev CPU with the memo, `benchmarks/host_probes.py`, beside a 1.4 ms step on the H200)."""
-        key = (len(request_ids), extra_tokens, committed_extra)
+        key = (len(request_ids), extra_tokens, committed_extra, chain)
         memo = self._prior_memo
         if self._memo_table is not self.sps or len(memo) > 1024:  # NOTE: extra tokens vary: bounded
             memo.clear()
@@ -507,7 +546,7 @@ class DSparkPlanner:
         if hit is None:
             R = len(request_ids)
             k, rate = best_budget(self._priced(self.relay.lagged_values(request_ids, self.prior)), R, self.sps,
-                                  extra_tokens, committed_extra)
+                                  extra_tokens + chain[0], committed_extra + chain[1])
             hit = memo[key] = (k, rate, plain_rate(R, self.sps, extra_tokens, committed_extra))
         return hit
 
@@ -645,6 +684,8 @@ class DSparkPlanner:
         else:
             self.prior, self._prior_weight = [1.0] * self.block_size, 0
         self._prior_memo: dict = {}  # _at_prior's answers for the current prior and _memo_table
+        # per class (sampled?): the second chains' running (rows, tokens gained) per request of a chained step
+        self.chain_measure: dict[bool, tuple[float, float] | None] = {False: None, True: None}
         self._memo_table = self.sps
 
 

@@ -198,6 +198,41 @@ def test_sampled_steps_verify_a_second_chain(dspark_files, decoy_drafter, plain,
     assert all(len(t) == 16 and all(0 <= x < VOCAB for x in t) for t in two)
 
 
+def test_the_planner_learns_each_class_of_chain_from_its_steps(dspark_files, decoy_drafter, monkeypatch):
+    """What the second chains cost and won reaches the planner for the class that verified them
+    (planner.chain_terms prices it): every chained step reports its requests, the rows its chains
+    took (1 + n each, as the step's verify tokens count them) and what their wins committed beyond
+    the first chains (accept length - 1: the first chain's first draft was rejected). A run with
+    sampled rows measures the sampled class; an all-greedy run only the greedy class."""
+    from sglaunch.speculative.decoder import DSparkDecoder
+    from sglaunch.speculative.planner import DSparkPlanner
+
+    config = engine_config(dspark_files["target"], decoy_drafter[0], "compact", sps=dspark_files["sps"], page_size=1)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    seen = []
+    real = DSparkPlanner.observe_chains
+    monkeypatch.setattr(DSparkPlanner, "observe_chains", lambda self, *a: seen.append(a) or real(self, *a))
+    finish = []
+    real_finish = DSparkDecoder._finish
+    monkeypatch.setattr(DSparkDecoder, "_finish",
+                        lambda self, proposal, out, t: finish.append((proposal.sampled, list(proposal.second_lens or []),
+                                                                      [(a.accept_length, a.second_won) for a in out]))
+                        or real_finish(self, proposal, out, t))
+    monkeypatch.setenv(ENV, "3")
+    monkeypatch.setenv(SAMPLED, "3")
+    _, stats = sampled_run(config, small, "s", 30)
+    assert stats["second_chains"] > 0 and stats["second_chain_wins"] > 0
+    expected = [(sampled, len(accepts), sum(1 + n for n in lens if n),
+                 sum(a - 1 for (a, won), n in zip(accepts, lens) if n and won))
+                for sampled, lens, accepts in finish if any(lens)]
+    assert seen == expected and any(sampled for sampled, *_ in seen)
+    assert sum(g for *_, g in seen) > 0
+    seen.clear()
+    finish.clear()
+    *_, greedy_stats = run_checked(config, small)
+    assert greedy_stats["second_chain_wins"] > 0 and seen and not any(sampled for sampled, *_ in seen)
+
+
 def test_sampled_graphs_draw_the_second_chain_the_eager_drafter_draws(dspark_files, decoy_drafter, monkeypatch):
     """Session 33: with the drafter's graphs (the CPU stand-in for capture) and
     the sampled graphs (SGLAUNCH_DRAFT_SAMPLED_GRAPH's default) of up to SECOND_CHAIN_MAX_BATCH requests

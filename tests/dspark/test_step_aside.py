@@ -58,6 +58,64 @@ def test_the_other_rows_tokens_count_on_both_sides():
     assert planner.plan_drafts(["a"], 60, 60) is None
 
 
+def test_a_second_chain_is_priced_on_the_drafting_side_only():
+    """drafting_pays(chain=(rows, tokens)): a chain's rows make the drafting step dearer and its
+    wins commit more, and the plain side sees neither. Rows that cost (SPS falls with tokens) make a
+    marginal drafting step stand aside; the chain's measured gain makes one that did not pay, pay."""
+    sloped = SpsTable.from_points({1: 100.0, 8: 90.0, 16: 50.0, 32: 25.0}).with_draft_costs(
+        {1: 0.001}).with_decode_costs({1: 0.008})
+    drafts = [0.7, 0.5, 0.3, 0.1, 0.0, 0.0, 0.0]
+    assert drafting_pays(drafts, 1, sloped) is not None
+    assert drafting_pays(drafts, 1, sloped, chain=(12, 0.0)) is None  # 12 costly rows, nothing won
+    weak = [0.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert drafting_pays(weak, 1, sloped) is None
+    assert drafting_pays(weak, 1, sloped, chain=(4, 0.6)) is not None  # its wins add 0.6 tokens a step
+    # the plain side's price is the same whatever the chain: a chain whose rows cost nothing and win
+    # nothing decides as no chain does
+    free = table({1: 0.0055})
+    assert drafting_pays([0.6, 0.0, 0.0, 0.0], 1, free, chain=(4, 0.0)) == drafting_pays([0.6, 0.0, 0.0, 0.0], 1, free)
+
+
+def test_the_planner_prices_the_chains_it_measured():
+    """DSparkPlanner: before a class has verified a chain, chains=True prices as before; then its
+    measured rows and gained tokens per request (running means) price every drafting step of that
+    class, on both the decision and the modelled step time the draft scale learns against. The
+    greedy class's chain is priced only with price_greedy_chains (SGLAUNCH_DSPARK_PRICE_GREEDY_CHAIN)."""
+    from sglaunch.speculative.planner import CHAIN_DECAY
+
+    sloped = SpsTable.from_points({1: 100.0, 8: 90.0, 16: 50.0, 32: 25.0}).with_draft_costs(
+        {1: 0.001, 4: 0.002}).with_decode_costs({1: 0.01, 4: 0.012})
+    planner = DSparkPlanner(4, "compact", sloped, lag_steps=1)
+    planner.observe(["a", "b"], [[0.9, 0.8, 0.7, 0.6], [0.9, 0.8, 0.7, 0.6]])
+    k = planner.plan_drafts(["a", "b"], sampled=True, chains=True)
+    assert k is not None and planner.chain_terms(2, True) == (0, 0.0)
+    assert planner.calibration.pending == ("draft", sloped.step_seconds(2 + k, 2), True)
+    planner.observe_chains(True, 2, rows=8, gained=1)  # two chains of 3 drafts (4 rows each), one won 1 token more
+    assert planner.chain_measure[True] == (4.0, 0.5) and planner.chain_terms(2, True) == (8, 1.0)
+    planner.observe_chains(True, 2, rows=0, gained=0)
+    rows, tokens = planner.chain_measure[True]
+    assert rows == pytest.approx(CHAIN_DECAY * 4.0) and tokens == pytest.approx(CHAIN_DECAY * 0.5)
+    k = planner.plan_drafts(["a", "b"], sampled=True, chains=True)
+    chain_rows = round(2 * rows)
+    assert k is not None and planner.calibration.pending == ("draft", sloped.step_seconds(chain_rows + 2 + k, 2), True)
+    # a step too large for chains (chains=False) is priced without them
+    planner.plan_drafts(["a", "b"], sampled=True)
+    assert planner.calibration.pending[1] == sloped.step_seconds(2 + planner.plan_drafts(["a", "b"], sampled=True), 2)
+    # the greedy class: measured, but priced only when asked to
+    planner.observe_chains(False, 2, rows=8, gained=2)
+    assert planner.chain_terms(2, False) == (0, 0.0)
+    planner.price_greedy_chains = True
+    assert planner.chain_terms(2, False) == (8, 2.0)
+    # a chain that costs rows and wins nothing turns a marginal drafting step aside
+    p = DSparkPlanner(4, "compact", sloped, lag_steps=1)
+    p.observe(["a"], [[0.6, 0.2, 0.0, 0.0]])
+    assert p.plan_drafts(["a"], sampled=True, chains=True) is not None
+    p.observe(["a"], [[0.6, 0.2, 0.0, 0.0]])
+    p.observe_chains(True, 1, rows=16, gained=0)
+    assert p.plan_drafts(["a"], sampled=True, chains=True) is None
+    assert p.plan_drafts(["a"], sampled=True) is not None
+
+
 def test_plain_steps_are_priced_by_decode_points_else_by_sps():
     t = table({1: 0.001}, {1: 0.004, 8: 0.008})
     assert t.plain_step_seconds(1) == pytest.approx(0.004)
