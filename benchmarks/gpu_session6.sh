@@ -1071,6 +1071,39 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP with the tree before the logit-row fix
+  # (/tmp/old: this tree with .pre36's model_runner.py and torch_backend.py laid over it; `python3 -P` keeps the
+  # working directory's sglaunch off sys.path, so PYTHONPATH picks the tree) against this tree, the held-out set,
+  # 128 tokens, TEMP (default 0); KVCAP as for dspark_vs_plain
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a .pre36/sglaunch/. /tmp/old/sglaunch/
+  PYTHONPATH=/tmp/site:/tmp/old python3 -P -c "import sglaunch.engine.model_runner as m; print('old side:', m.__file__, 'has _rows:', hasattr(m.ModelRunner, '_rows'))"
+  python3 -c "import sglaunch.engine.model_runner as m; print('new side:', m.__file__, 'has _rows:', hasattr(m.ModelRunner, '_rows'))"
+  python3 -m sglaunch bench \
+    --compare "PYTHONPATH=/tmp/site:/tmp/old SGLANG_RAGGED_VERIFY_MODE=compact python3 -P -m sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$2" --output-len 128 \
+    --concurrency "$1" --temperature "${TEMP:-0}" --output "$3" --no-plot --rounds "${ROUNDS:-1}"
+}
+
+pipeline73() {  # session 36 (carry .pre36 with the tree): at T=0.7 over HTTP (64 prompts, FlashInfer, c=1,8) DSpark
+  # before and after the logit-row fix (a sampled verify step's torch.tensor(rows, device=cuda) waited for the verify
+  # graph); plain against DSpark (the brief's "never slower") at T=0.7 and at T=0 (session 35's plan, item 2); the
+  # sampled chain of 3, now priced by the planner, against one chain at T=0.7 (c=1,4); then every GPU test
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  export -f rows_ab
+  part bench1 240 env TEMP=0.7 bash -c 'rows_ab 1,8 64 "$W/bench1/bench.json"'
+  touch "$W/core.done"
+  part bench2 240 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench2/bench.json" 64'
+  part bench3 240 env TEMP=0.7 bash -c 'dspark_ab one "" two SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 1,4 64 "$W/bench3/bench.json"'
+  touch "$W/sampled.done"
+  part bench4 240 env TEMP=0 bash -c 'dspark_vs_plain 1,8 "$W/bench4/bench.json" 64'
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  touch "$W/all.done"
+}
+
 pipeline72() {  # session 35: pipeline71's HTTP benches first, for a session that ran benchmarks/gpu_sampled_ab.sh
   # (the sampled step's GPU tests and profiles) in its first call: at T=0.7 over HTTP (64 prompts, FlashInfer) the
   # block drawn eagerly against the sampled drafter graphs (c=1,8); plain against DSpark with the graphs (c=1,8,
@@ -1363,7 +1396,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1376,7 +1409,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
@@ -1389,7 +1422,7 @@ case "${1:-}" in
         | tar -xf - -C "$REPO" || exit 1
     cd "$REPO" && mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ || exit 1
     export W REPO SMOL DRAFTER
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     setsid nohup bash -c "${2:-pipeline57}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline ${2:-pipeline57} started in $REPO"
     ;;
