@@ -35,6 +35,9 @@ CONTEXT_SKIP_STREAK = 16  # stepped-aside steps in a row before a plain step may
 # steps in a row whose burst was declined as not worth it (no burst between) before a plain step of a
 # batch small enough to burst may skip the draft context too: bursts are what it is kept for there
 BURST_DECLINED_STREAK = 256
+# a sampled drafting step (overlap) is priced up to the next step's start when the engine loop's work between
+# them (publishing outputs, reading commands) took at most this long; a longer gap is idleness, not its cost
+LOOP_GAP_LIMIT_S = 0.005
 
 
 GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped at the largest ragged graph
@@ -150,6 +153,9 @@ class LLMEngine:
         self.context_skipped_steps = 0
         self._burst_declined = 0  # steps in a row a burst was declined as not worth it (_burst_plan)
         self._aside_streak = 0  # steps in a row the planner stepped aside (_decide)
+        self._drain_wait = 0.0  # the last _resolve_in_flight's wait for the device (its read-back)
+        # a sampled drafting step's (start less its drain's device wait, end), observed at the next step's start
+        self._draft_pending: tuple[float, float] | None = None
         if self.spec is not None and getattr(runner, "burst", None) is not None:
             from sglaunch.speculative.burst import BurstPolicy, chain_from_env, early_stop_from_env, wide_cap_from_env
 
@@ -287,6 +293,8 @@ class LLMEngine:
         """Schedule, (draft,) run the forward pass on every rank, sample or accept, and report
         new tokens."""
         began, prefills = time.perf_counter(), self.scheduler.num_prefill_steps
+        if self._draft_pending is not None:
+            self._observe_draft_pending(began)
         if self._burst_in_flight is not None:  # a chained burst: finish it (and maybe launch the next)
             outputs = self._collect_burst(self._burst_in_flight)
         else:
@@ -374,13 +382,13 @@ class LLMEngine:
         sampled = self.spec is not None and self._samples_at_t(chunks)
         if self.spec is not None and chunks:
             decision = self._decide(chunks, candidates, sampled)
-            drain_seconds = 0.0
+            drain_seconds, drain_wait = 0.0, 0.0
             if decision is not None and self._in_flight is not None:
                 # DSpark drafts this step: drain first, so the anchors and the verify input are
                 # real ids (the stop rules applied, finished requests' pages freed)
                 t = time.perf_counter()
                 drained = self._resolve_in_flight()
-                drain_seconds = time.perf_counter() - t
+                drain_seconds, drain_wait = time.perf_counter() - t, self._drain_wait
                 self.overlap_counts["drains"] += 1
                 live = [c for c in chunks if c.req.status is ReqStatus.RUNNING]
                 if len(live) < len(chunks):  # some finished at the step drained: decide again
@@ -389,9 +397,12 @@ class LLMEngine:
                     decision = self._decide(chunks, self._candidates(chunks)) if chunks else None
             if decision is not None:
                 outputs = drained + self._step_now(chunks, decision)
-                # NOTE: calibrated on drafting steps without the drain (the tail of the plain step
-                # before, which the pipelined decode profile prices); see _observe_overlapped
-                self._observe_overlapped(time.perf_counter() - began - drain_seconds)
+                if sampled:  # NOTE: priced at the next step's start (_observe_draft_pending)
+                    self._draft_pending = (began + drain_wait, time.perf_counter())
+                else:
+                    # NOTE: calibrated on drafting steps without the drain (the tail of the plain step
+                    # before, which the pipelined decode profile prices); see _observe_overlapped
+                    self._observe_overlapped(time.perf_counter() - began - drain_seconds)
                 return outputs
         pipelined = self._in_flight is not None  # this step's wall time covers one pipelined step
         outputs = drained + self._step_plain_overlapped(chunks)
@@ -416,6 +427,19 @@ class LLMEngine:
         flight before it, it is what such steps cost, for the sampled steps' own scale. A drafting
         step is observed without its drain."""
         self.spec.planner.observe_step_seconds(seconds)
+
+    def _observe_draft_pending(self, now: float) -> None:
+        """A sampled drafting step (overlap) as the planner prices it: from its start to the next
+        step's start, less only its drain's wait for the device (the plain step before it, which
+        the pipelined decode profile prices). Nothing was in flight while it, its drain's host work
+        (the drained step's outputs) and the engine loop's work after it (publishing its outputs)
+        ran, so the device idled through all of them, where a pipelined plain step hides its own
+        behind the next step (H100, session 36, T=0.7: the draft scale learnt without them drafted
+        on about half of c=1's steps, and DSpark served 0.93x of plain). A gap over
+        LOOP_GAP_LIMIT_S is the engine idling, not the step's cost: then to its end."""
+        start, end = self._draft_pending
+        self._draft_pending = None
+        self._observe_overlapped((now if now - end <= LOOP_GAP_LIMIT_S else end) - start)
 
     def _step_plain_overlapped(self, chunks: list[Chunk]) -> list[TokenOutput]:
         """Launch a plain step (placeholders filled on the device), then resolve the step in
@@ -468,7 +492,9 @@ class LLMEngine:
             dropped_ids = {id(req) for req in dropped}
             sampling = [i for i, index in enumerate(flight.indices) if index is not None]
             logit_rows = [flight.rows[i] for i in sampling]
+            waited = time.perf_counter()
             tokens, lps = flight.readback.get(logit_rows)
+            self._drain_wait = time.perf_counter() - waited
             for i, token, logprob, bad in zip(sampling, tokens, lps, flight.readback.failed(logit_rows)):
                 chunk, req = flight.chunks[i], flight.chunks[i].req
                 if req.status is ReqStatus.FINISHED and id(req) not in dropped_ids:
@@ -740,7 +766,9 @@ class LLMEngine:
         At small batches the context also goes once bursts have been declined as not worth it for
         burst_declined_streak steps in a row (H100, session 22: the bundled drafter on random target
         weights, priced at 1.3 by its own confidences, stepped aside on 97% of c=1's steps and 100%
-        of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain).
+        of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain). A
+        small batch where every row samples at T > 0 cannot burst, so it skips after the streak too
+        (H100, session 36, T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain).
         Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
@@ -748,7 +776,9 @@ class LLMEngine:
                 or self._aside_streak < self.context_skip_streak
                 or step.num_tokens != step.batch_size  # NOTE: a prefill chunk among them (one row a decode)
                 or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak
-                    and not self.spec.planner.drafter_failing())):
+                    and not self.spec.planner.drafter_failing()
+                    # NOTE: a batch where every row samples at T > 0 never bursts: nothing to keep it for
+                    and any(is_greedy(c.req.sampling) for c in chunks))):
             return True
         self.scheduler.mark_context_gaps()  # NOTE: this step's chunks are the running requests
         self.context_skipped_steps += 1

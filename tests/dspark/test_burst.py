@@ -353,7 +353,7 @@ def test_steps_that_skip_the_draft_context(dspark_files, baselines, monkeypatch)
             # the first 4 decisions step aside (the second batch gets its gaps), then every step
             # drafts (the planner's own budget)
             turns = itertools.chain([False] * 4, itertools.repeat(True))
-            planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False: (
+            planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False, chains=False: (
                 planner.budget(rids, extra, committed) if next(turns) else None)
             real_decide = engine._decide
 
@@ -619,7 +619,7 @@ def test_bursts_with_overlap_are_lossless(dspark_files, baselines, bursts, monke
         assert engine.overlap
         # the planner steps aside at every other step (plain, pipelined), and bursts come in
         # between: every third decision says yes
-        engine.spec.planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False: None
+        engine.spec.planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False, chains=False: None
         turns = itertools.cycle([False, False, True])
         engine.burst.worth = lambda *a, **k: next(turns)
         results = [run(engine, make_requests(b, f"b{n}")) for n, b in enumerate(BATCHES)]

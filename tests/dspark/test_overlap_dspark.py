@@ -49,7 +49,7 @@ def alternate(engine, eos: tuple[int, ...] = (), rule: str = "lengths") -> None:
     planner.calibration = None
     real, turn = planner.plan_drafts, [0]
 
-    def plan(rids, extra=0, committed=0, sampled=False):
+    def plan(rids, extra=0, committed=0, sampled=False, chains=False):
         turn[0] += 1
         if rule == "turns":
             return real(rids, extra, committed) if turn[0] % 2 == 0 else None

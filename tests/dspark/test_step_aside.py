@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dspark_helpers import GAMMA, engine_config, prompts
-from sglaunch.engine.interface import GenerateRequest
+from sglaunch.engine.interface import GenerateRequest, SamplingParams
 from sglaunch.engine.launch import create_engine
 from sglaunch.speculative.planner import DSparkPlanner, drafting_pays
 from sglaunch.speculative.sps import SpsTable, load_sps_table, save_sps_table
@@ -565,3 +565,97 @@ def test_slow_sampled_steps_step_aside_while_greedy_ones_keep_drafting(dspark_fi
         assert after["steps"] - before >= 5 and len(slow) == before, (after, scales)
     finally:
         cluster.stop(engine)
+
+
+@pytest.mark.parametrize("greedy_rows", [0, 1])
+def test_a_small_batch_that_only_samples_skips_the_draft_context(dspark_files, tmp_path, greedy_rows):
+    """A batch smaller than a burst keeps the draft context through stepped-aside steps while a
+    burst may come; where every row samples at T > 0 none can, so after context_skip_streak
+    stepped-aside steps its plain steps skip the context (session 36: H100, T=0.7, DSpark stepped
+    aside on 92% of c=8's steps and served 0.90x of plain); with a greedy row among them it stays.
+    Either way the output is the plain engine's, seeds included."""
+    from test_engine_dspark import greedy, sampled
+
+    batch = prompts(3, seed=22)
+    requests = [GenerateRequest(f"s-{i}", tuple(p), greedy(20) if i < greedy_rows else sampled(40 + i))
+                for i, p in enumerate(batch)]
+    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
+    try:
+        plain = run(plain_engine, requests)
+    finally:
+        cluster.stop(plain_engine)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "dear.json", table({1: 10.0})))
+    engine, cluster = create_engine(config)
+    try:
+        assert len(batch) < engine.context_skip_min_batch
+        engine.spec.planner.calibration = None  # the table's costs as they are: drafting never pays
+        engine.context_skip_streak = 2
+        out = run(engine, requests)
+        failing, skipped = engine.spec.planner.drafter_failing(), engine.context_skipped_steps
+        stats = engine.spec.stats.to_dict()
+    finally:
+        cluster.stop(engine)
+    assert_plain(out, plain)
+    assert not failing and stats["steps"] == 0 and stats["step_aside_steps"] >= engine.context_skip_streak
+    assert (skipped > 0) is (greedy_rows == 0), skipped
+
+
+@pytest.mark.parametrize("gap,limit", [(0.004, 0.5), (0.004, 0.002)])
+def test_a_sampled_drafting_step_is_priced_up_to_the_next_step(dspark_files, tmp_path, monkeypatch, gap, limit):
+    """Overlap: a sampled drafting step leaves nothing in flight, so the engine loop's work after it
+    (publishing its outputs; here a sleep of `gap` between steps) idles the device and is its cost:
+    the planner observes it from its start to the next step's start (less its drain's wait for the
+    device), where a greedy drafting step is observed to its own end. A gap over LOOP_GAP_LIMIT_S
+    is idleness, not cost: then the sampled step is observed to its end too (the limit is set here
+    far above or below the gap, so a slow host cannot blur which case a step is)."""
+    import time
+
+    from sglaunch.engine import engine as engine_module
+    from sglaunch.engine.launch import run_requests
+    from test_engine_dspark import greedy
+
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", "1")
+    monkeypatch.setattr(engine_module, "LOOP_GAP_LIMIT_S", limit)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "cheap.json", table({1: 1e-4})))
+    engine, cluster = create_engine(config)
+    planner = engine.spec.planner
+    observed, durations = [], []
+    observe, step_now, step = planner.observe_step_seconds, engine._step_now, engine.step
+
+    def record(seconds):
+        pending = planner.calibration.pending
+        if seconds is not None and pending is not None and pending[0] == "draft":
+            observed.append((pending[2], seconds, durations[-1]))
+        observe(seconds)
+
+    def timed_step_now(chunks, decision):
+        t = time.perf_counter()
+        try:
+            return step_now(chunks, decision)
+        finally:
+            durations.append(time.perf_counter() - t)
+
+    def slow_loop():
+        outputs = step()
+        time.sleep(gap)  # NOTE: the engine loop's work between two steps
+        return outputs
+
+    planner.observe_step_seconds, engine._step_now, engine.step = record, timed_step_now, slow_loop
+    try:
+        assert engine.overlap
+        batch = prompts(3, seed=5)
+        params = [SamplingParams(max_new_tokens=16, temperature=0.8, seed=i, ignore_eos=True) for i in range(3)]
+        run_requests(engine, [GenerateRequest(f"t-{i}", tuple(p), params[i]) for i, p in enumerate(batch)])
+        run_requests(engine, [GenerateRequest(f"g-{i}", tuple(p), greedy(16)) for i, p in enumerate(batch)])
+    finally:
+        cluster.stop(engine)
+    sampled = [(seconds, own) for is_sampled, seconds, own in observed if is_sampled]
+    greedy_steps = [(seconds, own) for is_sampled, seconds, own in observed if not is_sampled]
+    assert len(sampled) >= 3 and len(greedy_steps) >= 3, observed
+    assert all(seconds < own + gap for seconds, own in greedy_steps), greedy_steps
+    if gap <= limit:
+        assert all(seconds >= own + gap for seconds, own in sampled), [(s, o, s - o) for s, o in sampled if s < o + gap]
+    else:
+        assert all(own <= seconds < own + gap for seconds, own in sampled), sampled

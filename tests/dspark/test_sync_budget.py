@@ -403,7 +403,7 @@ def test_drafts_left_on_the_device_give_plain_greedy_output(dspark_files, monkey
                         functools.partial(draft_graphs.start_up_graphs, capture=draft_graphs.EagerCapture(), force=True))
     if mode == "compact":  # the budget covers every draft: no window depends on a confidence
         monkeypatch.setattr(DSparkPlanner, "plan_drafts",
-                            lambda self, rids, extra=0, committed=0, sampled=False: len(rids) * GAMMA)
+                            lambda self, rids, extra=0, committed=0, sampled=False, chains=False: len(rids) * GAMMA)
     filled, real_fill = Counter(), runner_module.ModelRunner._fill_drafts
 
     def fill(self, input_ids, step):

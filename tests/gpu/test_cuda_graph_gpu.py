@@ -377,7 +377,7 @@ def test_dspark_decode_graphs_without_draft_context_equal_plain_greedy(files, mo
 
     def every_step_aside(engine):
         assert engine.runner.graphs.plan.contextless
-        engine.spec.planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False: None
+        engine.spec.planner.plan_drafts = lambda rids, extra=0, committed=0, sampled=False, chains=False: None
         engine.context_skip_min_batch, engine.context_skip_streak = 1, 2
 
     spec, replays = greedy_outputs(cuda_config(files, drafter="oracle"), batch, 24, every_step_aside)
