@@ -1071,6 +1071,17 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline74() {  # session 36, its second machine (run the GPU tests in the wheels' call): plain against DSpark at
+  # T=0.7 over HTTP (64 prompts, FlashInfer, c=1,8) after the sampled drafting step's pricing to the next step's start
+  # and the all-sampled small batch's context skip (pipeline73's bench2 on the tree before: 0.934 / 0.896)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 200 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  touch "$W/all.done"
+}
+
 rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP with the tree before the logit-row fix
   # (/tmp/old: this tree with .pre36's model_runner.py and torch_backend.py laid over it; `python3 -P` keeps the
   # working directory's sglaunch off sys.path, so PYTHONPATH picks the tree) against this tree, the held-out set,

@@ -524,9 +524,10 @@ def test_graph_forward_never_waits_for_the_device(flashinfer_files, temperature)
     try:
         runner = engine.runner
         assert runner.graphs is not None and runner.verify_token_tiers, "no verify graphs were captured"
-        # NOTE: the census is of drafting steps: never step aside, from the warm-up on (stepping aside there
-        # at T=0.8 ran into the context skip, and the watched requests never drafted: H100, session 36)
-        engine.spec.planner.step_aside = False
+        # NOTE: the census is of drafting steps that verify drafts: no table, so every step drafts and its
+        # budget covers every draft (with the table, T=0.8's survivals on this random target priced every
+        # budget at 0: decode-shaped steps only, H100, session 36)
+        engine.spec.planner.sps = None
         run(engine, prompts, params, "warm")
         forward = runner.forward
 
