@@ -528,6 +528,7 @@ def test_graph_forward_never_waits_for_the_device(flashinfer_files, temperature)
         # budget covers every draft (with the table, T=0.8's survivals on this random target priced every
         # budget at 0: decode-shaped steps only, H100, session 36)
         engine.spec.planner.sps = None
+        engine.burst = None  # NOTE: and no bursts (without a table every greedy burst "pays"): verify steps only
         run(engine, prompts, params, "warm")
         forward = runner.forward
 
