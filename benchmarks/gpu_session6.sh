@@ -1079,6 +1079,9 @@ pipeline74() {  # session 36, its second machine (run the GPU tests in the wheel
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 200 env TEMP=0.7 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
+  touch "$W/core.done"
+  part gputest 150 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+    -k "never_waits or decode_graphs_without_draft_context or sampled_step_host_syncs or wait_only"
   touch "$W/all.done"
 }
 
