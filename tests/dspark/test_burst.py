@@ -447,18 +447,11 @@ def test_declined_bursts_let_a_small_batch_skip_the_draft_context(dspark_files, 
     burst_declined_streak steps in a row, stepped-aside steps of 3 requests (fewer than a burst
     takes) skip the context; out of reach (10**9), none does. Output is plain greedy either way."""
     from test_engine_dspark import greedy
-    from test_step_aside import assert_plain, table, write
+    from test_step_aside import assert_plain, plain_then_dear
 
     batch = prompts(3, seed=22)
     requests = [GenerateRequest(f"s-{i}", tuple(p), greedy(60)) for i, p in enumerate(batch)]
-    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
-    try:
-        plain = run(plain_engine, requests)
-    finally:
-        cluster.stop(plain_engine)
-    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
-                           sps=write(tmp_path, "dear.json", table({1: 10.0})))
-    engine, cluster = create_engine(config)
+    plain, engine, cluster = plain_then_dear(dspark_files, tmp_path, requests)
     try:
         assert engine.burst is not None and len(batch) < engine.context_skip_min_batch
         engine.spec.planner.calibration = None  # the table's costs as they are (see test_step_aside)

@@ -567,6 +567,20 @@ def test_slow_sampled_steps_step_aside_while_greedy_ones_keep_drafting(dspark_fi
         cluster.stop(engine)
 
 
+def plain_then_dear(dspark_files, tmp_path, requests):
+    """A plain engine's outputs for `requests`, then a started DSpark engine (compact, the oracle
+    drafter) whose table says drafting never pays -> (plain outputs, engine, cluster)."""
+    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
+    try:
+        plain = run(plain_engine, requests)
+    finally:
+        cluster.stop(plain_engine)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "dear.json", table({1: 10.0})))
+    engine, cluster = create_engine(config)
+    return plain, engine, cluster
+
+
 @pytest.mark.parametrize("greedy_rows", [0, 1])
 def test_a_small_batch_that_only_samples_skips_the_draft_context(dspark_files, tmp_path, greedy_rows):
     """A batch smaller than a burst keeps the draft context through stepped-aside steps while a
@@ -579,14 +593,7 @@ def test_a_small_batch_that_only_samples_skips_the_draft_context(dspark_files, t
     batch = prompts(3, seed=22)
     requests = [GenerateRequest(f"s-{i}", tuple(p), greedy(20) if i < greedy_rows else sampled(40 + i))
                 for i, p in enumerate(batch)]
-    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
-    try:
-        plain = run(plain_engine, requests)
-    finally:
-        cluster.stop(plain_engine)
-    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
-                           sps=write(tmp_path, "dear.json", table({1: 10.0})))
-    engine, cluster = create_engine(config)
+    plain, engine, cluster = plain_then_dear(dspark_files, tmp_path, requests)
     try:
         assert len(batch) < engine.context_skip_min_batch
         engine.spec.planner.calibration = None  # the table's costs as they are: drafting never pays
