@@ -237,9 +237,7 @@ class ModelRunner:
             if not step.sample_indices:
                 return torch.empty(0, self.spec.vocab_size, device=self.device)
             self.step_greedy = (self.graphs.greedy[:, :t], step.sample_indices)
-            if key.decode:  # the graph computed every row's logits too
-                if step.sample_indices == list(range(step.batch_size)):  # NOTE: all sample: no gather
-                    return self.graphs.logits[: step.batch_size]
+            if key.decode:  # the graph computed every row's logits too (all sampling: a view, no gather)
                 return rows_of(self.graphs.logits, step.sample_indices)
             if not step.logits:
                 return None

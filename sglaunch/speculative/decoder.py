@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from sglaunch.config import EngineConfig
+from sglaunch.config import EngineConfig, env_switch
 from sglaunch.engine.interface import SamplingParams
 from sglaunch.engine.sampler import filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
@@ -147,7 +147,7 @@ class DSparkDecoder:
                                      has_confidence_head=drafter.confidence_head is not None,
                                      step_aside=os.environ.get(STEP_ASIDE_ENV, "1").strip() != "0",
                                      start_prior=measured_survivals(spec.draft_model_path, self.gamma),
-                                     price_greedy_chains=os.environ.get(PRICE_GREEDY_CHAIN_ENV, "0").strip() == "1")
+                                     price_greedy_chains=env_switch(PRICE_GREEDY_CHAIN_ENV, False))
         self.stats = SpecStats(self.gamma)
         self.second_chain = second_chain_length(self.gamma, page_size, device.type)
         self.sampled_chain = second_chain_length(self.gamma, page_size, device.type, sampled=True)
@@ -168,8 +168,8 @@ class DSparkDecoder:
         drafting does not pay at this load (the step decodes plainly; counted). committed_extra:
         tokens the step's other rows commit either way; sampled: some row samples at T > 0."""
         # NOTE: the chain propose() would verify at this size and class (the engine passes it the pages)
-        chains = bool(self.sampled_chain if sampled else self.second_chain) and len(rids) <= SECOND_CHAIN_MAX_BATCH
-        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled, chains)
+        budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled,
+                                          self._chain_length(sampled, len(rids)) > 0)
         if budget is None:
             self.stats.record_step_aside(len(rids))
             self.planner.skip_step()
@@ -194,8 +194,7 @@ class DSparkDecoder:
         greedy = [is_greedy(r.sampling) for r in reqs]
         # NOTE: as bursts, up to SECOND_CHAIN_MAX_BATCH requests: beyond, the extra rows cost more than they
         # give (H100, session 30), and the planner's step cost does not count them
-        chains = ((self.second_chain if all(greedy) else self.sampled_chain)
-                  if second_pages is not None and len(chunks) <= SECOND_CHAIN_MAX_BATCH else 0)
+        chains = self._chain_length(not all(greedy), len(chunks)) if second_pages is not None else 0
         # a step with a sampled row draws its uniforms now: the block's draws (and a sampled second
         # chain's) go with the draft step, for a drafter graph that samples (DraftStepInput.temperatures)
         host_u = None if all(greedy) else self._uniforms(reqs, greedy, generators, chains)
@@ -215,6 +214,12 @@ class DSparkDecoder:
                 proposal.second = out.second
             self._second_windows(proposal, second_pages, chains)
         return proposal
+
+    def _chain_length(self, sampled: bool, requests: int) -> int:
+        """The second chain's drafts a drafting step of this class and size verifies (0: none)."""
+        if requests > SECOND_CHAIN_MAX_BATCH:
+            return 0
+        return self.sampled_chain if sampled else self.second_chain
 
     def _second_windows(self, proposal: Proposal, second_pages, S: int) -> None:
         """Each request whose first window verifies its first draft also verifies the second
