@@ -1074,14 +1074,14 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
 pipeline75() {  # session 37: pipeline74's measure with three rounds (plain against DSpark at T=0.7 over HTTP, 64
   # prompts, FlashInfer, c=1,8; 134f9e6's sampled drafting step priced to the next step's start and the all-sampled
   # small batch's context skip: their first GPU run); then plain against DSpark with the priced sampled chain of 3
-  # (SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 reaches only the DSpark server) at T=0.7; then plain against DSpark at T=0
+  # (SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 reaches only the DSpark server; it chains steps of up to 4 requests) at T=0.7, c=1,4; then plain against DSpark at T=0
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 240 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   touch "$W/core.done"
-  part bench2 200 env TEMP=0.7 ROUNDS=2 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 bash -c 'dspark_vs_plain 1,8 "$W/bench2/bench.json" 64'
+  part bench2 200 env TEMP=0.7 ROUNDS=2 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 bash -c 'dspark_vs_plain 1,4 "$W/bench2/bench.json" 64'
   part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
   touch "$W/all.done"
 }
