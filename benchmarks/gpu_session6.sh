@@ -1077,6 +1077,8 @@ pipeline75() {  # session 37: pipeline74's measure with three rounds (plain agai
   # (SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 reaches only the DSpark server; it chains steps of up to 4 requests) at T=0.7, c=1,4; then plain against DSpark at T=0
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
+  # NOTE: the GPU tests `bgtest` started in the wheels' call run while the model comes up: wait for them
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 240 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
@@ -1454,6 +1456,18 @@ case "${1:-}" in
     export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     setsid nohup bash -c "${2:-pipeline57}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline ${2:-pipeline57} started in $REPO"
+    ;;
+  bgtest)  # bgtest K [S]: the GPU tests `pytest tests/gpu -k K` in the background (at most S seconds, default 300)
+    # from a copy of the working tree (/tmp/testrepo; later calls re-sync the tree), after `install`: they run while
+    # the next calls carry the model pieces; $W/gputest.log, then $W/gputest.done (a pipeline waits for it)
+    mkdir -p "$W" && rm -rf /tmp/testrepo && mkdir -p /tmp/testrepo \
+      && tar --exclude='./.whl*' --exclude='./.s?b' --exclude='./.m?' --exclude='./.out' --exclude='./.git' -cf - . \
+        | tar -xf - -C /tmp/testrepo || exit 1
+    touch "$W/gputest.started"
+    (cd /tmp/testrepo && PYTHONPATH=/tmp/site setsid nohup bash -c "timeout -k 10 ${3:-300} python3 -m pytest -q \
+      -p no:cacheprovider tests/gpu -k '$2' > $W/gputest.log 2>&1; echo \"exit \$?\" >> $W/gputest.log; \
+      touch $W/gputest.done" > /dev/null 2>&1 < /dev/null &)
+    echo "gpu tests started: -k $2"
     ;;
   piece)  # piece DIR [join]: the model piece(s) of DIR (carried) -> /tmp/smol; join: /tmp/smol/ready (pull_smol
     # concatenates /tmp/smol/part_a? in name order)
