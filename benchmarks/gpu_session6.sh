@@ -1083,8 +1083,9 @@ pipeline75() {  # session 37: pipeline74's measure with three rounds (plain agai
   export KVCAP
   part bench1 240 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8 "$W/bench1/bench.json" 64'
   touch "$W/core.done"
-  part bench2 200 env TEMP=0.7 ROUNDS=2 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 bash -c 'dspark_vs_plain 1,4 "$W/bench2/bench.json" 64'
   part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
+  touch "$W/greedy.done"
+  part bench2 200 env TEMP=0.7 ROUNDS=2 SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 bash -c 'dspark_vs_plain 1,4 "$W/bench2/bench.json" 64'
   touch "$W/all.done"
 }
 
