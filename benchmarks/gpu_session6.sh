@@ -1073,8 +1073,9 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
 
 pipeline75() {  # session 37: pipeline74's measure with three rounds (plain against DSpark at T=0.7 over HTTP, 64
   # prompts, FlashInfer, c=1,8; 134f9e6's sampled drafting step priced to the next step's start and the all-sampled
-  # small batch's context skip: their first GPU run); then plain against DSpark with the priced sampled chain of 3
-  # (SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 reaches only the DSpark server; it chains steps of up to 4 requests) at T=0.7, c=1,4; then plain against DSpark at T=0
+  # small batch's context skip: their first GPU run); then plain against DSpark at T=0 (bench3); then plain
+  # against DSpark with the priced sampled chain of 3 (SGLAUNCH_DSPARK_SAMPLED_CHAIN=3 reaches only the DSpark server;
+  # it chains steps of up to 4 requests) at T=0.7, c=1,4 (bench2)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   # NOTE: the GPU tests `bgtest` started in the wheels' call run while the model comes up: wait for them
