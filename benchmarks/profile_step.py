@@ -2,7 +2,7 @@
 
     python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
         [--concurrency 1] [--temperature 0] [--steps 30] [--attention-backend flashinfer] [--random-like]
-        [--overlap 0|1|both] [--force-aside [--no-context-write]]
+        [--overlap 0|1|both] [--force-aside [--no-context-write]] [--trace DIR]
 
 For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
 given) it builds the engine in-process, keeps `--concurrency` requests in flight (greedy, or sampled at
@@ -56,6 +56,13 @@ host work, graph launch, the context write on the device, and waits, in one run:
     python benchmarks/profile_step.py --model SMOL --random-like --drafter random --modes compact \
         --concurrency 64 --steps 100 --overlap both --force-aside --no-context-write --json out.json
 
+The profiler pass (unsynchronised between steps, as a serving loop runs) also gives the CUDA runtime
+calls that can hold the host (`host_waits`: synchronisations, copies, event queries, with their own host
+time) and where the device idled (`device_gaps`: the window less the union of its kernels and copies,
+and how much of it came in gaps of 20 us or more: the host making the device wait, where short gaps are
+launch latency inside a graph). `--trace DIR` writes that pass of each configuration as a Chrome trace
+(`DIR/CONFIG.json.gz`, for Perfetto) to see which host work a long gap sat behind.
+
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
 profile needs only a config and a tokenizer. Prints a report; `--json FILE` also saves the figures.
@@ -66,6 +73,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -265,6 +273,63 @@ def pipelined_step_ms(load, steps: int, sync, windows: int = 3, by_kind: dict | 
         sync()
         times.append((time.perf_counter() - t) / steps)
     return 1e3 * statistics.median(times)
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaEventQuery")
+
+
+def host_waits(events, per: float) -> dict:
+    """The CUDA runtime calls that can block the host (or poll), from key_averages: per step, calls
+    and their own host milliseconds (a cudaMemcpyAsync from device memory to pageable memory waits
+    for the stream; one to pinned memory does not)."""
+    return {e.key: {"calls_per_step": round(e.count * per, 2), "self_cpu_ms_per_step": round(e.self_cpu_time_total * per / 1e3, 4)}
+            for e in events if e.key in SYNC_CALLS}
+
+
+def device_gaps(kernels: list[tuple[float, float]], window: tuple[float, float], steps: int,
+                threshold_us: float = 20.0) -> dict:
+    """Where the device idled in a pipelined window: kernels [(start, end)] in microseconds (device
+    activity: kernels and copies) and the window (start, end) -> per step, the window's length, the
+    union of the kernels' time, the idle rest, and the idle time in gaps of at least threshold_us
+    (short gaps between kernels of one graph are launch latency; long ones are the host making the
+    device wait), with the longest gaps."""
+    begin, end = window
+    spans = sorted((max(a, begin), min(b, end)) for a, b in kernels if b > begin and a < end)
+    busy, gaps, cursor = 0.0, [], begin
+    for a, b in spans:
+        if a > cursor:
+            gaps.append(a - cursor)
+        if b > cursor:
+            busy += b - max(a, cursor)
+            cursor = b
+    if end > cursor:
+        gaps.append(end - cursor)
+    long_gaps = [g for g in gaps if g >= threshold_us]
+    per = 1.0 / steps / 1e3  # microseconds in the window -> milliseconds per step
+    return {"window_ms_per_step": round((end - begin) * per, 4), "busy_ms_per_step": round(busy * per, 4),
+            "idle_ms_per_step": round((end - begin - busy) * per, 4),
+            "idle_in_long_gaps_ms_per_step": round(sum(long_gaps) * per, 4),
+            "long_gaps_per_step": round(len(long_gaps) / steps, 2), "threshold_us": threshold_us,
+            "longest_gaps_us": [round(g, 1) for g in sorted(long_gaps, reverse=True)[:8]]}
+
+
+def profiled_device_gaps(prof, steps: int) -> dict | None:
+    """device_gaps over a torch.profiler run: the device's kernels and copies against the window
+    from the first host event to the last event of any kind; None without device activity."""
+    from torch.autograd import DeviceType
+
+    device, window = [], [float("inf"), float("-inf")]
+    for e in prof.events():
+        start, end = e.time_range.start, e.time_range.end
+        if e.device_type == DeviceType.CUDA:
+            device.append((start, end))
+        else:
+            window[0] = min(window[0], start)
+        window[1] = max(window[1], end)
+    if not device:
+        return None
+    return device_gaps(device, (window[0], window[1]), steps)
 
 
 def patch(obj, attr: str, new):
@@ -517,6 +582,14 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             sync()
         events = prof.key_averages()
         per = 1.0 / args.steps
+        waits, gaps = host_waits(events, per), profiled_device_gaps(prof, args.steps)
+        if args.trace is not None:  # the whole timeline, for chrome://tracing or Perfetto
+            args.trace.mkdir(parents=True, exist_ok=True)
+            trace = args.trace / f"{name}.json"
+            prof.export_chrome_trace(str(trace))
+            with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+                shutil.copyfileobj(raw, packed)
+            trace.unlink()
         launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
                                                             "cuLaunchKernelEx"))
         graph_launches = sum(e.count for e in events if e.key in ("cudaGraphLaunch", "cuGraphLaunch"))
@@ -563,6 +636,7 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             "kernel_launches_per_step": round(launches * per, 1), "graph_launches_per_step": round(graph_launches * per, 2),
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
             "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
+            "host_waits": waits, "device_gaps": gaps,
             "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline, "step_kinds": kinds, "drafter_graphs": graphs_info,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
@@ -631,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-context-write", action="store_true",
                         help="with --force-aside: also dspark-MODE-aside-nowrite, whose target graphs (and eager "
                              "forwards) do not write the draft context K/V")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="a folder: each configuration's torch.profiler pass as a Chrome trace (NAME.json.gz)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.no_context_write and not args.force_aside:
@@ -689,6 +765,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name}: {v}")
             for op in r["top_ops"]:
                 print(f"  {op['self_cpu_ms_per_step']:8.3f} ms  {op['calls_per_step']:7.1f}x  {op['op'][:90]}")
+            if r["host_waits"]:
+                print("  host waits (calls, own host ms per step): " + ", ".join(
+                    f"{k} {v['calls_per_step']}x {v['self_cpu_ms_per_step']:.3f}" for k, v in r["host_waits"].items()))
+            if r["device_gaps"]:
+                g = r["device_gaps"]
+                print(f"  device idle {g['idle_ms_per_step']:.3f} of {g['window_ms_per_step']:.3f} ms a step (pipelined, "
+                      f"profiled), {g['idle_in_long_gaps_ms_per_step']:.3f} ms in {g['long_gaps_per_step']} gaps of "
+                      f"{g['threshold_us']:.0f} us or more; longest {g['longest_gaps_us']} us")
             if r["top_kernels"]:
                 print(f"  device busy {r['device_busy_ms_per_step']:.3f} ms/step; kernels with the most device time:")
                 for k in r["top_kernels"]:
@@ -713,6 +797,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['config']}: stepped-aside step {k['aside_pipelined_step_ms_median']:.3f} ms pipelined "
                       f"({k['aside_steps']} synced: {k.get('aside_step_ms_median', float('nan')):.3f} ms) against "
                       f"plain+overlap {plain_on['pipelined_step_ms']:.3f} ms")
+                if r["device_gaps"] and plain_on["device_gaps"]:
+                    print(f"{r['config']}: device idle {r['device_gaps']['idle_ms_per_step']:.3f} ms a step "
+                          f"({r['device_gaps']['idle_in_long_gaps_ms_per_step']:.3f} in long gaps) against "
+                          f"plain+overlap {plain_on['device_gaps']['idle_ms_per_step']:.3f} "
+                          f"({plain_on['device_gaps']['idle_in_long_gaps_ms_per_step']:.3f})")
         for r in results:  # each DSpark configuration's host timeline less plain's (same overlap setting)
             base = by_name.get("plain+overlap" if r["overlap"] else "plain")
             if r["config"].startswith("dspark") and base is not None:

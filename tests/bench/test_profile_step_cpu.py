@@ -4,6 +4,7 @@ per-phase times, operator counts, host timelines and the report's tables; --forc
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -135,11 +136,18 @@ def test_profile_step_compares_overlap_off_and_on_in_one_run(tmp_path, capsys, m
     pytest.importorskip("transformers")
     monkeypatch.delenv("SGLAUNCH_OVERLAP", raising=False)
     code, out = profile_small_model(tmp_path, "overlap", ["--overlap", "both", "--concurrency", "2", "--steps", "3",
-                                                          "--warmup", "3", "--prompt-len", "8", "--top", "3"],
-                                    drafter=False)
+                                                          "--warmup", "3", "--prompt-len", "8", "--top", "3",
+                                                          "--trace", str(tmp_path / "traces")], drafter=False)
     assert code == 0
     results = {r["config"]: r for r in json.loads(out.read_text())["results"]}
     assert {name: r["overlap"] for name, r in results.items()} == {"plain": False, "plain+overlap": True}
+    # a CPU run has no device activity to find gaps in, nor CUDA calls to wait on
+    assert all(r["device_gaps"] is None and r["host_waits"] == {} for r in results.values())
+    # --trace: each configuration's profiled pass as a Chrome trace, gzipped
+    traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert traces == ["plain+overlap.json.gz", "plain.json.gz"]
+    trace = json.loads(gzip.decompress((tmp_path / "traces" / "plain.json.gz").read_bytes()))
+    assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
     assert all(r["pipelined_step_ms"] > 0 for r in results.values())
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("overlap on / off (same run)")
     assert "SGLAUNCH_OVERLAP" not in __import__("os").environ
@@ -162,3 +170,17 @@ def test_profile_step_at_a_temperature_profiles_the_sampled_phases(tmp_path):
         assert sampled[phase]["ms"] > 0 and sampled[phase]["ops"] > 0, phase
     assert "target probs (in accept)" not in greedy
     assert runs["0.7"]["dspark-static"]["spec"]["speculative"]["steps"] > 0
+
+
+def test_device_gaps_counts_idle_time_outside_every_kernel():
+    """profile_step.device_gaps: the union of overlapping kernels is busy once; gaps at the window's
+    ends count; only gaps of threshold_us or more count as long; kernels outside the window are clipped."""
+    profile_step = load("bench_script_profile_step_gaps", "profile_step.py")
+    kernels = [(-50.0, 10.0), (10.0, 30.0), (20.0, 40.0), (45.0, 60.0), (100.0, 150.0), (190.0, 260.0)]
+    g = profile_step.device_gaps(kernels, (0.0, 200.0), steps=2, threshold_us=20.0)
+    # busy: 0-40, 45-60, 100-150, 190-200 = 40 + 15 + 50 + 10 = 115 us; idle 85 us: gaps 5, 40, 40
+    assert g["window_ms_per_step"] == 0.1 and g["busy_ms_per_step"] == 0.0575 and g["idle_ms_per_step"] == 0.0425
+    assert g["idle_in_long_gaps_ms_per_step"] == 0.04 and g["long_gaps_per_step"] == 1.0
+    assert g["longest_gaps_us"] == [40.0, 40.0]
+    idle = profile_step.device_gaps([], (0.0, 100.0), steps=1)
+    assert idle["idle_ms_per_step"] == 0.1 and idle["longest_gaps_us"] == [100.0]
