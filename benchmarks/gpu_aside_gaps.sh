@@ -11,7 +11,11 @@
 #      plain+overlap (SmolLM2-135M's shape with random weights and the bundled drafter's shape; a stepped-aside
 #      step does not depend on the weights), concurrency $LEVELS: the device's idle time per step and its long
 #      gaps (device_gaps), the CUDA calls that held the host (host_waits), and Chrome traces of each pass;
-#   2. the same with the planner deciding (drafted and stepped-aside steps interleaved), c=1.
+#   2. the same with the planner deciding (drafted and stepped-aside steps interleaved), c=1;
+#   3. forced aside at c=1 with the drafter's graphs and bursts off (SGLAUNCH_DRAFT_CUDA_GRAPH=0: no drafter
+#      graphs, and the target's graphs carry no draft-context write, so a stepped-aside step replays the graph a
+#      plain engine does; SGLAUNCH_DSPARK_BURST=0: no burst graphs). If the gap goes, it is the other graphs
+#      (their number or memory) or the graph's content; if it stays, it is the engine around the graph.
 # Everything goes back in one $OUT/aside_gaps.tgz (a call brings back few files).
 set -u
 LEVELS=${LEVELS:-1,8}
@@ -31,4 +35,8 @@ timeout -k 5 "${PROF_S:-100}" python3 benchmarks/profile_step.py $P --temperatur
   --trace "$OUT/trace_natural_c1" --json "$OUT/gaps_natural_c1.json" > "$OUT/gaps_natural_c1.log" 2>&1
 echo "natural c=1 exit $?"
 grep -E "device idle|host waits|stepped-aside step|steps by kind" "$OUT/gaps_natural_c1.log"
+SGLAUNCH_DRAFT_CUDA_GRAPH=0 SGLAUNCH_DSPARK_BURST=0 timeout -k 5 "${PROF_S:-100}" python3 benchmarks/profile_step.py $P \
+  --temperature 0.7 --force-aside --concurrency 1 --json "$OUT/gaps_nographs_c1.json" > "$OUT/gaps_nographs_c1.log" 2>&1
+echo "aside without the drafter's graphs and bursts, c=1 exit $?"
+grep -E "device idle|host waits|stepped-aside step" "$OUT/gaps_nographs_c1.log"
 (cd "$OUT" && tar -czf aside_gaps.tgz --remove-files gaps_* trace_*) && ls -la "$OUT"
