@@ -16,7 +16,7 @@
 #      graphs, and the target's graphs carry no draft-context write, so a stepped-aside step replays the graph a
 #      plain engine does; SGLAUNCH_DSPARK_BURST=0: no burst graphs). If the gap goes, it is the other graphs
 #      (their number or memory) or the graph's content; if it stays, it is the engine around the graph.
-# Everything goes back in one $OUT/aside_gaps.tgz (a call brings back few files).
+# The logs and figures go back in $OUT/aside_gaps.tgz, the traces in $OUT/traces.tgz (or its parts).
 set -u
 LEVELS=${LEVELS:-1,8}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -39,4 +39,12 @@ SGLAUNCH_DRAFT_CUDA_GRAPH=0 SGLAUNCH_DSPARK_BURST=0 timeout -k 5 "${PROF_S:-100}
   --temperature 0.7 --force-aside --concurrency 1 --json "$OUT/gaps_nographs_c1.json" > "$OUT/gaps_nographs_c1.log" 2>&1
 echo "aside without the drafter's graphs and bursts, c=1 exit $?"
 grep -E "device idle|host waits|stepped-aside step" "$OUT/gaps_nographs_c1.log"
-(cd "$OUT" && tar -czf aside_gaps.tgz --remove-files gaps_* trace_*) && ls -la "$OUT"
+# NOTE: a call brings back at most 8 files of 16 MiB each: the logs and figures in one archive, the traces in
+# another, cut into 15 MiB parts if larger (`cat traces.tgz.part_* > traces.tgz` here)
+cd "$OUT" || exit 1
+tar -czf aside_gaps.tgz --remove-files gaps_*
+if ls -d trace_* > /dev/null 2>&1 && tar -cf traces.tgz --remove-files trace_* \
+    && [ "$(stat -c %s traces.tgz)" -gt 15000000 ]; then
+  split -b 15000000 traces.tgz traces.tgz.part_ && rm traces.tgz
+fi
+ls -la
