@@ -24,7 +24,8 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import BAD_PROBABILITIES, is_greedy, make_generator, read_choices, rows_of, sample_device
+from sglaunch.engine.sampler import (BAD_PROBABILITIES, filters, is_greedy, make_generator, read_choices, rows_of,
+                                     sample_device)
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -114,6 +115,7 @@ class BurstFlight:
     started: float  # perf_counter when its launch began
     chained: bool  # launched while the burst before it was being finished
     waiting: int = 0  # requests in the scheduler's queue at launch (only later ones end it early)
+    policy: object = None  # the BurstPolicy that priced it (LLMEngine.burst, or burst_sampled for a sampled burst)
 
 
 class LLMEngine:
@@ -139,6 +141,7 @@ class LLMEngine:
 
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
         self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
+        self.burst_sampled = None  # the BurstPolicy of sampled bursts, when the runner has sampled iterations
         self.burst_chain = False  # launch a batch's next burst while finishing the one before
         self.burst_early_stop = False  # queue a burst a few iterations at a time, end it for an arrival
         self._burst_in_flight: BurstFlight | None = None
@@ -160,6 +163,9 @@ class LLMEngine:
             from sglaunch.speculative.burst import BurstPolicy, chain_from_env, early_stop_from_env, wide_cap_from_env
 
             self.burst = BurstPolicy(self.spec.gamma, runner.burst.max_iterations, wide_cap=wide_cap_from_env())
+            if runner.burst.sampled:  # NOTE: priced on its own: a sampled iteration costs and accepts otherwise
+                self.burst_sampled = BurstPolicy(self.spec.gamma, runner.burst.max_iterations,
+                                                 wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
             self.burst_early_stop = early_stop_from_env(runner.device.type) and self.tp.size == 1
@@ -235,16 +241,21 @@ class LLMEngine:
         start = time.perf_counter()
         try:
             self.burst.costs, self.burst.fixed = profile_costs(self, counts)
+            if self.burst_sampled is not None and self.burst.costs:
+                self.burst_sampled.costs, self.burst_sampled.fixed = profile_costs(self, counts, sampled=True)
         finally:
             self.spec.stats = type(self.spec.stats)(self.spec.gamma)
         if not self.burst.costs:
             logger.warning("DSpark: the KV pool cannot hold even a one-request burst profile; bursts off")
-            self.burst = None
+            self.burst = self.burst_sampled = None
             return
-        logger.info("DSpark bursts: %d iterations at most; profiled in %.1f s (per iteration + per burst: %s)",
-                    self.burst.max_iterations, time.perf_counter() - start,
-                    ", ".join(f"{r} req {s * 1e3:.2f} + {self.burst.fixed.get(r, 0.0) * 1e3:.2f} ms"
-                              for r, s in sorted(self.burst.costs.items())))
+        for policy, kind in ((self.burst, "greedy"), (self.burst_sampled, "sampled")):
+            if policy is not None:
+                logger.info("DSpark bursts, %s: %d iterations at most; per iteration + per burst: %s", kind,
+                            policy.max_iterations,
+                            ", ".join(f"{r} req {s * 1e3:.2f} + {policy.fixed.get(r, 0.0) * 1e3:.2f} ms"
+                                      for r, s in sorted(policy.costs.items())))
+        logger.info("DSpark bursts profiled in %.1f s", time.perf_counter() - start)
 
     def _profile_request_counts(self, plan) -> tuple[int, ...]:
         """Request counts of the draft and decode profiles: those of the verify sizes plus powers
@@ -535,8 +546,9 @@ class LLMEngine:
 
     def _burst_plan(self, chunks: list[Chunk], candidates: list[Chunk], count: bool = True) -> int | None:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
-        chunk must be a greedy running decode that could speculate, the batch must fit a burst
-        graph and the KV pool, and BurstPolicy must expect the burst to beat a plain step. Why a
+        chunk must be a running decode that could speculate, greedy or (with sampled iterations)
+        sampling at a temperature alone, the batch must fit a burst graph and the KV pool, and its
+        BurstPolicy (burst_sampled when a row samples) must expect the burst to beat a plain step. Why a
         step did not burst is counted in BurstPolicy.skipped (count=False: a chain's look ahead,
         which the next step repeats if it declines). Pages are reserved when it says yes.
         NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
@@ -545,7 +557,8 @@ class LLMEngine:
             return None
         if not self.runner.burst.takes(len(chunks)):  # NOTE: first: at load no per-request work at all
             return policy.skip("no graph", count)
-        if any(not is_greedy(c.req.sampling) for c in chunks):
+        sampled = self._burst_sampled(chunks)
+        if sampled is None:
             return policy.skip("sampled", count)
         if len(candidates) != len(chunks):
             why = ("prefill" if any(c.end - c.start > 1 for c in chunks)
@@ -554,29 +567,45 @@ class LLMEngine:
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.priced_prior)
         context = self.limits.context_length
-        n = policy.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
-                              [context - c.start for c in chunks], prior)
+        kind = self.burst_sampled if sampled else policy  # NOTE: skips are counted on self.burst alone
+        n = kind.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
+                            [context - c.start for c in chunks], prior)
         if n < 1:
             return policy.skip("context", count)
-        if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n)) is None:
+        if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n), sampled) is None:
             return policy.skip("no graph", count)
         plain, scale = None, 1.0
         if planner.sps is not None:
-            scale = planner.calibration.scale["plain"] if planner.calibration is not None else 1.0
+            scale = planner.calibration.scale_for(sampled)["plain"] if planner.calibration is not None else 1.0
             plain = planner.sps.plain_step_seconds(R)
-        if not policy.worth(R, plain, prior, n, count=count, plain_scale=scale):
+        if not kind.worth(R, plain, prior, n, count=count, plain_scale=scale):
             self._burst_declined += count
-            return policy.skip("not worth", count)
-        if not self._reserve_burst(chunks, n):
+            return policy.skip("not worth" + (" (sampled)" if sampled else ""), count)
+        if not self._reserve_burst(chunks, n, sampled):
             return policy.skip("kv", count)
         self._burst_declined = 0
         return n
 
-    def _reserve_burst(self, chunks: list[Chunk], iterations: int) -> bool:
+    def _burst_sampled(self, chunks: list[Chunk]) -> bool | None:
+        """Which burst takes these chunks: False, a greedy one (every row greedy); True, a sampled one
+        (some row samples with a temperature alone, and the runner has sampled iterations); None,
+        none (a row also filters with top-k, top-p or min-p, which the burst's graph does not)."""
+        sampled, vocab = False, self.runner.spec.vocab_size
+        for chunk in chunks:
+            params = chunk.req.sampling
+            if is_greedy(params):
+                continue
+            if self.burst_sampled is None or filters(params, vocab):
+                return None
+            sampled = True
+        return sampled
+
+    def _reserve_burst(self, chunks: list[Chunk], iterations: int, sampled: bool = False) -> bool:
         """Scheduler.reserve_burst for a burst of `iterations`, and first (a burst that verifies a
         second chain) each chunk's gamma + 1 pages for that chain's window; all or nothing."""
         runner, positions = self.runner.burst, iterations * (self.spec.gamma + 1) - 1
-        if runner.uses_second_chain(len(chunks), runner.context_needed([c.start for c in chunks], iterations)):
+        if runner.uses_second_chain(len(chunks), runner.context_needed([c.start for c in chunks], iterations),
+                                    sampled):
             for i, chunk in enumerate(chunks):
                 if not self.scheduler.reserve_second_chain(chunk, self.spec.gamma):
                     for taken in chunks[:i]:
@@ -618,9 +647,16 @@ class LLMEngine:
         accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
         skipped = ", ".join(f"{why} {n}" for why, n in policy.skipped.most_common()) or "none"
         stopped = f", {policy.stopped} ended early for an arrival" if self.burst_early_stop else ""
+        sampled = self.burst_sampled
+        if sampled is not None and sampled.bursts:
+            estimate = f"{sampled.accept:.2f}" if sampled.accept is not None else "none yet"
+            sampled = (f"; sampled bursts {sampled.bursts} ({sampled.burst_iterations} iterations, accept estimate "
+                       f"{estimate}, measured/profiled time {sampled.scale:.2f})")
+        else:
+            sampled = ""
         return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations, {policy.chained} chained{stopped}; "
                 f"steps without one: {skipped}; "
-                f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f})")
+                f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f}){sampled}")
 
     def _run_burst(self, chunks: list[Chunk], iterations: int) -> list[TokenOutput]:
         """A burst (pages reserved by _burst_plan) on every rank, then its tokens committed with
@@ -642,12 +678,33 @@ class LLMEngine:
         second = [c.second_pages for c in chunks] if chunks[0].second_pages else None
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
                            [c.req.pages for c in chunks], iterations, second)
-        if self.burst_early_stop and self.burst.stop_pays(len(chunks), iterations - LEAD):
+        policy = self.burst
+        if self._burst_sampled(chunks):
+            self._sampled_burst_inputs(burst, chunks)
+            policy = self.burst_sampled
+        if self.burst_early_stop and policy.stop_pays(len(chunks), iterations - LEAD):
             # NOTE: one rank (burst_early_stop): no command for the workers
             pending = self.runner.launch_burst(burst, queue=LEAD)
         else:
             pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
-        return BurstFlight(chunks, iterations, pending, start, chained, len(self.scheduler.waiting))
+        return BurstFlight(chunks, iterations, pending, start, chained, len(self.scheduler.waiting), policy)
+
+    def _sampled_burst_inputs(self, burst, chunks: list[Chunk]) -> None:
+        """A sampled burst's temperatures (0.0 for greedy rows) and uniforms: each sampled request
+        draws 2 * gamma + 1 per iteration from its own generator, in iteration order, as that many
+        drafting steps of the usual path would (DSparkDecoder._uniforms); greedy rows take zeros.
+        NOTE: the iterations an early stop leaves unrun have drawn theirs too (never read)."""
+        N, W = burst.iterations, 2 * self.spec.gamma + 1
+        uniforms = torch.zeros(len(chunks), N, W)
+        temperatures = []
+        for r, chunk in enumerate(chunks):
+            params = chunk.req.sampling
+            if is_greedy(params):
+                temperatures.append(0.0)
+                continue
+            temperatures.append(float(params.temperature))
+            uniforms[r] = torch.rand(N, W, generator=self.generators.get(chunk.req.rid))
+        burst.temperatures, burst.uniforms = temperatures, uniforms.transpose(0, 1).contiguous().numpy()
 
     def _drive_burst(self, flight: BurstFlight) -> None:
         """Queue the rest of a burst launched a few iterations at a time, LEAD iterations ahead of
@@ -658,11 +715,11 @@ class LLMEngine:
         from sglaunch.speculative.burst import LEAD, POLL_S
 
         runner, pending, policy = self.runner.burst, flight.pending, self.burst
-        requests = len(flight.chunks)
+        requests, priced = len(flight.chunks), flight.policy or policy
         while pending.queued < flight.iterations:
             arrived = len(self.scheduler.waiting) > flight.waiting or (
                 self.input_waiting is not None and self.input_waiting())
-            if arrived and policy.stop_pays(requests, flight.iterations - pending.queued):
+            if arrived and priced.stop_pays(requests, flight.iterations - pending.queued):
                 policy.stopped += 1
                 policy.stopped_iterations += flight.iterations - pending.queued
                 break
@@ -723,7 +780,7 @@ class LLMEngine:
         # NOTE: priced with its commit and outputs when nothing was launched behind it: what a
         # burst step costs the engine then
         end = time.perf_counter() if chain is None else read_at
-        self.burst.observe(result.accepted, seconds + (end - read_at), R)
+        (flight.policy or self.burst).observe(result.accepted, seconds + (end - read_at), R)
         self.spec._maybe_log()
         return outputs
 
@@ -992,6 +1049,11 @@ class LLMEngine:
                                "chained": self.burst.chained, "stopped_early": self.burst.stopped,
                                "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
+            if self.burst_sampled is not None:  # sampled bursts, priced on their own (chained and stopped counted above)
+                sampled = self.burst_sampled
+                stats["bursts"]["sampled"] = {"bursts": sampled.bursts, "iterations": sampled.burst_iterations,
+                                              "declined_steps": sampled.declined, "accept_estimate": sampled.accept,
+                                              "cost_scale": sampled.scale}
         stats["context_skipped_steps"] = self.context_skipped_steps
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
             stats["step_cost_scale"] = self.spec.planner.calibration.to_dict()  # measured / modelled

@@ -56,6 +56,7 @@ from typing import Sequence
 logger = logging.getLogger(__name__)
 
 BURST_ENV = "SGLAUNCH_DSPARK_BURST"  # 0: off; N: at most N iterations a burst; auto: DEFAULT_ITERATIONS on CUDA
+SAMPLED_ENV = "SGLAUNCH_DSPARK_SAMPLED_BURST"  # 1 (default): batches with temperature-only sampled rows burst too
 CHAIN_ENV = "SGLAUNCH_DSPARK_BURST_CHAIN"  # 1 (default): launch the next burst before finishing this one
 DEFAULT_ITERATIONS = 8
 # NOTE: by default a burst of more than WIDE_BATCH requests runs at most WIDE_ITERATIONS: with more
@@ -78,6 +79,15 @@ LEAD = 2  # iterations a burst launched a few at a time keeps queued ahead of th
 POLL_S = 5e-5  # how long the host sleeps between looks at the device and the channel meanwhile
 RELAX = 0.02  # per step that does not burst, the accept estimate moves this far back toward the prior
 DECAY = 0.8  # weight of the old accept estimate per burst
+
+
+def sampled_from_env() -> bool:
+    """SGLAUNCH_DSPARK_SAMPLED_BURST, read once at start-up: whether a burst runner also captures
+    sampled iterations (1, the default), so a decode batch whose sampled rows set a temperature
+    alone bursts too, or not (0: such a batch takes the usual steps)."""
+    from sglaunch.config import env_switch
+
+    return env_switch(SAMPLED_ENV, True)
 
 
 def chain_from_env() -> bool:
@@ -142,6 +152,15 @@ class BurstInput:
     # a burst runner with a second chain: per request gamma + 1 pages of its own (page size 1) for
     # the runner-up chain's window; an iteration the chain wins swaps its pages into the table
     second_pages: list | None = None
+    # a sampled burst (some row samples at T > 0, temperature only): each request's temperature (0.0:
+    # greedy) and its uniforms [iterations][R][2 * gamma + 1] from its own generator, an iteration's in
+    # DSparkDecoder._uniforms' layout (the block's draws, the acceptance tests, the correction / bonus draw)
+    temperatures: list[float] | None = None
+    uniforms: object = None  # numpy or torch [iterations, R, 2 * gamma + 1], float32
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperatures is not None
 
 
 @dataclass
@@ -310,6 +329,7 @@ class BurstAttention:
 class BurstKey:
     batch: int  # requests in the graph, dummies included
     context: int  # slot-table width (positions 0 .. context - 1)
+    sampled: bool = False  # the sampled iteration (rows at T > 0; BurstRunner._sampled_tail)
 
 
 class BurstRunner:
@@ -317,7 +337,7 @@ class BurstRunner:
     captured at start-up on GPUs, run eagerly on CPUs), the ring of per-iteration results."""
 
     def __init__(self, runner, max_iterations: int, batch_sizes: Sequence[int], max_context: int, graphs: bool,
-                 second_chain: bool = False):
+                 second_chain: bool = False, sampled: bool = False):
         import torch
 
         from sglaunch.speculative.draft_graphs import MAX_CELLS, MIN_CONTEXT, _round_up_pow2
@@ -330,6 +350,9 @@ class BurstRunner:
         # SECOND_CHAIN_MAX_BATCH requests also verifies the block's runner-up chain of gamma drafts
         # (the attention's batch doubles: chains x requests rows); larger keys run one chain
         self.second_chain = second_chain
+        # sampled keys (SGLAUNCH_DSPARK_SAMPLED_BURST): an iteration for rows at T > 0 (temperature only),
+        # one chain, its draws and tests from uniforms every request drew from its own generator
+        self.sampled = sampled
         self.max_iterations = max_iterations
         self.page_size = runner.kv_pool.page_size
         self.device = runner.device
@@ -362,6 +385,20 @@ class BurstRunner:
                                for _ in range(2)]
             self._next_ring = 0
             self.arange = torch.arange(self.Q, device=dev)
+            if sampled:
+                # a sampled burst's float inputs, one copy: temperatures [B] (0.0: greedy, dummies
+                # too), then the uniforms [max_iterations, B, 2 * gamma + 1]; the iteration counter
+                # picks an iteration's row of them inside the graph (zeroed at launch)
+                W = 2 * self.gamma + 1
+                self.sampled_size = Bmax + max(1, max_iterations) * Bmax * W
+                self.sampled_in = torch.zeros(self.sampled_size, dtype=torch.float32, device=dev)
+                self.host_sampled = torch.zeros(self.sampled_size, dtype=torch.float32,
+                                                pin_memory=dev.type == "cuda")
+                self.temps = self.sampled_in[:Bmax]
+                self.uniforms = self.sampled_in[Bmax:].view(max(1, max_iterations), Bmax, W)
+                self.iteration = torch.zeros(1, dtype=torch.int64, device=dev)
+                self.row_starts = torch.arange(Bmax, device=dev) * self.Q  # each request's anchor row
+                self.full_windows = torch.full((Bmax,), self.gamma, dtype=torch.int64, device=dev)
         # the Triton attention's key splits per key (static: a graph captures them) and one float32
         # scratch for their partials, as large as the largest key needs, made before any capture
         self.splits: dict[BurstKey, int] = {}
@@ -382,17 +419,20 @@ class BurstRunner:
         self.bursts = 0
 
     # ---- keys -----------------------------------------------------------------------------
-    def pick(self, batch: int, context: int) -> BurstKey | None:
-        """The key of a burst of `batch` requests touching positions < context; None: none fits."""
+    def pick(self, batch: int, context: int, sampled: bool = False) -> BurstKey | None:
+        """The key of a burst of `batch` requests touching positions < context (sampled: its sampled
+        iteration); None: none fits."""
         from sglaunch.speculative.draft_graphs import _round_up_pow2
 
+        if sampled and not self.sampled:
+            return None
         width = _round_up_pow2(max(context, self.min_context))
         if not self.graphs_on:
             if batch > self.max_batch or batch * width > self.max_cells or width > self.max_context:
                 return None
-            return BurstKey(batch, width)
+            return BurstKey(batch, width, sampled)
         bucket = next((b for b in self.batch_sizes if b >= batch), None)
-        key = BurstKey(bucket, width) if bucket is not None else None
+        key = BurstKey(bucket, width, sampled) if bucket is not None else None
         return key if key in self.graphs else None
 
     def takes(self, batch: int) -> bool:
@@ -405,8 +445,10 @@ class BurstRunner:
             width = self.min_context
             while width <= self.max_context and b * width <= self.max_cells:
                 keys.append(BurstKey(b, width))
+                if self.sampled:
+                    keys.append(BurstKey(b, width, True))
                 width *= 2
-        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch), reverse=True)
+        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch, k.sampled), reverse=True)
 
     # ---- the iteration ----------------------------------------------------------------------
     def attention_splits(self, key: BurstKey) -> int:
@@ -434,13 +476,14 @@ class BurstRunner:
         return self.attn_scratch
 
     def chains(self, key: BurstKey) -> int:
-        """The chains a key's iterations verify: 2 with a second chain up to SECOND_CHAIN_MAX_BATCH."""
-        return 2 if key.batch <= self._two else 1
+        """The chains a key's iterations verify: 2 with a second chain up to SECOND_CHAIN_MAX_BATCH
+        (greedy keys; a sampled key verifies one)."""
+        return 2 if key.batch <= self._two and not key.sampled else 1
 
-    def uses_second_chain(self, requests: int, context: int) -> bool:
+    def uses_second_chain(self, requests: int, context: int, sampled: bool = False) -> bool:
         """Whether a burst of `requests` touching positions < context verifies a second chain
         (its requests need gamma + 1 second pages each); False where no key fits."""
-        key = self.pick(requests, context)
+        key = self.pick(requests, context, sampled)
         return key is not None and self.chains(key) == 2
 
     def _attention_key(self, key: BurstKey) -> BurstKey:
@@ -475,7 +518,12 @@ class BurstRunner:
                            ctx_positions=empty, ctx_slots=empty, slot_table=table, ctx_lens=starts)
         out = drafter.forward_block(batch, self.draft.pool)
         chains = self.chains(key)
-        if chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
+        if key.sampled:  # each row's draws at its temperature (argmax where 0), this iteration's uniforms
+            temps = self.temps[:B]
+            u = self.uniforms.index_select(0, self.iteration)[0, :B]  # [B, 2G + 1]
+            block = drafter.sampled_graph_block(out, anchors, temps, u[:, :G])
+            drafts = block.tokens
+        elif chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
             block, drafts2 = drafter.greedy_two_chains(out, anchors)
             drafts = block.tokens  # [B, G]
         else:
@@ -500,13 +548,17 @@ class BurstRunner:
         hidden, features = runner.model.forward_with_features(ids, positions, self.attn, self.draft.layer_ids)
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
-        # the argmax and its log-probability in float32: one pass of the fused kernel over the
-        # model-dtype logits where the Triton attention runs (sglaunch/kernels/vocab_reduce.py), its reference otherwise
-        from sglaunch.kernels.vocab_reduce import greedy_logprob
+        if key.sampled:
+            choice, lp, n = self._sampled_accept(B, logits, drafts, block, temps, u)
+            self.iteration.add_(1)
+        else:
+            # the argmax and its log-probability in float32: one pass of the fused kernel over the
+            # model-dtype logits where the Triton attention runs (sglaunch/kernels/vocab_reduce.py), its reference otherwise
+            from sglaunch.kernels.vocab_reduce import greedy_logprob
 
-        choice, lp = greedy_logprob(logits, self.attn.use_triton)
-        choice, lp = choice.view(chains * B, Q), lp.view(chains * B, Q)
-        n = torch.cumprod(drafts == choice[:B, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
+            choice, lp = greedy_logprob(logits, self.attn.use_triton)
+            choice, lp = choice.view(chains * B, Q), lp.view(chains * B, Q)
+            n = torch.cumprod(drafts == choice[:B, :G], dim=1).sum(dim=1)  # [B] accepted drafts (bool cumprod: int64)
         if chains == 2:  # the runner-up chain where it commits more (only after a rejected first draft)
             n2 = torch.cumprod(drafts2 == choice[B:, :G], dim=1).sum(dim=1)
             won = n2 > n
@@ -530,6 +582,31 @@ class BurstRunner:
         torch.mul(choice.gather(1, n[:, None])[:, 0], live, out=anchors)
         starts.addcmul_(n + 1, live)
 
+    def _sampled_accept(self, B: int, logits, drafts, block, temps, u):
+        """A sampled iteration's accept, on the device: the target rows' distributions at each row's
+        temperature (softmax(logits / T), what the engine samples from for a temperature-only
+        request; greedy rows keep T = 1, their argmax alone is read), the DSpark accept rule over
+        the whole window (the Triton kernel on GPUs, with the uniforms' tests and correction / bonus
+        draw), so the output is distributed as the target's own sampling (speculative/accept.py).
+        -> (committed tokens [B, Q]: the accepted drafts, then the correction or bonus token at slot
+        n and repeated after it; their log-probabilities under the unmodified distribution, as the
+        usual step reports them; n [B] int64)."""
+        torch, G, Q = self.torch, self.gamma, self.Q
+        from sglaunch.engine.sampler import GREEDY_TEMPERATURE
+        from sglaunch.speculative import kernels
+        from sglaunch.speculative.accept import committed_grid
+
+        greedy = temps < GREEDY_TEMPERATURE
+        scale = torch.where(greedy, torch.ones_like(temps), temps).repeat_interleave(Q)  # [B * Q]
+        flat = logits.float()
+        target = torch.softmax(flat / scale[:, None], dim=-1)  # [B * Q, V]
+        q = self.draft.drafter.expand_probs(block.probs)  # [B, G, V]: what each draft was drawn from
+        result = kernels.accept(drafts, q, target, self.row_starts[:B], self.full_windows[:B], greedy,
+                                u[:, G: 2 * G], u[:, 2 * G])
+        committed = committed_grid(drafts, result)  # [B, Q]
+        lp = flat.gather(1, committed.reshape(-1, 1))[:, 0] - torch.logsumexp(flat, dim=-1)
+        return committed, lp.view(B, Q), result.num_accepted.long()
+
     @property
     def captured(self) -> int:
         return len(self.graphs)
@@ -547,15 +624,19 @@ class BurstRunner:
                 table.fill_(self.fill_slot)
                 if self.chains(key) == 2:
                     self._second_view(key).fill_(self.fill_slot)
+                if key.sampled:  # every row greedy, iteration 0
+                    self.sampled_in.zero_()
+                    self.iteration.zero_()
                 self._body(key)  # warm-up (dummy rows only: they write the padding page)
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self._body(key)
                 self.graphs[key] = graph
-        logger.info("DSpark bursts: %d CUDA graphs (batch %s, context %d-%d) captured in %.1f s", len(self.graphs),
+        logger.info("DSpark bursts: %d CUDA graphs (batch %s, context %d-%d%s) captured in %.1f s", len(self.graphs),
                     ",".join(map(str, self.batch_sizes)), self.min_context,
-                    max((k.context for k in self.graphs), default=0), time.perf_counter() - start)
+                    max((k.context for k in self.graphs), default=0), ", greedy and sampled" if self.sampled else "",
+                    time.perf_counter() - start)
 
     # ---- a burst -------------------------------------------------------------------------
     def context_needed(self, starts: Sequence[int], iterations: int) -> int:
@@ -578,9 +659,10 @@ class BurstRunner:
         R, N = len(burst.anchors), burst.iterations
         if not 1 <= N <= self.max_iterations:
             raise ValueError(f"a burst of {N} iterations (at most {self.max_iterations})")
-        key = self.pick(R, self.context_needed(burst.starts, N))
+        key = self.pick(R, self.context_needed(burst.starts, N), burst.sampled)
         if key is None:
-            raise ValueError(f"no burst graph for {R} requests up to position {self.context_needed(burst.starts, N)}")
+            raise ValueError(f"no {'sampled ' if burst.sampled else ''}burst graph for {R} requests up to position "
+                             f"{self.context_needed(burst.starts, N)}")
         B, C = key.batch, key.context
         size = self.flat_size(key)
         host = self.host_flat[:size].numpy()
@@ -599,8 +681,13 @@ class BurstRunner:
             second[:R] = np.asarray(burst.second_pages, dtype=np.int64).reshape(R, Q) * self.page_size
             second[R:] = self.fill_slot
         pending = PendingBurst(R, N, None, key=key, copy=copy)
+        if key.sampled:
+            self._load_sampled(burst, key.batch)
         with torch.inference_mode():
             self.flat[:size].copy_(self.host_flat[:size], non_blocking=True)
+            if key.sampled:
+                self.sampled_in.copy_(self.host_sampled, non_blocking=True)
+                self.iteration.zero_()
         self.bursts += 1
         incremental = queue is not None and queue < N
         for _ in range(min(N, queue) if incremental else N):
@@ -608,6 +695,22 @@ class BurstRunner:
         if not incremental:
             self.close(pending)
         return pending
+
+    def _load_sampled(self, burst: BurstInput, B: int) -> None:
+        """A sampled burst's temperatures and uniforms into the pinned host buffer (dummy rows and
+        unused iterations 0: greedy, never read)."""
+        import numpy as np
+
+        R, N, W = len(burst.anchors), burst.iterations, 2 * self.gamma + 1
+        host = self.host_sampled.numpy()
+        host[:] = 0.0
+        host[:R] = burst.temperatures
+        u = np.asarray(burst.uniforms, dtype=np.float32)
+        if u.shape != (N, R, W):
+            raise ValueError(f"a sampled burst of {N} iterations for {R} requests takes uniforms [{N}, {R}, {W}], "
+                             f"not {list(u.shape)}")
+        Bmax = self.max_batch
+        host[Bmax:].reshape(-1, Bmax, W)[:N, :R] = u
 
     def _queue_iteration(self, pending: PendingBurst, events: bool) -> None:
         """One more iteration of a burst: the key's graph replayed (its body run eagerly without
@@ -796,11 +899,12 @@ def _interpolate(points: dict[int, float], x: int) -> float:
 
 
 def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
-                  repeats: int = 5) -> tuple[dict[int, float], dict[int, float]]:
+                  repeats: int = 5, sampled: bool = False) -> tuple[dict[int, float], dict[int, float]]:
     """-> (seconds per burst iteration, seconds per burst besides its iterations), by number of
-    requests: synthetic greedy requests at position context_len, bursts of one iteration and of
-    the runner's most, the median of `repeats` each (after two warm-ups), on every rank; up to the
-    largest count the free KV pool holds at once."""
+    requests: synthetic greedy requests (sampled: at temperature 1, the sampled iteration) at
+    position context_len, bursts of one iteration and of the runner's most, the median of
+    `repeats` each (after two warm-ups), on every rank; up to the largest count the free KV pool
+    holds at once."""
     import math
     import random
 
@@ -808,8 +912,16 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
 
     runner = engine.runner.burst
     rng, per_iteration, fixed, N = random.Random(3), {}, {}, runner.max_iterations
+    uniform_rng = torch.Generator().manual_seed(3)
     cuda = engine.runner.device.type == "cuda"
     vocab, page = engine.runner.spec.vocab_size, engine.config.page_size
+
+    def make(anchors, tables, iterations: int, second) -> BurstInput:
+        burst = BurstInput(anchors, [context_len] * len(anchors), tables, iterations, second)
+        if sampled:
+            burst.temperatures = [1.0] * len(anchors)
+            burst.uniforms = torch.rand(iterations, len(anchors), 2 * runner.gamma + 1, generator=uniform_rng)
+        return burst
 
     def timed(burst) -> float:
         times = []
@@ -822,14 +934,14 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
         return statistics.median(times[2:])
 
     for R in counts:
-        if runner.pick(R, context_len + N * runner.Q) is None:
+        if runner.pick(R, context_len + N * runner.Q, sampled) is None:
             continue
         borrowed: list[int] = []
         try:
             tables, second = [], []
             for _ in range(R):
                 pages = engine.allocator.alloc(math.ceil((context_len + N * runner.Q) / page))
-                two = runner.uses_second_chain(R, context_len + N * runner.Q)
+                two = runner.uses_second_chain(R, context_len + N * runner.Q, sampled)
                 extra = engine.allocator.alloc(runner.Q) if pages is not None and two else []
                 if pages is None or extra is None:
                     borrowed += pages or []
@@ -840,9 +952,9 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
             anchors = [rng.randrange(vocab) for _ in range(R)]
-            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q) else None
-            one = timed(BurstInput(anchors, [context_len] * R, tables, 1, second_pages))
-            most = timed(BurstInput(anchors, [context_len] * R, tables, N, second_pages)) if N > 1 else one
+            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q, sampled) else None
+            one = timed(make(anchors, tables, 1, second_pages))
+            most = timed(make(anchors, tables, N, second_pages)) if N > 1 else one
             step = (most - one) / (N - 1) if N > 1 else one
             per_iteration[R] = max(step, most / N / 2)  # NOTE: noise cannot make an iteration nearly free
             fixed[R] = max(0.0, most - N * per_iteration[R])

@@ -111,14 +111,17 @@ def test_chunked_prefill_and_preemption_with_bursts(dspark_files, bursts):
     assert [tokens for tokens, _, _ in out] == base
 
 
-def test_sampled_requests_take_the_usual_step(dspark_files, bursts):
-    """A batch with a sampled request never bursts; its greedy requests still equal plain."""
+def test_rows_that_filter_take_the_usual_step(dspark_files, bursts):
+    """A batch with a request that samples with top-p never bursts (a sampled burst takes
+    temperature-only rows); its greedy requests still equal plain."""
     batch = prompts(4, seed=9)
     expected = generate_batch(engine_config(dspark_files["target"]), batch, greedy(12))
     engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
     try:
+        assert engine.burst_sampled is not None  # sampled bursts are on: top-p is what keeps this batch out
         requests = make_requests(batch, "g", greedy(12)) + [
-            GenerateRequest("t", tuple(batch[0]), SamplingParams(max_new_tokens=40, temperature=0.8, seed=3))]
+            GenerateRequest("t", tuple(batch[0]), SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.9,
+                                                                 seed=3))]
         out = run(engine, requests)
         before = engine.runner.burst.bursts
         skipped = dict(engine.burst.skipped)
@@ -127,8 +130,59 @@ def test_sampled_requests_take_the_usual_step(dspark_files, bursts):
         cluster.stop(engine)
     assert [out[f"g-{i}"][0] for i in range(len(batch))] == expected
     assert len(out["t"][0]) == 40
-    assert before == 0  # the sampled request is in every batch, from the first step to the last
+    assert before == 0  # the filtering request is in every batch, from the first step to the last
     assert skipped.get("sampled", 0) > 0 and info["skipped_steps"] == skipped and info["iterations"] == 0
+    assert info["sampled"]["bursts"] == 0
+
+
+def sampled_run(config, batch, temperatures, max_new_tokens: int):
+    """Seeded requests at `temperatures` (in turn) -> (per request (tokens, logprobs), live stats)."""
+    engine, cluster = create_engine(config)
+    try:
+        requests = [GenerateRequest(f"r{i}", tuple(p), SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperatures[i % len(temperatures)], seed=100 + i,
+            ignore_eos=True)) for i, p in enumerate(batch)]
+        out = run(engine, requests)
+        return [out[f"r{i}"][:2] for i in range(len(batch))], engine.live_stats()["speculative"]
+    finally:
+        cluster.stop(engine)
+
+
+@pytest.mark.parametrize("drafter,temperatures", [("oracle", (0.9,)), ("random", (0.0, 1.0))])
+def test_sampled_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, drafter, temperatures):
+    """A sampled burst (rows at a temperature alone, greedy rows beside them) is the static drafting
+    step, iteration after iteration: the same uniforms from each request's generator (2 * gamma + 1 an
+    iteration, in the same layout), the same draws, tests and correction / bonus draws, so a seeded
+    request gives the same tokens and log-probabilities as without bursts (with every step drafting),
+    up to its last window, which the usual step caps at the length limit and a burst does not. The
+    usual step's output is the target's own sampling distribution (tests/speculative); greedy rows
+    equal plain decoding throughout."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    batch, new = prompts(4, seed=7), 30
+    config = engine_config(dspark_files["target"], dspark_files[drafter], "static")
+    monkeypatch.setenv(BURST_ENV, "0")
+    steps, _ = sampled_run(config, batch, temperatures, new)
+    monkeypatch.setenv(BURST_ENV, "3")
+    bursts, stats = sampled_run(config, batch, temperatures, new)
+    assert stats["bursts"]["sampled"]["bursts"] > 0 and stats["bursts"]["sampled"]["iterations"] >= 2
+    cut = new - (GAMMA + 1)
+    for (tokens, lps), (want, want_lps) in zip(bursts, steps):
+        assert len(tokens) == new and tokens[:cut] == want[:cut]
+        torch.testing.assert_close(torch.tensor(lps[:cut]), torch.tensor(want_lps[:cut]), atol=1e-4, rtol=0)
+    if 0.0 in temperatures:  # the greedy rows of the mixed batches: plain decoding's tokens
+        plain = generate_batch(engine_config(dspark_files["target"]), batch[::2], greedy(new))
+        assert [tokens for tokens, _ in bursts[::2]] == plain
+
+
+def test_sampled_bursts_can_be_turned_off(dspark_files, bursts, monkeypatch):
+    """SGLAUNCH_DSPARK_SAMPLED_BURST=0: no sampled iteration is built, and a batch with a row at
+    T > 0 takes the usual steps."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_BURST", "0")
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static")
+    out, stats = sampled_run(config, prompts(2, seed=7), (0.9,), 12)
+    assert all(len(tokens) == 12 for tokens, _ in out)
+    assert stats["bursts"]["bursts"] == 0 and stats["bursts"]["skipped_steps"].get("sampled", 0) > 0
+    assert "sampled" not in stats["bursts"]
 
 
 def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
