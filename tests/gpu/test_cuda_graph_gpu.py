@@ -728,3 +728,42 @@ def test_dspark_default_budget_keeps_the_drafters_working_memory_free(files, cap
     assert measured >= gathered, (measured, gathered, key)
     lines = [r.getMessage() for r in caplog.records if "working memory" in r.getMessage()]
     assert lines and "kept out of the default budget" in lines[0], lines
+
+
+def test_dspark_sampled_bursts_with_graphs(files, monkeypatch):
+    """Sampled bursts on CUDA graphs (SGLAUNCH_DSPARK_SAMPLED_BURST, on by default): the sampled keys
+    are captured at start-up beside the greedy ones, and a static-mode batch of seeded rows at T = 0.9
+    beside greedy rows bursts through them (the drafter's draws, the verify, softmax at each row's
+    temperature, the Triton accept and the next anchors in one graph an iteration). Every request
+    gets its length; the greedy rows stay plain greedy (near ties aside, as for bursts); the sampled
+    rows follow the same seeded draws as the usual drafting steps (every step drafting, no burst):
+    equal tokens before their last window but where bf16 rounding (the burst's own attention kernel
+    against FlashInfer) moves a draw across a boundary, at most one request in three."""
+    from dspark_helpers import GAMMA
+
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    batch, new = prompts(6, seed=8), 40
+    temperature = (lambda i: 0.0 if i % 2 == 0 else 0.9)
+    config = cuda_config(files, drafter="oracle")
+    config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode="static"))
+    runs = {}
+    for burst in ("0", "auto"):
+        monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", burst)
+        out = {f"r{i}": ([], []) for i in range(len(batch))}
+        with booted(config) as engine:
+            run_seeded(engine, batch, temperature, new, 50, out)
+            runner = engine.runner.burst
+            if burst == "auto":
+                sampled_keys = [k for k in runner.keys() if k.sampled]
+                assert sampled_keys and all(k in runner.graphs for k in sampled_keys)
+                stats = engine.live_stats()["speculative"]["bursts"]
+                assert stats["sampled"]["bursts"] > 0 and stats["sampled"]["iterations"] > stats["sampled"]["bursts"], stats
+        runs[burst] = out
+    plain, _ = greedy_outputs(cuda_config(files), batch[::2], new)
+    bursting = runs["auto"]
+    assert all(len(tokens) == new for tokens, _ in bursting.values())
+    assert_same_greedy({f"r{i}": bursting[f"r{2 * i}"] for i in range(len(plain))}, plain,
+                       "sampled bursts' greedy rows vs plain greedy", max_diverged=2)
+    cut = new - (GAMMA + 1)
+    differ = [rid for i, rid in enumerate(bursting) if i % 2 and bursting[rid][0][:cut] != runs["0"][rid][0][:cut]]
+    assert len(differ) <= 1, (differ, {rid: (bursting[rid][0], runs["0"][rid][0]) for rid in differ})
