@@ -1071,6 +1071,25 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline76() {  # session 38: sampled bursts (f658eb1: a decode batch whose sampled rows set a temperature alone
+  # bursts on the device, priced by its own policy). bench1: plain against DSpark at T=0.7 over HTTP (64 prompts,
+  # FlashInfer, c=1,4,8, three rounds; session 37 without sampled bursts: 0.961 / 0.983 at c=1 / 8); bench3: the same
+  # at T=0 (two rounds; session 37: 1.845 / 1.472), the greedy bursts beside twice the burst graphs; bench2: DSpark
+  # with sampled bursts off (SGLAUNCH_DSPARK_SAMPLED_BURST=0) against on, T=0.7, c=1,8, two rounds
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,4,8 "$W/bench1/bench.json" 64'
+  touch "$W/core.done"
+  part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
+  touch "$W/greedy.done"
+  part bench2 240 env TEMP=0.7 ROUNDS=2 bash -c \
+    'dspark_ab off "SGLAUNCH_DSPARK_SAMPLED_BURST=0" on "" 1,8 64 "$W/bench2/bench.json"'
+  touch "$W/all.done"
+}
+
 pipeline75() {  # session 37: pipeline74's measure with three rounds (plain against DSpark at T=0.7 over HTTP, 64
   # prompts, FlashInfer, c=1,8; 134f9e6's sampled drafting step priced to the next step's start and the all-sampled
   # small batch's context skip: their first GPU run); then plain against DSpark at T=0 (bench3); then plain

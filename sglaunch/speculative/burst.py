@@ -597,7 +597,7 @@ class BurstRunner:
         from sglaunch.speculative.accept import committed_grid
 
         greedy = temps < GREEDY_TEMPERATURE
-        scale = torch.where(greedy, torch.ones_like(temps), temps).repeat_interleave(Q)  # [B * Q]
+        scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None].expand(B, Q).reshape(-1)  # [B * Q]
         flat = logits.float()
         target = torch.softmax(flat / scale[:, None], dim=-1)  # [B * Q, V]
         q = self.draft.drafter.expand_probs(block.probs)  # [B, G, V]: what each draft was drawn from
