@@ -824,8 +824,11 @@ class LLMEngine:
         burst_declined_streak steps in a row (H100, session 22: the bundled drafter on random target
         weights, priced at 1.3 by its own confidences, stepped aside on 97% of c=1's steps and 100%
         of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain). A
-        small batch where every row samples at T > 0 cannot burst, so it skips after the streak too
-        (H100, session 36, T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain).
+        small batch where every row samples at T > 0 cannot burst without sampled bursts (or with a row
+        that filters with top-k, top-p or min-p), so it skips after the streak too (H100, session 36,
+        T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain); with sampled
+        bursts its context stays for them (H100, session 38, T=0.7, c=8: with the skip, 40-70% of
+        the steps ran without a burst for a request's lost context).
         Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
@@ -834,8 +837,9 @@ class LLMEngine:
                 or step.num_tokens != step.batch_size  # NOTE: a prefill chunk among them (one row a decode)
                 or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak
                     and not self.spec.planner.drafter_failing()
-                    # NOTE: a batch where every row samples at T > 0 never bursts: nothing to keep it for
-                    and any(is_greedy(c.req.sampling) for c in chunks))):
+                    # NOTE: a batch where every row samples at T > 0 bursts only through sampled
+                    # bursts (temperature-only rows): else nothing to keep the context for
+                    and (any(is_greedy(c.req.sampling) for c in chunks) or self._burst_sampled(chunks)))):
             return True
         self.scheduler.mark_context_gaps()  # NOTE: this step's chunks are the running requests
         self.context_skipped_steps += 1

@@ -135,6 +135,28 @@ def test_rows_that_filter_take_the_usual_step(dspark_files, bursts):
     assert info["sampled"]["bursts"] == 0
 
 
+@pytest.mark.parametrize("sampled_bursts,top_p,keeps", [("1", 1.0, True), ("0", 1.0, False), ("1", 0.9, False)])
+def test_a_small_all_sampled_batch_keeps_its_context_for_sampled_bursts(dspark_files, bursts, monkeypatch,
+                                                                       sampled_bursts, top_p, keeps):
+    """After the planner's stepped-aside streak a small batch whose every row samples at T > 0
+    keeps writing the draft context where a sampled burst can take it (rows at a temperature
+    alone), and skips it where none can (sampled bursts off, or a row that filters with top-p)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_BURST", sampled_bursts)
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        params = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=top_p)
+        chunks = [SimpleNamespace(req=SimpleNamespace(sampling=params)) for _ in range(3)]
+        engine._aside_streak = engine.context_skip_streak
+        assert len(chunks) < engine.context_skip_min_batch and engine.context_skip
+        kept = engine._draft_context(chunks, False, SimpleNamespace(num_tokens=3, batch_size=3))
+        skipped = engine.context_skipped_steps
+    finally:
+        cluster.stop(engine)
+    assert kept is keeps and skipped == (0 if keeps else 1)
+
+
 def sampled_run(config, batch, temperatures, max_new_tokens: int):
     """Seeded requests at `temperatures` (in turn) -> (per request (tokens, logprobs), live stats)."""
     engine, cluster = create_engine(config)
