@@ -75,6 +75,10 @@ def test_step_kinds_are_this_levels_shares_of_each_kind():
     kinds = spec_stats({"info": before}, {"info": after})["step_kinds"]
     assert kinds == pytest.approx({"aside": 0.7, "burst": 0.2, "drafted": 0.1, "steps": 100.0})
     assert kinds_cell(kinds) == "70/20/10"
+    # sampled bursts (their own counters) are burst iterations too: 5 of the 10 other drafting steps
+    sampled = {**after, "speculative.bursts.sampled.iterations": 5.0}
+    kinds = spec_stats({"info": {**before, "speculative.bursts.sampled.iterations": 0.0}}, {"info": sampled})["step_kinds"]
+    assert kinds == pytest.approx({"aside": 0.7, "burst": 0.25, "drafted": 0.05, "steps": 100.0})
     # no burst counters (bursts off): every drafting step is "drafted"
     no_burst = {k: v for k, v in after.items() if "bursts" not in k}
     kinds = spec_stats({"info": {k: v for k, v in before.items() if "bursts" not in k}}, {"info": no_burst})["step_kinds"]
