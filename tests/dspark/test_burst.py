@@ -228,6 +228,30 @@ def test_runner_burst_matches_greedy_chain(dspark_files, bursts):
     assert tokens == plain[1: 1 + len(tokens)]
 
 
+def test_a_cached_prompts_first_token_takes_no_burst(dspark_files, bursts):
+    """A prompt the radix cache holds whole is scheduled as one decode-like row; its first token
+    comes from a usual step, not after a whole burst (later steps burst), and the tokens are plain."""
+    prompt = prompts(1, seed=11, lengths=(10,))[0]
+    plain = generate_batch(engine_config(dspark_files["target"]), [prompt], greedy(20))[0]
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        first = run(engine, [GenerateRequest("a", tuple(prompt), greedy(20))])
+        assert engine.runner.burst.bursts > 0
+        before, skipped = engine.runner.burst.bursts, engine.burst.skipped["first token"]
+        engine.add_request(GenerateRequest("b", tuple(prompt), greedy(20)))
+        out = engine.step()
+        assert engine.scheduler.radix.cached_pages > 0
+        assert [o.new_token_ids for o in out] == [(plain[0],)] and engine.runner.burst.bursts == before
+        assert engine.burst.skipped["first token"] == skipped + 1
+        second = list(out[0].new_token_ids)
+        while engine.has_work:
+            second += [t for o in engine.step() for t in o.new_token_ids]
+        assert engine.runner.burst.bursts > before
+    finally:
+        cluster.stop(engine)
+    assert first["a"][0] == plain and second == plain
+
+
 def test_a_burst_queued_a_few_iterations_at_a_time_runs_the_same(dspark_files, bursts):
     """BurstRunner.launch(queue=1) + extend + close: the same rows as the burst queued at once, and
     close ends a burst where it is (iterations = those queued)."""
