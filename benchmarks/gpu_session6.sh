@@ -1071,6 +1071,23 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+pipeline77() {  # session 38, its second machine: pipeline76 after 65f01f9 (a small all-sampled batch keeps the
+  # draft context for sampled bursts) and the first-token rule (a fully cached prompt's first token from a usual
+  # step, not after a burst): bench1 plain against DSpark at T=0.7, c=1,4,8, three rounds (pipeline76 on f658eb1:
+  # 1.267 / 1.064 / 1.007); bench3 the same at T=0, c=1,8, two rounds; then bench2, sampled bursts off against on
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,4,8 "$W/bench1/bench.json" 64'
+  touch "$W/core.done"
+  part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
+  touch "$W/greedy.done"
+  part bench2 240 env TEMP=0.7 ROUNDS=2 bash -c \
+    'dspark_ab off "SGLAUNCH_DSPARK_SAMPLED_BURST=0" on "" 1,8 64 "$W/bench2/bench.json"'
+  touch "$W/all.done"
+}
+
 pipeline76() {  # session 38: sampled bursts (f658eb1: a decode batch whose sampled rows set a temperature alone
   # bursts on the device, priced by its own policy). bench1: plain against DSpark at T=0.7 over HTTP (64 prompts,
   # FlashInfer, c=1,4,8, three rounds; session 37 without sampled bursts: 0.961 / 0.983 at c=1 / 8); bench3: the same
