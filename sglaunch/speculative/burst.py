@@ -521,13 +521,13 @@ class BurstRunner:
         if key.sampled:  # each row's draws at its temperature (argmax where 0), this iteration's uniforms
             temps = self.temps[:B]
             u = self.uniforms.index_select(0, self.iteration)[0, :B]  # [B, 2G + 1]
-            block = drafter.sampled_graph_block(out, anchors, temps, u[:, :G])
+            block = drafter.burst_sampled_block(out, anchors, temps, u[:, :G])
             drafts = block.tokens
         elif chains == 2:  # both chains in one Markov loop (no more launches a slot than one)
-            block, drafts2 = drafter.greedy_two_chains(out, anchors)
+            block, drafts2 = drafter.greedy_two_chains(out, anchors, confidence=False)
             drafts = block.tokens  # [B, G]
         else:
-            drafts = drafter.greedy_block(out, anchors).tokens  # [B, G]
+            drafts = drafter.greedy_block(out, anchors, confidence=False).tokens  # [B, G]
         ids = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)  # [B * Q]
         grid = (starts[:, None] + self.arange[None, :]).clamp_(max=C - 1)  # [B, Q]
         slots = table.gather(1, grid).reshape(-1)
@@ -697,20 +697,27 @@ class BurstRunner:
         return pending
 
     def _load_sampled(self, burst: BurstInput, B: int) -> None:
-        """A sampled burst's temperatures and uniforms into the pinned host buffer (dummy rows and
-        unused iterations 0: greedy, never read)."""
+        """A sampled burst's temperatures and uniforms into the pinned host buffer. Greedy rows (T = 0),
+        dummy rows and unused iterations: temperature 0 and draws at 0.5 (burst_sampled_block: the
+        argmax), their tests and correction draws 0 (never read: greedy rows accept by the argmax)."""
         import numpy as np
 
-        R, N, W = len(burst.anchors), burst.iterations, 2 * self.gamma + 1
+        from sglaunch.engine.sampler import GREEDY_TEMPERATURE
+
+        R, N, W, G = len(burst.anchors), burst.iterations, 2 * self.gamma + 1, self.gamma
         host = self.host_sampled.numpy()
         host[:] = 0.0
-        host[:R] = burst.temperatures
+        temps = np.asarray(burst.temperatures, dtype=np.float32)
+        host[:R] = temps
         u = np.asarray(burst.uniforms, dtype=np.float32)
         if u.shape != (N, R, W):
             raise ValueError(f"a sampled burst of {N} iterations for {R} requests takes uniforms [{N}, {R}, {W}], "
                              f"not {list(u.shape)}")
         Bmax = self.max_batch
-        host[Bmax:].reshape(-1, Bmax, W)[:N, :R] = u
+        rows = host[Bmax:].reshape(-1, Bmax, W)
+        rows[:, :, :G] = 0.5
+        sampled = temps >= GREEDY_TEMPERATURE
+        rows[:N, :R][:, sampled] = u[:, sampled]
 
     def _queue_iteration(self, pending: PendingBurst, events: bool) -> None:
         """One more iteration of a burst: the key's graph replayed (its body run eagerly without

@@ -377,7 +377,7 @@ class DSparkDrafter(nn.Module):
     def sample_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
                      uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
                      return_probs: bool = True, all_greedy: bool = False, keep_logits: bool = True,
-                     any_greedy: bool = True, full_vocab_probs: bool = True) -> DraftBlock:
+                     any_greedy: bool = True, full_vocab_probs: bool = True, confidence: bool = True) -> DraftBlock:
         """Sequential stage (§2.3): l_k = U_k + B_k(x_{k-1}); x_k = argmax (T < 1e-5) or a draw from
         softmax(l_k / T) at uniforms[:, k]; q_k is that distribution; c_k from h_k and W1[x_{k-1}].
         all_greedy: the caller knows every row is greedy (from the host, so no device read here):
@@ -388,7 +388,8 @@ class DSparkDrafter(nn.Module):
         any_greedy=False: the caller knows no row is greedy (from the host): no argmax, no one-hot
         rows (three launches a slot fewer).
         full_vocab_probs=False: with a draft vocabulary, the probabilities stay over its K tokens
-        ([B, G, K], what a sampled drafter graph keeps; expand_probs makes them [B, G, vocab])."""
+        ([B, G, K], what a sampled drafter graph keeps; expand_probs makes them [B, G, vocab]).
+        confidence=False: no confidence logits (a burst sizes no window: three launches a slot fewer)."""
         B, G, V = out.logits.shape  # V: the draft vocabulary's size
         if uniforms is None:
             uniforms = torch.rand(B, G, generator=generator, device=out.logits.device)
@@ -410,7 +411,7 @@ class DSparkDrafter(nn.Module):
                     argmax = add_argmax_triton(l_k, bias)
                 else:
                     l_k = l_k + bias
-            if self.confidence_head is not None:
+            if self.confidence_head is not None and confidence:
                 conf.append(self.confidence_head(h, e))
             if argmax is None and (all_greedy or any_greedy):
                 argmax = l_k.argmax(-1)
@@ -540,19 +541,20 @@ class DSparkDrafter(nn.Module):
             probs.append(q)
         return torch.stack(tokens, 1), torch.stack(probs, 1)
 
-    def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> tuple[DraftBlock, torch.Tensor]:
+    def greedy_two_chains(self, out: BlockOutput, anchor_tokens: torch.Tensor,
+                          confidence: bool = True) -> tuple[DraftBlock, torch.Tensor]:
         """greedy_block and second_chain(out, anchors, gamma) in one Markov loop: slot 0 (the same
         previous token, the anchor, for both) once, its top two choices starting the chains, then
         slots 1 .. gamma - 1 over both chains' 2B rows at once, so the second chain adds no kernel
         launch a slot (what a burst's graph replays). -> (the greedy block, confidence logits
-        included, with logits not kept; the runner-up chain [B, gamma])."""
+        included unless confidence=False, with logits not kept; the runner-up chain [B, gamma])."""
         B, G, _ = out.logits.shape
         first, second, state, e = self._slot0_pair(out, anchor_tokens)
-        conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None else []
+        conf = [self.confidence_head(out.hidden[:, 0], e)] if self.confidence_head is not None and confidence else []
         x = self._target_ids(torch.cat([first, second]))  # [2B]: the first choices, then the second
         state = state.repeat(2, 1) if state is not None else None
         hidden, logits = out.hidden.repeat(2, 1, 1), out.logits.repeat(2, 1, 1)  # [2B, G, *]
-        both = torch.stack([x] + self._greedy_slots(x, hidden, logits, state, G, conf, B), 1)  # [2B, G]
+        both = torch.stack([x] + self._greedy_slots(x, hidden, logits, state, G, conf if confidence else None, B), 1)
         block = DraftBlock(both[:B], None, None, torch.stack(conf, 1) if conf else None)
         return block, both[B:]
 
@@ -581,13 +583,24 @@ class DSparkDrafter(nn.Module):
         first = DraftBlock(block.tokens, self.expand_probs(block.probs[:, :1]), None, None)
         return self.sampled_second_chain(out, anchor_tokens, first, temperatures, uniforms, length)
 
-    def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor) -> DraftBlock:
+    def greedy_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, confidence: bool = True) -> DraftBlock:
         """sample_block for a batch of greedy rows only, from device inputs alone (no host value):
-        what a drafter CUDA graph captures after the forward (the block's logits not kept)."""
+        what a drafter CUDA graph captures after the forward (the block's logits not kept);
+        confidence=False: without confidence logits (a burst's)."""
         B, G = anchor_tokens.shape[0], self.config.block_size
         zeros = torch.zeros(B, device=anchor_tokens.device)
         return self.sample_block(out, anchor_tokens, zeros, uniforms=torch.zeros(B, G, device=anchor_tokens.device),
-                                 return_probs=False, all_greedy=True, keep_logits=False)
+                                 return_probs=False, all_greedy=True, keep_logits=False, confidence=confidence)
+
+    def burst_sampled_block(self, out: BlockOutput, anchor_tokens: torch.Tensor, temperatures: torch.Tensor,
+                            uniforms: torch.Tensor) -> DraftBlock:
+        """A sampled burst's drafts: every row drawn from softmax(l_k / T) at its uniform, no argmax
+        and no confidence logits, the probabilities over the draft vocabulary (expand_probs). A
+        greedy row (T = 0, clamped to GREEDY_TEMPERATURE: softmax then holds all but nothing outside
+        its argmax) drawn at 0.5 takes its argmax; its drafts only set how much the target accepts,
+        never what it commits (greedy rows are accepted against the target's argmax)."""
+        return self.sample_block(out, anchor_tokens, temperatures, uniforms=uniforms, return_probs=True,
+                                 keep_logits=False, any_greedy=False, full_vocab_probs=False, confidence=False)
 
     def propose(self, batch: DraftBatch, pool: DraftKVPool, temperatures: torch.Tensor, **kwargs) -> DraftBlock:
         """forward_block + sample_block."""
