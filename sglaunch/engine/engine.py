@@ -593,14 +593,15 @@ class LLMEngine:
 
     def _burst_sampled(self, chunks: list[Chunk]) -> bool | None:
         """Which burst takes these chunks: False, a greedy one (every row greedy); True, a sampled one
-        (some row samples with a temperature alone, and the runner has sampled iterations); None,
-        none (a row also filters with top-k, top-p or min-p, which the burst's graph does not)."""
+        (some row samples with a temperature alone, and the runner has sampled iterations for a batch
+        this size: BurstRunner.takes_sampled); None, none (a row also filters with top-k, top-p or
+        min-p, which the burst's graph does not, or the batch is too large for a sampled burst)."""
         sampled, vocab = False, self.runner.spec.vocab_size
         for chunk in chunks:
             params = chunk.req.sampling
             if is_greedy(params):
                 continue
-            if self.burst_sampled is None or filters(params, vocab):
+            if self.burst_sampled is None or filters(params, vocab) or not self.runner.burst.takes_sampled(len(chunks)):
                 return None
             sampled = True
         return sampled

@@ -73,6 +73,12 @@ MAX_BATCH = 32  # the largest batch bucket a burst graph is captured for
 # against one 1.017 / 1.015 / 1.014 at c=1 / 2 / 4; an iteration +6% at 1 request, +11% at 8 (burst_profile),
 # for 7.6% more tokens; c=8 0.946 when slot 0 still took topk (benchmarks/gpu30/)
 SECOND_CHAIN_MAX_BATCH = 4
+# sampled bursts take batches of up to this many requests (their keys are captured up to it). H100, session 38
+# (benchmarks/gpu38/call11, T=0.7, HTTP, 64 held-out prompts): DSpark with sampled bursts against plain 1.94 / 1.61 /
+# 1.58 at c=1 / 4 / 8 (three rounds) and 1.14 at c=16 (one round), but 0.61 of DSpark without them at c=32 (48% of
+# the steps in bursts, TTFT p50 104 against 29 ms); c=16 was measured on a machine whose plain sampled steps ran
+# 0.7x of another H100's, so only batches the three-round rows cover burst
+SAMPLED_MAX_BATCH = 8
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
 EARLY_STOP_ENV = "SGLAUNCH_DSPARK_BURST_EARLY_STOP"  # 1: a burst ends early for an arrival when that pays
 LEAD = 2  # iterations a burst launched a few at a time keeps queued ahead of the device
@@ -424,7 +430,7 @@ class BurstRunner:
         iteration); None: none fits."""
         from sglaunch.speculative.draft_graphs import _round_up_pow2
 
-        if sampled and not self.sampled:
+        if sampled and not self.takes_sampled(batch):
             return None
         width = _round_up_pow2(max(context, self.min_context))
         if not self.graphs_on:
@@ -439,13 +445,18 @@ class BurstRunner:
         """Whether some burst holds `batch` requests at all (before any per-request work)."""
         return batch <= (self.max_batch if not self.graphs_on else max(self.batch_sizes, default=0))
 
+    def takes_sampled(self, batch: int) -> bool:
+        """Whether a sampled burst holds `batch` requests: sampled iterations exist and the batch is at
+        most SAMPLED_MAX_BATCH."""
+        return self.sampled and batch <= SAMPLED_MAX_BATCH and self.takes(batch)
+
     def keys(self) -> list[BurstKey]:
         keys = []
         for b in self.batch_sizes:
             width = self.min_context
             while width <= self.max_context and b * width <= self.max_cells:
                 keys.append(BurstKey(b, width))
-                if self.sampled:
+                if self.sampled and b <= SAMPLED_MAX_BATCH:
                     keys.append(BurstKey(b, width, True))
                 width *= 2
         return sorted(keys, key=lambda k: (k.batch * k.context, k.batch, k.sampled), reverse=True)

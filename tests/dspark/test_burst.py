@@ -196,6 +196,20 @@ def test_sampled_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dra
         assert [tokens for tokens, _ in bursts[::2]] == plain
 
 
+@pytest.mark.parametrize("requests,bursts_expected", [(2, True), (3, False)])
+def test_sampled_bursts_take_small_batches_only(dspark_files, bursts, monkeypatch, requests, bursts_expected):
+    """A batch of more than SAMPLED_MAX_BATCH requests with a sampled row takes the usual steps (here
+    the limit is 2); at or under it, it bursts."""
+    from sglaunch.speculative import burst as burst_module
+
+    monkeypatch.setattr(burst_module, "SAMPLED_MAX_BATCH", 2)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static")
+    out, stats = sampled_run(config, prompts(requests, seed=7), (0.9,), 12)
+    assert all(len(tokens) == 12 for tokens, _ in out)
+    assert (stats["bursts"]["sampled"]["bursts"] > 0) is bursts_expected, stats["bursts"]
+    assert (stats["bursts"]["skipped_steps"].get("sampled", 0) > 0) is not bursts_expected
+
+
 def test_sampled_bursts_can_be_turned_off(dspark_files, bursts, monkeypatch):
     """SGLAUNCH_DSPARK_SAMPLED_BURST=0: no sampled iteration is built, and a batch with a row at
     T > 0 takes the usual steps."""
