@@ -367,6 +367,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "committed, before its outputs are built and sent (when nothing waits and every running request "
            "decodes), so the device does not idle through the host's tail: on unless 0.",
            choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_SAMPLED_BURST", "DSpark bursts: let a decode batch of up to 8 requests whose sampled "
+           "rows set a temperature alone (no top-k, top-p or min-p) burst too, through sampled iterations that draw, "
+           "verify and run the accept rule on the device: on unless 0 (wherever bursts are on).",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "DSpark bursts on one rank: queue a burst two "
            "iterations ahead of the device instead of all at once, and end it early when a request arrives and "
            "admitting it sooner is worth another burst's fixed cost (the start-up profile): on unless 0 on a "
