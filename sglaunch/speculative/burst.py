@@ -335,7 +335,7 @@ class BurstAttention:
 class BurstKey:
     batch: int  # requests in the graph, dummies included
     context: int  # slot-table width (positions 0 .. context - 1)
-    sampled: bool = False  # the sampled iteration (rows at T > 0; BurstRunner._sampled_tail)
+    sampled: bool = False  # the sampled iteration (rows at T > 0; BurstRunner._sampled_accept)
 
 
 class BurstRunner:
@@ -693,7 +693,7 @@ class BurstRunner:
             second[R:] = self.fill_slot
         pending = PendingBurst(R, N, None, key=key, copy=copy)
         if key.sampled:
-            self._load_sampled(burst, key.batch)
+            self._load_sampled(burst)
         with torch.inference_mode():
             self.flat[:size].copy_(self.host_flat[:size], non_blocking=True)
             if key.sampled:
@@ -707,7 +707,7 @@ class BurstRunner:
             self.close(pending)
         return pending
 
-    def _load_sampled(self, burst: BurstInput, B: int) -> None:
+    def _load_sampled(self, burst: BurstInput) -> None:
         """A sampled burst's temperatures and uniforms into the pinned host buffer. Greedy rows (T = 0),
         dummy rows and unused iterations: temperature 0 and draws at 0.5 (burst_sampled_block: the
         argmax), their tests and correction draws 0 (never read: greedy rows accept by the argmax)."""

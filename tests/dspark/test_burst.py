@@ -757,7 +757,8 @@ def test_the_periodic_log_line_reports_bursts(dspark_files, bursts, caplog, monk
 
 def test_fused_greedy_markov_step_gives_the_same_block(dspark_files):
     """The drafter's greedy block with the fused add + argmax kernel (the CUDA default; Triton's
-    interpreter here) equals the torch one: same tokens and confidences."""
+    interpreter here) equals the torch one: same tokens and confidences; a burst's blocks
+    (confidence=False, one chain and two) have the same tokens and no confidence logits."""
     pytest.importorskip("triton")
     from sglaunch.speculative.drafter import BlockOutput
 
@@ -774,11 +775,17 @@ def test_fused_greedy_markov_step_gives_the_same_block(dspark_files):
         for fused in (False, True):
             drafter.fused_argmax = fused
             blocks[fused] = drafter.greedy_block(out, anchors)
+        bare = drafter.greedy_block(out, anchors, confidence=False)  # a burst's: no confidence logits
+        two, second = drafter.greedy_two_chains(out, anchors)
+        two_bare, second_bare = drafter.greedy_two_chains(out, anchors, confidence=False)
     finally:
         cluster.stop(engine)
     assert torch.equal(blocks[True].tokens, blocks[False].tokens)
-    if blocks[False].conf_logits is not None:
-        torch.testing.assert_close(blocks[True].conf_logits, blocks[False].conf_logits)
+    assert blocks[False].conf_logits is not None and drafter.confidence_head is not None
+    torch.testing.assert_close(blocks[True].conf_logits, blocks[False].conf_logits)
+    assert torch.equal(bare.tokens, blocks[True].tokens) and bare.conf_logits is None
+    assert torch.equal(two_bare.tokens, two.tokens) and torch.equal(second_bare, second)
+    assert two.conf_logits is not None and two_bare.conf_logits is None
 
 
 def test_an_idle_engine_logs_the_steps_since_its_last_line(dspark_files, bursts, caplog):
