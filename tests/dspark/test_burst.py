@@ -649,6 +649,20 @@ def test_tp2_bursts_match_plain(dspark_files, bursts, monkeypatch):
     assert [out[f"t-{i}"][0] for i in range(len(batch))] == expected
 
 
+def test_tp2_sampled_bursts_draw_as_tp1(dspark_files, monkeypatch):
+    """TP 2: every rank runs a sampled burst from the same temperatures and uniforms (they travel in
+    the burst command), so seeded requests give TP 1's tokens (static mode, every step drafting)."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    monkeypatch.setenv(BURST_ENV, "3")
+    batch = prompts(4, seed=7)
+    one, _ = sampled_run(engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=2),
+                         batch, (0.9, 0.0), 20)
+    two, stats = sampled_run(engine_config(dspark_files["target"], dspark_files["oracle"], "static", tp_size=2,
+                                           page_size=2), batch, (0.9, 0.0), 20)
+    assert stats["bursts"]["sampled"]["bursts"] > 0
+    assert [tokens for tokens, _ in two] == [tokens for tokens, _ in one]
+
+
 def test_compact_profiles_bursts_at_start(dspark_files, bursts):
     """With a step-cost table (compact profiles one at start-up) a burst iteration is timed per
     batch size, so BurstPolicy compares it with the plain step; output stays plain greedy."""
