@@ -58,9 +58,12 @@ def sample_device(
     settings fail on the host is in `failures` at once (raises without it). The uniforms are
     drawn from the generators here, so a seeded request gets the same tokens whenever the
     choices are read (read_choices)."""
+    random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
+    if random_rows and fused_sampling(logits.device) and not any(filters(params[i], logits.shape[-1])
+                                                                  for i in random_rows):
+        return _fused(logits, params, generators, random_rows)
     tokens = logits.argmax(dim=-1)  # [batch]
     bad = None
-    random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
     if random_rows:
         probs, kept = _filtered_rows(logits, random_rows, params, failures)
         if kept:
@@ -77,6 +80,38 @@ def sample_device(
     # NOTE: one read-back for all (float64 holds every token id and float32 value exactly)
     parts = [tokens.double(), logprobs.double()] + ([bad.double()] if bad is not None else [])
     return torch.stack(parts)
+
+
+FUSED_ENV = "SGLAUNCH_FUSED_SAMPLING"  # 1: a batch of greedy and temperature-only rows samples in one kernel
+
+
+def fused_sampling(device: torch.device) -> bool:
+    """SGLAUNCH_FUSED_SAMPLING=1 (off by default until measured on a GPU): a step whose sampled rows
+    set a temperature alone samples in one kernel (sglaunch/kernels/sample_rows.py) where it runs
+    (CUDA with Triton, or SGLAUNCH_DSPARK_KERNELS=triton)."""
+    import os
+
+    if os.environ.get(FUSED_ENV, "0").strip() != "1":
+        return False
+    from sglaunch.kernels.sample_rows import use_kernel
+
+    return use_kernel(device)
+
+
+def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           random_rows: list[int]) -> torch.Tensor:
+    """sample_device for greedy and temperature-only rows in one kernel: each sampled row's uniform
+    from its own generator as on the usual path (so a seeded request draws the same uniforms),
+    the temperatures and uniforms down in one copy, [3, batch] float64 back."""
+    from sglaunch.kernels.sample_rows import temperature_sample
+
+    temperatures, uniforms = [0.0] * len(params), [0.0] * len(params)
+    for i in random_rows:
+        temperatures[i] = params[i].temperature
+        uniforms[i] = float(torch.rand(1, generator=generators[i]))
+    temperatures, uniforms = to_device([torch.tensor(temperatures, dtype=torch.float32),
+                                        torch.tensor(uniforms, dtype=torch.float64)], logits.device)
+    return temperature_sample(logits, temperatures, uniforms)
 
 
 def read_choices(choices, failures: dict[int, Exception] | None = None) -> tuple[list[int], list[float]]:

@@ -403,6 +403,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "the last one back (greedy tokens reach the next step on the device, stops are learnt a step "
            "late): 1 on, 0 off, auto (default) on for CUDA devices and off on CPUs.", choices=("0", "1", "auto"),
            sglaunch_only=True, refused=True),
+    EnvVar("SGLAUNCH_FUSED_SAMPLING", "Sample a step whose rows are greedy or set a temperature alone in one Triton "
+           "kernel (softmax at each row's temperature, the inverse-CDF draw at the row's uniform, the log-probability) "
+           "instead of about thirty small operators: 1 on (CUDA with Triton), 0 off (the default until measured).",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True,
