@@ -1071,6 +1071,32 @@ pipeline61t() {  # session 27, an H200 with 596 s of device time left: issue 15'
   touch "$W/all.done"
 }
 
+plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain decoding (no drafter) over HTTP under two
+  # environments, as dspark_ab does for DSpark (the held-out set, 128 tokens, TEMP, ROUNDS, KVCAP)
+  python3 -m sglaunch bench \
+    --compare "$2 sglaunch serve ${KVCAP:-}" --compare "$4 sglaunch serve ${KVCAP:-}" \
+    --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
+    --concurrency "$5" --temperature "${TEMP:-0}" --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+}
+
+pipeline78() {  # session 39 (planned in session 38): bench1 plain against DSpark at T=0.7, c=1,4,8,16, three rounds,
+  # on the build with sampled bursts up to 8 requests (4741b65; c=16 now takes the usual steps); bench2 plain with
+  # SGLAUNCH_FUSED_SAMPLING=0 against 1 at T=0.7, c=1,8 (6f01352, off by default until this); bench3 DSpark / plain at
+  # T=0, c=1,8 (the greedy bursts without confidence logits, e04eb44)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 360 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,4,8,16 "$W/bench1/bench.json" 64'
+  touch "$W/core.done"
+  part bench2 200 env TEMP=0.7 ROUNDS=2 bash -c \
+    'plain_ab usual "SGLAUNCH_FUSED_SAMPLING=0" fused "SGLAUNCH_FUSED_SAMPLING=1" 1,8 64 "$W/bench2/bench.json"'
+  touch "$W/fused.done"
+  part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
+  touch "$W/all.done"
+}
+
 pipeline77() {  # session 38, its second machine: pipeline76 after 65f01f9 (a small all-sampled batch keeps the
   # draft context for sampled bursts) and the first-token rule (a fully cached prompt's first token from a usual
   # step, not after a burst): bench1 plain against DSpark at T=0.7, c=1,4,8, three rounds (pipeline76 on f658eb1:
@@ -1465,7 +1491,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1478,7 +1504,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
@@ -1491,7 +1517,7 @@ case "${1:-}" in
         | tar -xf - -C "$REPO" || exit 1
     cd "$REPO" && mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ || exit 1
     export W REPO SMOL DRAFTER
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     setsid nohup bash -c "${2:-pipeline57}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline ${2:-pipeline57} started in $REPO"
     ;;
