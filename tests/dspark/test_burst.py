@@ -210,6 +210,39 @@ def test_sampled_bursts_take_small_batches_only(dspark_files, bursts, monkeypatc
     assert (stats["bursts"]["skipped_steps"].get("sampled", 0) > 0) is not bursts_expected
 
 
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_sampled_bursts_with_stops_and_preemption_lose_nothing(dspark_files, bursts, monkeypatch, overlap):
+    """Seeded sampled requests (and a greedy one) with stop tokens, chunked prefill and a KV pool
+    tight enough to preempt, overlap off and on: sampled bursts run, every request ends by its stop
+    token or its length with nothing past a stop, no page stays reserved, and a second run gives the
+    same tokens."""
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", overlap)
+    batch = prompts(6, seed=4, lengths=(9, 30, 17, 45))
+    stops = (3, 17, 99)
+    params = [SamplingParams(max_new_tokens=24, temperature=0.0 if i == 0 else 0.9, seed=40 + i,
+                             stop_token_ids=stops) for i in range(len(batch))]
+    tight = dict(page_size=2, max_total_tokens=112, chunked_prefill_size=8)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "static", **tight)
+    runs = []
+    for _ in range(2):
+        engine, cluster = create_engine(config)
+        try:
+            requests = [GenerateRequest(f"q{i}", tuple(p), q) for i, (p, q) in enumerate(zip(batch, params))]
+            out = run(engine, requests)
+            stats = engine.live_stats()["speculative"]["bursts"]
+            assert engine.allocator.num_used == engine.scheduler.radix.cached_pages
+            preemptions = engine.scheduler.num_preemptions
+        finally:
+            cluster.stop(engine)
+        runs.append([out[f"q{i}"] for i in range(len(batch))])
+    assert stats["sampled"]["bursts"] > 0 and preemptions > 0
+    for tokens, lps, reason in runs[0]:
+        assert len(tokens) == len(lps) and 0 < len(tokens) <= 24
+        assert (reason == "stop") is (tokens[-1] in stops) and not set(tokens[:-1]) & set(stops)
+        assert reason in ("stop", "length") and (reason == "stop" or len(tokens) == 24)
+    assert [r[0] for r in runs[0]] == [r[0] for r in runs[1]]
+
+
 def test_sampled_bursts_can_be_turned_off(dspark_files, bursts, monkeypatch):
     """SGLAUNCH_DSPARK_SAMPLED_BURST=0: no sampled iteration is built, and a batch with a row at
     T > 0 takes the usual steps."""
