@@ -833,8 +833,9 @@ class LLMEngine:
         small batch where every row samples at T > 0 cannot burst without sampled bursts (or with a row
         that filters with top-k, top-p or min-p), so it skips after the streak too (H100, session 36,
         T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain); with sampled
-        bursts its context stays for them (H100, session 38, T=0.7, c=8: with the skip, 40-70% of
-        the steps ran without a burst for a request's lost context).
+        bursts its context stays for them (H100, session 38, T=0.7, c=1,4,8, three rounds: with the
+        skip, the server counted 7,072 steps that could not burst for a request's lost context beside
+        12,372 sampled-burst iterations, benchmarks/gpu38/call5/bench1/bench-server-dspark.log).
         Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
