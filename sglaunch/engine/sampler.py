@@ -93,9 +93,9 @@ def fused_sampling(device: torch.device) -> bool:
 
     if os.environ.get(FUSED_ENV, "0").strip() != "1":
         return False
-    from sglaunch.kernels.sample_rows import use_kernel
+    from sglaunch.kernels import use_triton
 
-    return use_kernel(device)
+    return use_triton(device)
 
 
 def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],

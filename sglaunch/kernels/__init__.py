@@ -19,3 +19,16 @@ try:  # NOTE: triton is optional (CPU installs do not ship it)
 except Exception as exc:  # pragma: no cover - depends on the install
     HAS_TRITON = False
     TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+
+def use_triton(device) -> bool:
+    """Whether the Triton kernels run for tensors on `device`: on CUDA when Triton is importable;
+    SGLAUNCH_DSPARK_KERNELS=torch|triton forces a side (triton on CPU tensors needs TRITON_INTERPRET=1)."""
+    import os
+
+    choice = os.environ.get("SGLAUNCH_DSPARK_KERNELS", "auto")
+    if choice == "torch":
+        return False
+    if choice == "triton":
+        return HAS_TRITON
+    return HAS_TRITON and device.type == "cuda"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from . import HAS_TRITON
+from . import HAS_TRITON, use_triton
 
 GREEDY_TEMPERATURE = 1e-5  # sglaunch.engine.sampler's
 BLOCK = 1024
@@ -49,21 +49,10 @@ def temperature_sample_reference(logits: torch.Tensor, temperatures: torch.Tenso
     return torch.stack([tokens.double(), logprobs.double(), (bad & ~greedy).double()])
 
 
-def use_kernel(device: torch.device) -> bool:
-    """Where the Triton kernel runs: CUDA with Triton, or SGLAUNCH_DSPARK_KERNELS=triton (the
-    interpreter on a CPU, for tests)."""
-    import os
-
-    choice = os.environ.get("SGLAUNCH_DSPARK_KERNELS", "auto")
-    if choice == "torch" or not HAS_TRITON:
-        return False
-    return choice == "triton" or device.type == "cuda"
-
-
 def temperature_sample(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """[3, n] float64 (token, log-probability, cannot-sample flag): the kernel where use_kernel
-    says so, else the reference."""
-    if not use_kernel(logits.device):
+    """[3, n] float64 (token, log-probability, cannot-sample flag): the kernel where the DSpark
+    kernels run (sglaunch.kernels.use_triton), else the reference."""
+    if not use_triton(logits.device):
         return temperature_sample_reference(logits, temperatures, uniforms)
     n, V = logits.shape
     x = logits if logits.stride(-1) == 1 else logits.contiguous()

@@ -7,22 +7,11 @@ CPU tensors needs TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from sglaunch.speculative.accept import AcceptResult, accept_draft
 
-from sglaunch.kernels import HAS_TRITON, dspark_accept, dspark_pack, dspark_topk
-
-
-def use_triton(device: torch.device) -> bool:
-    choice = os.environ.get("SGLAUNCH_DSPARK_KERNELS", "auto")
-    if choice == "torch":
-        return False
-    if choice == "triton":
-        return HAS_TRITON
-    return HAS_TRITON and device.type == "cuda"
+from sglaunch.kernels import dspark_accept, dspark_pack, dspark_topk, use_triton  # noqa: F401 (use_triton: re-exported)
 
 
 def survival(conf_logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
