@@ -1103,15 +1103,7 @@ pipeline77() {  # session 38, its second machine: pipeline76 after 65f01f9 (a sm
   # 1.267 / 1.064 / 1.007); bench3 the same at T=0, c=1,8, two rounds; then bench2, sampled bursts off against on
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
-  local KVCAP="--max-total-tokens 1000000"
-  export KVCAP
-  part bench1 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,4,8 "$W/bench1/bench.json" 64'
-  touch "$W/core.done"
-  part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
-  touch "$W/greedy.done"
-  part bench2 240 env TEMP=0.7 ROUNDS=2 bash -c \
-    'dspark_ab off "SGLAUNCH_DSPARK_SAMPLED_BURST=0" on "" 1,8 64 "$W/bench2/bench.json"'
-  touch "$W/all.done"
+  pipeline_sampled_benches
 }
 
 pipeline76() {  # session 38: sampled bursts (f658eb1: a decode batch whose sampled rows set a temperature alone
@@ -1122,6 +1114,11 @@ pipeline76() {  # session 38: sampled bursts (f658eb1: a decode batch whose samp
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  pipeline_sampled_benches
+}
+
+pipeline_sampled_benches() {  # pipelines 76-77's measures, after the model is pulled: bench1 plain against DSpark
+  # at T=0.7, c=1,4,8, three rounds; bench3 the same at T=0, c=1,8, two rounds; bench2 sampled bursts off against on
   local KVCAP="--max-total-tokens 1000000"
   export KVCAP
   part bench1 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,4,8 "$W/bench1/bench.json" 64'
