@@ -216,12 +216,12 @@ from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), P
 }
 
 dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]]: issue 15's measure, plain against DSpark compact over
-  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0 or TEMP); KVCAP (exported, may be unset):
+  # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0 or TEMP, top-p TOPP if set); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK ${4:-}" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
-    --concurrency "$1" --temperature "${TEMP:-0}" --output "$2" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$2" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
@@ -232,7 +232,7 @@ dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpar
     --compare "$2 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --compare "$4 SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
-    --concurrency "$5" --temperature "${TEMP:-0}" --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 pipeline13() {  # session 10, run 1 (the model upload, as pipeline11; carry .out/http-wheels too): the graph
@@ -1076,7 +1076,28 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
   python3 -m sglaunch bench \
     --compare "$2 sglaunch serve ${KVCAP:-}" --compare "$4 sglaunch serve ${KVCAP:-}" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
-    --concurrency "$5" --temperature "${TEMP:-0}" --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+}
+
+pipeline79() {  # session 39: pipeline78's measures reordered for the device time left after two refused asks, with the
+  # filtered sampled bursts (top-p rows, built this session) second: bench1 DSpark / plain at T=0.7, c=1,8,16, three
+  # rounds (the 8-request limit of sampled bursts); bench4 DSpark / plain at T=0.7 and top-p 0.9, c=1,8, two rounds
+  # (filtered bursts on, the default); bench2 plain with SGLAUNCH_FUSED_SAMPLING=0 against 1 at T=0.7, c=1,8; bench3
+  # DSpark / plain at T=0, c=1,8
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench1/bench.json" 64'
+  touch "$W/core.done"
+  part bench4 200 env TEMP=0.7 TOPP=0.9 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench4/bench.json" 64'
+  touch "$W/filtered.done"
+  part bench2 200 env TEMP=0.7 ROUNDS=2 bash -c \
+    'plain_ab usual "SGLAUNCH_FUSED_SAMPLING=0" fused "SGLAUNCH_FUSED_SAMPLING=1" 1,8 64 "$W/bench2/bench.json"'
+  touch "$W/fused.done"
+  part bench3 200 env TEMP=0 ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench3/bench.json" 64'
+  touch "$W/all.done"
 }
 
 pipeline78() {  # session 39 (planned in session 38): bench1 plain against DSpark at T=0.7, c=1,4,8,16, three rounds,
@@ -1174,7 +1195,7 @@ rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP 
     --compare "PYTHONPATH=/tmp/site:/tmp/old SGLANG_RAGGED_VERIFY_MODE=compact python3 -P -m sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$2" --output-len 128 \
-    --concurrency "$1" --temperature "${TEMP:-0}" --output "$3" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$3" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 pipeline73() {  # session 36 (carry .pre36 with the tree): at T=0.7 over HTTP (64 prompts, FlashInfer, c=1,8) DSpark

@@ -18,6 +18,7 @@ class SamplingSettings:
 
     model: str
     temperature: float = 0.0
+    top_p: float | None = None  # sent only when set (the server's default is 1: no filter)
     ignore_eos: bool = True
 
 
@@ -49,6 +50,8 @@ def request_body(request: BenchRequest, settings: SamplingSettings, max_tokens: 
         "temperature": settings.temperature, "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if settings.top_p is not None:
+        body["top_p"] = settings.top_p
     if settings.ignore_eos:
         body["ignore_eos"] = True  # SGLang/vLLM extension: exact output lengths
     if request.messages is not None:

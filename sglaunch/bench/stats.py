@@ -154,15 +154,16 @@ def histogram_mean_delta(before: dict[str, float], after: dict[str, float], pref
 def step_kinds(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
     """This level's decode steps by kind, as shares of all of them, from an sglaunch DSpark
     server's /server_info counters: {"aside": stepped aside (plain steps, no drafter), "burst":
-    burst iterations, greedy and sampled, "drafted": other drafting steps}; None where the server has no such counters
+    burst iterations, greedy, sampled and filtered, "drafted": other drafting steps}; None where the server has no such counters
     (plain servers, SGLang). The ratios alone cannot tell a level that drafted from one that only
     stepped aside; these can."""
     keys = {"drafting": "speculative.steps", "aside": "speculative.step_aside_steps",
-            "burst": "speculative.bursts.iterations", "sampled burst": "speculative.bursts.sampled.iterations"}
+            "burst": "speculative.bursts.iterations", "sampled burst": "speculative.bursts.sampled.iterations",
+            "filtered burst": "speculative.bursts.filtered.iterations"}
     if not all(keys[k] in after and keys[k] in before for k in ("drafting", "aside")):
         return None
     delta = {k: after.get(key, 0.0) - before.get(key, 0.0) for k, key in keys.items()}
-    delta["burst"] += delta.pop("sampled burst")
+    delta["burst"] += delta.pop("sampled burst") + delta.pop("filtered burst")
     total = delta["drafting"] + delta["aside"]  # burst iterations count as drafting steps
     if total <= 0:
         return None

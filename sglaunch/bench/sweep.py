@@ -57,6 +57,7 @@ class BenchSpec:
     model: str | None = None
     api_key: str | None = None
     temperature: float = 0.0
+    top_p: float | None = None
     ignore_eos: bool = True
     timeout: float = 300.0
     launch_timeout: float = 600.0
@@ -100,7 +101,7 @@ def new_document(spec: BenchSpec) -> dict[str, Any]:
             "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup, "rounds": spec.rounds,
             "levels": [{"kind": lv.kind, "value": lv.json_value(), "max_concurrency": lv.max_concurrency}
                        for lv in spec.levels],
-            "temperature": spec.temperature, "ignore_eos": spec.ignore_eos, "timeout_s": spec.timeout,
+            "temperature": spec.temperature, "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "timeout_s": spec.timeout,
             "workload": workload_settings(spec),
         },
         "requests": None,
@@ -310,7 +311,7 @@ async def sweep(run: BenchRun, requests: list[BenchRequest], ui: Progress) -> No
 
 
 def settings_for(run: BenchRun, target: Target) -> SamplingSettings:
-    return SamplingSettings(model=target.model, temperature=run.spec.temperature,
+    return SamplingSettings(model=target.model, temperature=run.spec.temperature, top_p=run.spec.top_p,
                             ignore_eos=run.spec.ignore_eos)
 
 

@@ -128,6 +128,8 @@ def bench(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SGLAUNCH_BENCH_API_KEY",
                                                    help="Bearer token for the server(s).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus "
+                                                   "sampling (top_p) sent with every request (default: not sent).")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly "
                                              "the output length (SGLang/vLLM extension).")] = True,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")] = 300.0,
@@ -150,7 +152,7 @@ def bench(
         levels=build_levels(concurrency, request_rate, max_concurrency), num_prompts=num_prompts,
         warmup=warmup, seed=seed, dataset=dataset, dataset_format=dataset_format,
         synthetic=SyntheticSpec(input_len, output_len, range_ratio), tokenizer=tokenizer, model=model,
-        api_key=api_key, temperature=temperature, ignore_eos=ignore_eos, timeout=timeout,
+        api_key=api_key, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos, timeout=timeout,
         launch_timeout=launch_timeout, rounds=rounds)
     plot_path = None if no_plot else (plot or output.with_suffix(".png"))
     execute(BenchRun(spec), output, plot_path, as_json)

@@ -24,8 +24,8 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import (BAD_PROBABILITIES, filters, is_greedy, make_generator, read_choices, rows_of,
-                                     sample_device)
+from sglaunch.engine.sampler import (BAD_PROBABILITIES, filter_settings, filters, is_greedy, make_generator,
+                                     read_choices, rows_of, sample_device)
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -142,6 +142,7 @@ class LLMEngine:
             self.spec = DSparkDecoder(config, runner.draft.drafter, config.page_size, runner.device)
         self.burst = None  # BurstPolicy when the runner can burst (speculative/burst.py)
         self.burst_sampled = None  # the BurstPolicy of sampled bursts, when the runner has sampled iterations
+        self.burst_filtered = None  # the BurstPolicy of filtered sampled bursts (top-k, top-p, min-p rows)
         self.burst_chain = False  # launch a batch's next burst while finishing the one before
         self.burst_early_stop = False  # queue a burst a few iterations at a time, end it for an arrival
         self._burst_in_flight: BurstFlight | None = None
@@ -166,6 +167,9 @@ class LLMEngine:
             if runner.burst.sampled:  # NOTE: priced on its own: a sampled iteration costs and accepts otherwise
                 self.burst_sampled = BurstPolicy(self.spec.gamma, runner.burst.max_iterations,
                                                  wide_cap=wide_cap_from_env())
+            if runner.burst.filtered:  # NOTE: its own too: every row of a filtered iteration is sorted
+                self.burst_filtered = BurstPolicy(self.spec.gamma, runner.burst.max_iterations,
+                                                  wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
             self.burst_early_stop = early_stop_from_env(runner.device.type) and self.tp.size == 1
@@ -243,13 +247,17 @@ class LLMEngine:
             self.burst.costs, self.burst.fixed = profile_costs(self, counts)
             if self.burst_sampled is not None and self.burst.costs:
                 self.burst_sampled.costs, self.burst_sampled.fixed = profile_costs(self, counts, sampled=True)
+            if self.burst_filtered is not None and self.burst.costs:
+                self.burst_filtered.costs, self.burst_filtered.fixed = profile_costs(self, counts, sampled=True,
+                                                                                     filtered=True)
         finally:
             self.spec.stats = type(self.spec.stats)(self.spec.gamma)
         if not self.burst.costs:
             logger.warning("DSpark: the KV pool cannot hold even a one-request burst profile; bursts off")
-            self.burst = self.burst_sampled = None
+            self.burst = self.burst_sampled = self.burst_filtered = None
             return
-        for policy, kind in ((self.burst, "greedy"), (self.burst_sampled, "sampled")):
+        for policy, kind in ((self.burst, "greedy"), (self.burst_sampled, "sampled"),
+                             (self.burst_filtered, "filtered")):
             if policy is not None:
                 logger.info("DSpark bursts, %s: %d iterations at most; per iteration + per burst: %s", kind,
                             policy.max_iterations,
@@ -548,7 +556,7 @@ class LLMEngine:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
         chunk must be a running decode that could speculate, greedy or (with sampled iterations)
         sampling at a temperature alone, the batch must fit a burst graph and the KV pool, and its
-        BurstPolicy (burst_sampled when a row samples) must expect the burst to beat a plain step. Why a
+        BurstPolicy (burst_sampled when a row samples, burst_filtered when one filters) must expect the burst to beat a plain step. Why a
         step did not burst is counted in BurstPolicy.skipped (count=False: a chain's look ahead,
         which the next step repeats if it declines). Pages are reserved when it says yes.
         NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
@@ -557,9 +565,10 @@ class LLMEngine:
             return None
         if not self.runner.burst.takes(len(chunks)):  # NOTE: first: at load no per-request work at all
             return policy.skip("no graph", count)
-        sampled = self._burst_sampled(chunks)
-        if sampled is None:
+        which = self._burst_kind(chunks)
+        if which is None:
             return policy.skip("sampled", count)
+        sampled, filtered = which != "greedy", which == "filtered"
         if len(candidates) != len(chunks):
             why = ("prefill" if any(c.end - c.start > 1 for c in chunks)
                    else "no context" if any(c.req.context_gap for c in chunks) else "request ending")
@@ -572,12 +581,13 @@ class LLMEngine:
         planner, R = self.spec.planner, len(chunks)
         prior = 1.0 + sum(planner.priced_prior)
         context = self.limits.context_length
-        kind = self.burst_sampled if sampled else policy  # NOTE: skips are counted on self.burst alone
+        kind = self._burst_policy(which)  # NOTE: skips are counted on self.burst alone
         n = kind.iterations([c.req.sampling.max_new_tokens - c.req.num_output_tokens for c in chunks],
                             [context - c.start for c in chunks], prior)
         if n < 1:
             return policy.skip("context", count)
-        if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n), sampled) is None:
+        if self.runner.burst.pick(R, self.runner.burst.context_needed([c.start for c in chunks], n), sampled,
+                                  filtered) is None:
             return policy.skip("no graph", count)
         plain, scale = None, 1.0
         if planner.sps is not None:
@@ -586,32 +596,43 @@ class LLMEngine:
         if not kind.worth(R, plain, prior, n, count=count, plain_scale=scale):
             self._burst_declined += count
             return policy.skip("not worth" + (" (sampled)" if sampled else ""), count)
-        if not self._reserve_burst(chunks, n, sampled):
+        if not self._reserve_burst(chunks, n, sampled, filtered):
             return policy.skip("kv", count)
         self._burst_declined = 0
         return n
 
-    def _burst_sampled(self, chunks: list[Chunk]) -> bool | None:
-        """Which burst takes these chunks: False, a greedy one (every row greedy); True, a sampled one
-        (some row samples with a temperature alone, and the runner has sampled iterations for a batch
-        this size: BurstRunner.takes_sampled); None, none (a row also filters with top-k, top-p or
-        min-p, which the burst's graph does not, or the batch is too large for a sampled burst)."""
-        sampled, vocab = False, self.runner.spec.vocab_size
+    def _burst_kind(self, chunks: list[Chunk]) -> str | None:
+        """Which burst takes these chunks: "greedy" (every row greedy); "sampled" (some row samples
+        at a temperature alone, and the runner has sampled iterations for a batch this size:
+        BurstRunner.takes_sampled); "filtered" (some sampled row also sets top-k, top-p or min-p, and
+        the runner has filtered iterations); None, none (sampled or filtered iterations are off, or
+        the batch is too large for them)."""
+        kind, vocab = "greedy", self.runner.spec.vocab_size
         for chunk in chunks:
             params = chunk.req.sampling
             if is_greedy(params):
                 continue
-            if self.burst_sampled is None or filters(params, vocab) or not self.runner.burst.takes_sampled(len(chunks)):
-                return None
-            sampled = True
-        return sampled
+            if filters(params, vocab):
+                kind = "filtered"
+            elif kind == "greedy":
+                kind = "sampled"
+        if kind == "greedy":
+            return kind
+        if self._burst_policy(kind) is None or not self.runner.burst.takes_sampled(len(chunks), kind == "filtered"):
+            return None
+        return kind
 
-    def _reserve_burst(self, chunks: list[Chunk], iterations: int, sampled: bool = False) -> bool:
+    def _burst_policy(self, kind: str):
+        """The BurstPolicy that prices a burst of that kind (_burst_kind)."""
+        return {"greedy": self.burst, "sampled": self.burst_sampled, "filtered": self.burst_filtered}[kind]
+
+    def _reserve_burst(self, chunks: list[Chunk], iterations: int, sampled: bool = False,
+                       filtered: bool = False) -> bool:
         """Scheduler.reserve_burst for a burst of `iterations`, and first (a burst that verifies a
         second chain) each chunk's gamma + 1 pages for that chain's window; all or nothing."""
         runner, positions = self.runner.burst, iterations * (self.spec.gamma + 1) - 1
         if runner.uses_second_chain(len(chunks), runner.context_needed([c.start for c in chunks], iterations),
-                                    sampled):
+                                    sampled, filtered):
             for i, chunk in enumerate(chunks):
                 if not self.scheduler.reserve_second_chain(chunk, self.spec.gamma):
                     for taken in chunks[:i]:
@@ -653,13 +674,12 @@ class LLMEngine:
         accept = f"{policy.accept:.2f}" if policy.accept is not None else "none yet"
         skipped = ", ".join(f"{why} {n}" for why, n in policy.skipped.most_common()) or "none"
         stopped = f", {policy.stopped} ended early for an arrival" if self.burst_early_stop else ""
-        sampled = self.burst_sampled
-        if sampled is not None and sampled.bursts:
-            estimate = f"{sampled.accept:.2f}" if sampled.accept is not None else "none yet"
-            sampled = (f"; sampled bursts {sampled.bursts} ({sampled.burst_iterations} iterations, accept estimate "
-                       f"{estimate}, measured/profiled time {sampled.scale:.2f})")
-        else:
-            sampled = ""
+        sampled = ""
+        for name, kind in (("sampled", self.burst_sampled), ("filtered", self.burst_filtered)):
+            if kind is not None and kind.bursts:
+                estimate = f"{kind.accept:.2f}" if kind.accept is not None else "none yet"
+                sampled += (f"; {name} bursts {kind.bursts} ({kind.burst_iterations} iterations, accept estimate "
+                            f"{estimate}, measured/profiled time {kind.scale:.2f})")
         return (f", bursts {policy.bursts} ({policy.burst_iterations} iterations, {policy.chained} chained{stopped}; "
                 f"steps without one: {skipped}; "
                 f"accept estimate {accept}, measured/profiled burst time {policy.scale:.2f}){sampled}")
@@ -684,10 +704,10 @@ class LLMEngine:
         second = [c.second_pages for c in chunks] if chunks[0].second_pages else None
         burst = BurstInput([c.req.token_ids[-1] for c in chunks], [c.start for c in chunks],
                            [c.req.pages for c in chunks], iterations, second)
-        policy = self.burst
-        if self._burst_sampled(chunks):
-            self._sampled_burst_inputs(burst, chunks)
-            policy = self.burst_sampled
+        which = self._burst_kind(chunks)
+        policy = self._burst_policy(which)
+        if which != "greedy":
+            self._sampled_burst_inputs(burst, chunks, which == "filtered")
         if self.burst_early_stop and policy.stop_pays(len(chunks), iterations - LEAD):
             # NOTE: one rank (burst_early_stop): no command for the workers
             pending = self.runner.launch_burst(burst, queue=LEAD)
@@ -695,22 +715,27 @@ class LLMEngine:
             pending = self._on_all_ranks("burst", burst, self.runner.launch_burst)
         return BurstFlight(chunks, iterations, pending, start, chained, len(self.scheduler.waiting), policy)
 
-    def _sampled_burst_inputs(self, burst, chunks: list[Chunk]) -> None:
+    def _sampled_burst_inputs(self, burst, chunks: list[Chunk], filtered: bool = False) -> None:
         """A sampled burst's temperatures (0.0 for greedy rows) and uniforms: each sampled request
         draws 2 * gamma + 1 per iteration from its own generator, in iteration order, as that many
         drafting steps of the usual path would (DSparkDecoder._uniforms); greedy rows take zeros.
+        filtered: each row's top-k, top-p and min-p too (None where it filters nothing).
         NOTE: the iterations an early stop leaves unrun have drawn theirs too (never read)."""
-        N, W = burst.iterations, 2 * self.spec.gamma + 1
+        N, W, vocab = burst.iterations, 2 * self.spec.gamma + 1, self.runner.spec.vocab_size
         uniforms = torch.zeros(len(chunks), N, W)
-        temperatures = []
+        temperatures, settings = [], []
         for r, chunk in enumerate(chunks):
             params = chunk.req.sampling
             if is_greedy(params):
                 temperatures.append(0.0)
+                settings.append(None)
                 continue
             temperatures.append(float(params.temperature))
+            settings.append(filter_settings(params, vocab) if filters(params, vocab) else None)
             uniforms[r] = torch.rand(N, W, generator=self.generators.get(chunk.req.rid))
         burst.temperatures, burst.uniforms = temperatures, uniforms.transpose(0, 1).contiguous().numpy()
+        if filtered:
+            burst.filters = settings
 
     def _drive_burst(self, flight: BurstFlight) -> None:
         """Queue the rest of a burst launched a few iterations at a time, LEAD iterations ahead of
@@ -830,8 +855,8 @@ class LLMEngine:
         burst_declined_streak steps in a row (H100, session 22: the bundled drafter on random target
         weights, priced at 1.3 by its own confidences, stepped aside on 97% of c=1's steps and 100%
         of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain). A
-        small batch where every row samples at T > 0 cannot burst without sampled bursts (or with a row
-        that filters with top-k, top-p or min-p), so it skips after the streak too (H100, session 36,
+        small batch where every row samples at T > 0 cannot burst without sampled bursts (or, with a row
+        that filters with top-k, top-p or min-p, without filtered ones), so it skips after the streak too (H100, session 36,
         T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain); with sampled
         bursts its context stays for them (H100, session 38, T=0.7, c=1,4,8, three rounds: with the
         skip, the server counted 7,072 steps that could not burst for a request's lost context beside
@@ -846,7 +871,7 @@ class LLMEngine:
                     and not self.spec.planner.drafter_failing()
                     # NOTE: a batch where every row samples at T > 0 bursts only through sampled
                     # bursts (temperature-only rows): else nothing to keep the context for
-                    and (any(is_greedy(c.req.sampling) for c in chunks) or self._burst_sampled(chunks)))):
+                    and (any(is_greedy(c.req.sampling) for c in chunks) or self._burst_kind(chunks) is not None))):
             return True
         self.scheduler.mark_context_gaps()  # NOTE: this step's chunks are the running requests
         self.context_skipped_steps += 1
@@ -1060,11 +1085,12 @@ class LLMEngine:
                                "chained": self.burst.chained, "stopped_early": self.burst.stopped,
                                "declined_steps": self.burst.declined, "skipped_steps": dict(self.burst.skipped),
                                "accept_estimate": self.burst.accept, "cost_scale": self.burst.scale}
-            if self.burst_sampled is not None:  # sampled bursts, priced on their own (chained and stopped counted above)
-                sampled = self.burst_sampled
-                stats["bursts"]["sampled"] = {"bursts": sampled.bursts, "iterations": sampled.burst_iterations,
-                                              "declined_steps": sampled.declined, "accept_estimate": sampled.accept,
-                                              "cost_scale": sampled.scale}
+            # sampled and filtered bursts, each priced on its own (chained and stopped counted above)
+            for name, kind in (("sampled", self.burst_sampled), ("filtered", self.burst_filtered)):
+                if kind is not None:
+                    stats["bursts"][name] = {"bursts": kind.bursts, "iterations": kind.burst_iterations,
+                                             "declined_steps": kind.declined, "accept_estimate": kind.accept,
+                                             "cost_scale": kind.scale}
         stats["context_skipped_steps"] = self.context_skipped_steps
         if self.spec.planner.calibration is not None and self.spec.planner.can_step_aside:
             stats["step_cost_scale"] = self.spec.planner.calibration.to_dict()  # measured / modelled

@@ -147,7 +147,7 @@ class ModelRunner:
         graphs, with CUDA graphs, are captured now (none while serving)."""
         if self.draft is None:
             return None
-        from sglaunch.speculative.burst import BurstRunner, iterations_from_env, sampled_from_env
+        from sglaunch.speculative.burst import BurstRunner, filtered_from_env, iterations_from_env, sampled_from_env
 
         iterations = iterations_from_env(self.device.type, self.graphs is not None)
         if not iterations:
@@ -158,7 +158,7 @@ class ModelRunner:
         burst = BurstRunner(self, iterations, sizes, self.context_length, graphs=self.graphs is not None,
                             second_chain=second_chain_length(self.draft.block_size, self.kv_pool.page_size,
                                                               self.device.type) > 0,
-                            sampled=sampled_from_env())
+                            sampled=sampled_from_env(), filtered=filtered_from_env())
         burst.capture_all()
         return burst
 

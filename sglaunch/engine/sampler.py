@@ -169,6 +169,12 @@ def filters(params: SamplingParams, vocab: int) -> bool:
     return 0 < params.top_k < vocab or params.top_p < 1.0 or params.min_p > 0.0
 
 
+def filter_settings(params: SamplingParams, vocab: int) -> tuple[int, float, float]:
+    """(top_k, top_p, min_p) as sorted_filter reads them: top_k 0 or above the vocabulary keeps
+    every token (and never overflows int64)."""
+    return (min(params.top_k, vocab) if params.top_k > 0 else vocab), float(params.top_p), float(params.min_p)
+
+
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[n, vocab] probabilities after temperature, top-k, top-p and min-p.
 
@@ -192,16 +198,22 @@ def _sorted_filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     """filtered_probs over rows sorted by probability (top-k, top-p and min-p all read the order)."""
     device, vocab = logits.device, logits.shape[-1]
     # the per-request settings reach the device in one non-blocking copy (pinned on CUDA)
+    settings = [filter_settings(p, vocab) for p in params]
     temperature, top_k, top_p, min_p = (t[:, None] for t in to_device([
         torch.tensor([p.temperature for p in params], dtype=torch.float32),
-        # NOTE: top_k above the vocabulary keeps every token (and never overflows int64)
-        torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params],
-                     dtype=torch.int64),
-        torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        torch.tensor([p.min_p for p in params], dtype=torch.float32)], device))
-    probs = torch.softmax(logits / temperature, dim=-1)
+        torch.tensor([k for k, _, _ in settings], dtype=torch.int64),
+        torch.tensor([p for _, p, _ in settings], dtype=torch.float32),
+        torch.tensor([m for _, _, m in settings], dtype=torch.float32)], device))
+    return sorted_filter(torch.softmax(logits / temperature, dim=-1), top_k, top_p, min_p)
+
+
+def sorted_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """probs [n, vocab] (each row's softmax at its temperature) after top-k, top-p and min-p, renormalised;
+    top_k / top_p / min_p: [n, 1] device tensors (top_k = vocab, top_p = 1, min_p = 0 keep a row's tokens).
+    No host sync, so a CUDA graph can hold it (the filtered sampled bursts, speculative/burst.py)."""
+    vocab = probs.shape[-1]
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [n, vocab]
-    rank = torch.arange(vocab, device=device)[None, :]
+    rank = torch.arange(vocab, device=probs.device)[None, :]
     # NOTE: a token is dropped when the mass *before* it already reaches top_p; the first
     # token always survives, so no row ends up empty
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs

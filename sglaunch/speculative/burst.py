@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 BURST_ENV = "SGLAUNCH_DSPARK_BURST"  # 0: off; N: at most N iterations a burst; auto: DEFAULT_ITERATIONS on CUDA
 SAMPLED_ENV = "SGLAUNCH_DSPARK_SAMPLED_BURST"  # 1 (default): batches with temperature-only sampled rows burst too
+# 1 (default): sampled bursts also take rows that filter with top-k, top-p or min-p (their own keys)
+FILTERED_ENV = "SGLAUNCH_DSPARK_FILTERED_BURST"
 CHAIN_ENV = "SGLAUNCH_DSPARK_BURST_CHAIN"  # 1 (default): launch the next burst before finishing this one
 DEFAULT_ITERATIONS = 8
 # NOTE: by default a burst of more than WIDE_BATCH requests runs at most WIDE_ITERATIONS: with more
@@ -79,6 +81,7 @@ SECOND_CHAIN_MAX_BATCH = 4
 # the steps in bursts, TTFT p50 104 against 29 ms); c=16 was measured on a machine whose plain sampled steps ran
 # 0.7x of another H100's, so only batches the three-round rows cover burst
 SAMPLED_MAX_BATCH = 8
+SAMPLED_HEAD = 5  # per-request float inputs of a sampled burst before its uniforms: T, top_k, top_p, min_p, filters
 MIN_GAIN = 1.05  # a burst must be expected to commit this much faster than plain decoding
 EARLY_STOP_ENV = "SGLAUNCH_DSPARK_BURST_EARLY_STOP"  # 1: a burst ends early for an arrival when that pays
 LEAD = 2  # iterations a burst launched a few at a time keeps queued ahead of the device
@@ -94,6 +97,16 @@ def sampled_from_env() -> bool:
     from sglaunch.config import env_switch
 
     return env_switch(SAMPLED_ENV, True)
+
+
+def filtered_from_env() -> bool:
+    """SGLAUNCH_DSPARK_FILTERED_BURST, read once at start-up: whether a runner with sampled
+    iterations also captures filtered ones (1, the default), so a small decode batch whose sampled
+    rows set top-k, top-p or min-p bursts too (the target's distributions filtered in the graph, as
+    the usual step filters them), or not (0: such a batch takes the usual steps)."""
+    from sglaunch.config import env_switch
+
+    return env_switch(FILTERED_ENV, True)
 
 
 def chain_from_env() -> bool:
@@ -163,10 +176,17 @@ class BurstInput:
     # DSparkDecoder._uniforms' layout (the block's draws, the acceptance tests, the correction / bonus draw)
     temperatures: list[float] | None = None
     uniforms: object = None  # numpy or torch [iterations, R, 2 * gamma + 1], float32
+    # a filtered sampled burst (some sampled row sets top-k, top-p or min-p): per request its
+    # sampler.filter_settings (top_k, top_p, min_p), None for a row that filters nothing (greedy too)
+    filters: list | None = None
 
     @property
     def sampled(self) -> bool:
         return self.temperatures is not None
+
+    @property
+    def filtered(self) -> bool:
+        return self.filters is not None
 
 
 @dataclass
@@ -336,6 +356,7 @@ class BurstKey:
     batch: int  # requests in the graph, dummies included
     context: int  # slot-table width (positions 0 .. context - 1)
     sampled: bool = False  # the sampled iteration (rows at T > 0; BurstRunner._sampled_accept)
+    filtered: bool = False  # a sampled iteration whose target rows are filtered (top-k, top-p, min-p)
 
 
 class BurstRunner:
@@ -343,7 +364,7 @@ class BurstRunner:
     captured at start-up on GPUs, run eagerly on CPUs), the ring of per-iteration results."""
 
     def __init__(self, runner, max_iterations: int, batch_sizes: Sequence[int], max_context: int, graphs: bool,
-                 second_chain: bool = False, sampled: bool = False):
+                 second_chain: bool = False, sampled: bool = False, filtered: bool = False):
         import torch
 
         from sglaunch.speculative.draft_graphs import MAX_CELLS, MIN_CONTEXT, _round_up_pow2
@@ -359,6 +380,10 @@ class BurstRunner:
         # sampled keys (SGLAUNCH_DSPARK_SAMPLED_BURST): an iteration for rows at T > 0 (temperature only),
         # one chain, its draws and tests from uniforms every request drew from its own generator
         self.sampled = sampled
+        # filtered keys (SGLAUNCH_DSPARK_FILTERED_BURST): sampled ones whose rows may also set top-k,
+        # top-p or min-p; the target's distributions go through sampler.sorted_filter (a vocabulary sort
+        # per row), which temperature-only bursts do not pay
+        self.filtered = sampled and filtered
         self.max_iterations = max_iterations
         self.page_size = runner.kv_pool.page_size
         self.device = runner.device
@@ -392,16 +417,18 @@ class BurstRunner:
             self._next_ring = 0
             self.arange = torch.arange(self.Q, device=dev)
             if sampled:
-                # a sampled burst's float inputs, one copy: temperatures [B] (0.0: greedy, dummies
-                # too), then the uniforms [max_iterations, B, 2 * gamma + 1]; the iteration counter
+                # a sampled burst's float inputs, one copy: per request its temperature (0.0: greedy,
+                # dummies too), top_k, top_p, min_p and whether it filters [5, B] (read by filtered keys
+                # only), then the uniforms [max_iterations, B, 2 * gamma + 1]; the iteration counter
                 # picks an iteration's row of them inside the graph (zeroed at launch)
                 W = 2 * self.gamma + 1
-                self.sampled_size = Bmax + max(1, max_iterations) * Bmax * W
+                self.sampled_size = SAMPLED_HEAD * Bmax + max(1, max_iterations) * Bmax * W
                 self.sampled_in = torch.zeros(self.sampled_size, dtype=torch.float32, device=dev)
                 self.host_sampled = torch.zeros(self.sampled_size, dtype=torch.float32,
                                                 pin_memory=dev.type == "cuda")
                 self.temps = self.sampled_in[:Bmax]
-                self.uniforms = self.sampled_in[Bmax:].view(max(1, max_iterations), Bmax, W)
+                self.row_filters = self.sampled_in[Bmax: SAMPLED_HEAD * Bmax].view(SAMPLED_HEAD - 1, Bmax)
+                self.uniforms = self.sampled_in[SAMPLED_HEAD * Bmax:].view(max(1, max_iterations), Bmax, W)
                 self.iteration = torch.zeros(1, dtype=torch.int64, device=dev)
                 self.row_starts = torch.arange(Bmax, device=dev) * self.Q  # each request's anchor row
                 self.full_windows = torch.full((Bmax,), self.gamma, dtype=torch.int64, device=dev)
@@ -425,30 +452,32 @@ class BurstRunner:
         self.bursts = 0
 
     # ---- keys -----------------------------------------------------------------------------
-    def pick(self, batch: int, context: int, sampled: bool = False) -> BurstKey | None:
+    def pick(self, batch: int, context: int, sampled: bool = False, filtered: bool = False) -> BurstKey | None:
         """The key of a burst of `batch` requests touching positions < context (sampled: its sampled
-        iteration); None: none fits."""
+        iteration; filtered: the sampled iteration that filters); None: none fits."""
         from sglaunch.speculative.draft_graphs import _round_up_pow2
 
-        if sampled and not self.takes_sampled(batch):
+        if sampled and not self.takes_sampled(batch, filtered):
             return None
+        filtered = sampled and filtered
         width = _round_up_pow2(max(context, self.min_context))
         if not self.graphs_on:
             if batch > self.max_batch or batch * width > self.max_cells or width > self.max_context:
                 return None
-            return BurstKey(batch, width, sampled)
+            return BurstKey(batch, width, sampled, filtered)
         bucket = next((b for b in self.batch_sizes if b >= batch), None)
-        key = BurstKey(bucket, width, sampled) if bucket is not None else None
+        key = BurstKey(bucket, width, sampled, filtered) if bucket is not None else None
         return key if key in self.graphs else None
 
     def takes(self, batch: int) -> bool:
         """Whether some burst holds `batch` requests at all (before any per-request work)."""
         return batch <= (self.max_batch if not self.graphs_on else max(self.batch_sizes, default=0))
 
-    def takes_sampled(self, batch: int) -> bool:
-        """Whether a sampled burst holds `batch` requests: sampled iterations exist and the batch is at
-        most SAMPLED_MAX_BATCH."""
-        return self.sampled and batch <= SAMPLED_MAX_BATCH and self.takes(batch)
+    def takes_sampled(self, batch: int, filtered: bool = False) -> bool:
+        """Whether a sampled burst (filtered: one whose rows filter) holds `batch` requests: such
+        iterations exist and the batch is at most SAMPLED_MAX_BATCH."""
+        return (self.sampled and (self.filtered or not filtered) and batch <= SAMPLED_MAX_BATCH
+                and self.takes(batch))
 
     def keys(self) -> list[BurstKey]:
         keys = []
@@ -458,8 +487,10 @@ class BurstRunner:
                 keys.append(BurstKey(b, width))
                 if self.sampled and b <= SAMPLED_MAX_BATCH:
                     keys.append(BurstKey(b, width, True))
+                    if self.filtered:
+                        keys.append(BurstKey(b, width, True, True))
                 width *= 2
-        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch, k.sampled), reverse=True)
+        return sorted(keys, key=lambda k: (k.batch * k.context, k.batch, k.sampled, k.filtered), reverse=True)
 
     # ---- the iteration ----------------------------------------------------------------------
     def attention_splits(self, key: BurstKey) -> int:
@@ -491,10 +522,10 @@ class BurstRunner:
         (greedy keys; a sampled key verifies one)."""
         return 2 if key.batch <= self._two and not key.sampled else 1
 
-    def uses_second_chain(self, requests: int, context: int, sampled: bool = False) -> bool:
+    def uses_second_chain(self, requests: int, context: int, sampled: bool = False, filtered: bool = False) -> bool:
         """Whether a burst of `requests` touching positions < context verifies a second chain
         (its requests need gamma + 1 second pages each); False where no key fits."""
-        key = self.pick(requests, context, sampled)
+        key = self.pick(requests, context, sampled, filtered)
         return key is not None and self.chains(key) == 2
 
     def _attention_key(self, key: BurstKey) -> BurstKey:
@@ -560,7 +591,7 @@ class BurstRunner:
         self.draft.write_context(features, positions, slots)
         logits = runner.model.compute_logits(hidden)  # [B * Q, V], the model dtype
         if key.sampled:
-            choice, lp, n = self._sampled_accept(B, logits, drafts, block, temps, u)
+            choice, lp, n = self._sampled_accept(B, logits, drafts, block, temps, u, key.filtered)
             self.iteration.add_(1)
         else:
             # the argmax and its log-probability in float32: one pass of the fused kernel over the
@@ -593,12 +624,13 @@ class BurstRunner:
         torch.mul(choice.gather(1, n[:, None])[:, 0], live, out=anchors)
         starts.addcmul_(n + 1, live)
 
-    def _sampled_accept(self, B: int, logits, drafts, block, temps, u):
+    def _sampled_accept(self, B: int, logits, drafts, block, temps, u, filtered: bool = False):
         """A sampled iteration's accept, on the device: the target rows' distributions at each row's
         temperature (softmax(logits / T), what the engine samples from for a temperature-only
         request; greedy rows keep T = 1, their argmax alone is read), the DSpark accept rule over
         the whole window (the Triton kernel on GPUs, with the uniforms' tests and correction / bonus
-        draw), so the output is distributed as the target's own sampling (speculative/accept.py).
+        draw); a filtered key's rows that filter go through top-k, top-p and min-p as the usual
+        step's (sampler.sorted_filter; the drafter's draws stay at the temperature alone, as there), so the output is distributed as the target's own sampling (speculative/accept.py).
         -> (committed tokens [B, Q]: the accepted drafts, then the correction or bonus token at slot
         n and repeated after it; their log-probabilities under the unmodified distribution, as the
         usual step reports them; n [B] int64)."""
@@ -611,6 +643,13 @@ class BurstRunner:
         scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None].expand(B, Q).reshape(-1)  # [B * Q]
         flat = logits.float()
         target = torch.softmax(flat / scale[:, None], dim=-1)  # [B * Q, V]
+        if filtered:
+            from sglaunch.engine.sampler import sorted_filter
+
+            top_k, top_p, min_p, on = (x[:B, None].expand(B, Q).reshape(-1, 1) for x in self.row_filters)
+            # NOTE: every row is sorted (a graph has no row count of its own); rows that filter nothing
+            # keep their softmax, as the usual step's mixed batch does
+            target = torch.where(on > 0, sorted_filter(target, top_k, top_p, min_p), target)
         q = self.draft.drafter.expand_probs(block.probs)  # [B, G, V]: what each draft was drawn from
         result = kernels.accept(drafts, q, target, self.row_starts[:B], self.full_windows[:B], greedy,
                                 u[:, G: 2 * G], u[:, 2 * G])
@@ -670,9 +709,10 @@ class BurstRunner:
         R, N = len(burst.anchors), burst.iterations
         if not 1 <= N <= self.max_iterations:
             raise ValueError(f"a burst of {N} iterations (at most {self.max_iterations})")
-        key = self.pick(R, self.context_needed(burst.starts, N), burst.sampled)
+        key = self.pick(R, self.context_needed(burst.starts, N), burst.sampled, burst.filtered)
         if key is None:
-            raise ValueError(f"no {'sampled ' if burst.sampled else ''}burst graph for {R} requests up to position "
+            kind = "filtered " if burst.filtered else "sampled " if burst.sampled else ""
+            raise ValueError(f"no {kind}burst graph for {R} requests up to position "
                              f"{self.context_needed(burst.starts, N)}")
         B, C = key.batch, key.context
         size = self.flat_size(key)
@@ -708,7 +748,8 @@ class BurstRunner:
         return pending
 
     def _load_sampled(self, burst: BurstInput) -> None:
-        """A sampled burst's temperatures and uniforms into the pinned host buffer. Greedy rows (T = 0),
+        """A sampled burst's temperatures, filter settings and uniforms into the pinned host buffer
+        (rows that filter nothing: top_k = vocabulary, top_p = 1, min_p = 0, off). Greedy rows (T = 0),
         dummy rows and unused iterations: temperature 0 and draws at 0.5 (burst_sampled_block: the
         argmax), their tests and correction draws 0 (never read: greedy rows accept by the argmax)."""
         import numpy as np
@@ -725,7 +766,16 @@ class BurstRunner:
             raise ValueError(f"a sampled burst of {N} iterations for {R} requests takes uniforms [{N}, {R}, {W}], "
                              f"not {list(u.shape)}")
         Bmax = self.max_batch
-        rows = host[Bmax:].reshape(-1, Bmax, W)
+        head = host[: SAMPLED_HEAD * Bmax].reshape(SAMPLED_HEAD, Bmax)
+        head[1], head[2] = float(self.runner.spec.vocab_size), 1.0  # top_k, top_p: keep every token
+        if burst.filtered:
+            if len(burst.filters) != R:
+                raise ValueError(f"a filtered burst of {R} requests takes {R} filter settings, not {len(burst.filters)}")
+            for r, setting in enumerate(burst.filters):
+                if setting is not None:
+                    head[1:4, r] = setting
+                    head[4, r] = 1.0
+        rows = host[SAMPLED_HEAD * Bmax:].reshape(-1, Bmax, W)
         rows[:, :, :G] = 0.5
         sampled = temps >= GREEDY_TEMPERATURE
         rows[:N, :R][:, sampled] = u[:, sampled]
@@ -917,9 +967,11 @@ def _interpolate(points: dict[int, float], x: int) -> float:
 
 
 def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
-                  repeats: int = 5, sampled: bool = False) -> tuple[dict[int, float], dict[int, float]]:
+                  repeats: int = 5, sampled: bool = False,
+                  filtered: bool = False) -> tuple[dict[int, float], dict[int, float]]:
     """-> (seconds per burst iteration, seconds per burst besides its iterations), by number of
-    requests: synthetic greedy requests (sampled: at temperature 1, the sampled iteration) at
+    requests: synthetic greedy requests (sampled: at temperature 1, the sampled iteration; filtered:
+    with top-p 0.9 too, the filtered one) at
     position context_len, bursts of one iteration and of the runner's most, the median of
     `repeats` each (after two warm-ups), on every rank; up to the largest count the free KV pool
     holds at once."""
@@ -939,6 +991,8 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
         if sampled:
             burst.temperatures = [1.0] * len(anchors)
             burst.uniforms = torch.rand(iterations, len(anchors), 2 * runner.gamma + 1, generator=uniform_rng)
+            if filtered:
+                burst.filters = [(vocab, 0.9, 0.0)] * len(anchors)
         return burst
 
     def timed(burst) -> float:
@@ -952,14 +1006,14 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
         return statistics.median(times[2:])
 
     for R in counts:
-        if runner.pick(R, context_len + N * runner.Q, sampled) is None:
+        if runner.pick(R, context_len + N * runner.Q, sampled, filtered) is None:
             continue
         borrowed: list[int] = []
         try:
             tables, second = [], []
             for _ in range(R):
                 pages = engine.allocator.alloc(math.ceil((context_len + N * runner.Q) / page))
-                two = runner.uses_second_chain(R, context_len + N * runner.Q, sampled)
+                two = runner.uses_second_chain(R, context_len + N * runner.Q, sampled, filtered)
                 extra = engine.allocator.alloc(runner.Q) if pages is not None and two else []
                 if pages is None or extra is None:
                     borrowed += pages or []
@@ -970,7 +1024,7 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
             anchors = [rng.randrange(vocab) for _ in range(R)]
-            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q, sampled) else None
+            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q, sampled, filtered) else None
             one = timed(make(anchors, tables, 1, second_pages))
             most = timed(make(anchors, tables, N, second_pages)) if N > 1 else one
             step = (most - one) / (N - 1) if N > 1 else one

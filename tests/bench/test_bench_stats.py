@@ -79,6 +79,11 @@ def test_step_kinds_are_this_levels_shares_of_each_kind():
     sampled = {**after, "speculative.bursts.sampled.iterations": 5.0}
     kinds = spec_stats({"info": {**before, "speculative.bursts.sampled.iterations": 0.0}}, {"info": sampled})["step_kinds"]
     assert kinds == pytest.approx({"aside": 0.7, "burst": 0.25, "drafted": 0.05, "steps": 100.0})
+    # and filtered sampled bursts: 3 more of them
+    filtered = {**sampled, "speculative.bursts.filtered.iterations": 3.0}
+    kinds = spec_stats({"info": {**before, "speculative.bursts.sampled.iterations": 0.0}},
+                       {"info": filtered})["step_kinds"]
+    assert kinds == pytest.approx({"aside": 0.7, "burst": 0.28, "drafted": 0.02, "steps": 100.0})
     # no burst counters (bursts off): every drafting step is "drafted"
     no_burst = {k: v for k, v in after.items() if "bursts" not in k}
     kinds = spec_stats({"info": {k: v for k, v in before.items() if "bursts" not in k}}, {"info": no_burst})["step_kinds"]

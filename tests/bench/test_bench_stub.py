@@ -32,6 +32,19 @@ def test_clean_sweep_writes_json_and_png(run_bench):
     assert "c=4" in out.stdout and "n/a" not in out.stdout.split("rate=inf")[1].split("\n")[0]
 
 
+def test_temperature_and_top_p_go_with_every_request(run_bench):
+    """--temperature and --top-p reach every request (warm-up included) and the JSON's settings;
+    without --top-p no top_p is sent (the server's default)."""
+    for extra, want in ((("--top-p", "0.9"), 0.9), ((), None)):
+        with StubServer() as stub:
+            out = run_bench("--url", stub.url, "--concurrency", "2", "--no-plot", "--temperature", "0.7", *extra, *FAST)
+            bodies = [b for b in stub.state.bodies if b.get("stream")]  # not the token-count calibration
+        assert out.exit_code == 0, out.stderr
+        assert len(bodies) == 9 and all(b["temperature"] == 0.7 and b.get("top_p") == want for b in bodies)
+        assert out.doc()["settings"]["top_p"] == want
+    assert run_bench("--url", "http://127.0.0.1:9", "--top-p", "1.5", *FAST).exit_code == 2
+
+
 def test_same_seed_same_requests_across_runs(run_bench):
     digests = []
     for seed in ("5", "5", "6"):

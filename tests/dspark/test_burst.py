@@ -111,14 +111,16 @@ def test_chunked_prefill_and_preemption_with_bursts(dspark_files, bursts):
     assert [tokens for tokens, _, _ in out] == base
 
 
-def test_rows_that_filter_take_the_usual_step(dspark_files, bursts):
-    """A batch with a request that samples with top-p never bursts (a sampled burst takes
-    temperature-only rows); its greedy requests still equal plain."""
+def test_rows_that_filter_take_the_usual_step_without_filtered_bursts(dspark_files, bursts, monkeypatch):
+    """SGLAUNCH_DSPARK_FILTERED_BURST=0: a batch with a request that samples with top-p never bursts
+    (sampled bursts take temperature-only rows then); its greedy requests still equal plain."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_FILTERED_BURST", "0")
     batch = prompts(4, seed=9)
     expected = generate_batch(engine_config(dspark_files["target"]), batch, greedy(12))
     engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
     try:
         assert engine.burst_sampled is not None  # sampled bursts are on: top-p is what keeps this batch out
+        assert engine.burst_filtered is None and not engine.runner.burst.filtered
         requests = make_requests(batch, "g", greedy(12)) + [
             GenerateRequest("t", tuple(batch[0]), SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.9,
                                                                  seed=3))]
@@ -132,18 +134,21 @@ def test_rows_that_filter_take_the_usual_step(dspark_files, bursts):
     assert len(out["t"][0]) == 40
     assert before == 0  # the filtering request is in every batch, from the first step to the last
     assert skipped.get("sampled", 0) > 0 and info["skipped_steps"] == skipped and info["iterations"] == 0
-    assert info["sampled"]["bursts"] == 0
+    assert info["sampled"]["bursts"] == 0 and "filtered" not in info
 
 
-@pytest.mark.parametrize("sampled_bursts,top_p,keeps", [("1", 1.0, True), ("0", 1.0, False), ("1", 0.9, False)])
+@pytest.mark.parametrize("sampled_bursts,filtered_bursts,top_p,keeps", [
+    ("1", "1", 1.0, True), ("0", "1", 1.0, False), ("1", "1", 0.9, True), ("1", "0", 0.9, False)])
 def test_a_small_all_sampled_batch_keeps_its_context_for_sampled_bursts(dspark_files, bursts, monkeypatch,
-                                                                       sampled_bursts, top_p, keeps):
+                                                                       sampled_bursts, filtered_bursts, top_p, keeps):
     """After the planner's stepped-aside streak a small batch whose every row samples at T > 0
     keeps writing the draft context where a sampled burst can take it (rows at a temperature
-    alone), and skips it where none can (sampled bursts off, or a row that filters with top-p)."""
+    alone, or with top-p where filtered bursts are on), and skips it where none can (sampled
+    bursts off, or a row that filters with top-p and filtered bursts off)."""
     from types import SimpleNamespace
 
     monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_BURST", sampled_bursts)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_FILTERED_BURST", filtered_bursts)
     engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
     try:
         params = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=top_p)
@@ -157,13 +162,14 @@ def test_a_small_all_sampled_batch_keeps_its_context_for_sampled_bursts(dspark_f
     assert kept is keeps and skipped == (0 if keeps else 1)
 
 
-def sampled_run(config, batch, temperatures, max_new_tokens: int):
-    """Seeded requests at `temperatures` (in turn) -> (per request (tokens, logprobs), live stats)."""
+def sampled_run(config, batch, temperatures, max_new_tokens: int, filters=({},)):
+    """Seeded requests at `temperatures` (in turn) with `filters` (in turn: top_k / top_p / min_p
+    settings) -> (per request (tokens, logprobs), live stats)."""
     engine, cluster = create_engine(config)
     try:
         requests = [GenerateRequest(f"r{i}", tuple(p), SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperatures[i % len(temperatures)], seed=100 + i,
-            ignore_eos=True)) for i, p in enumerate(batch)]
+            ignore_eos=True, **filters[i % len(filters)])) for i, p in enumerate(batch)]
         out = run(engine, requests)
         return [out[f"r{i}"][:2] for i in range(len(batch))], engine.live_stats()["speculative"]
     finally:
@@ -194,6 +200,40 @@ def test_sampled_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dra
     if 0.0 in temperatures:  # the greedy rows of the mixed batches: plain decoding's tokens
         plain = generate_batch(engine_config(dspark_files["target"]), batch[::2], greedy(new))
         assert [tokens for tokens, _ in bursts[::2]] == plain
+
+
+@pytest.mark.parametrize("drafter,temperatures,filters", [
+    ("oracle", (0.9,), ({"top_p": 0.8}, {"top_k": 5}, {"min_p": 0.05}, {})),
+    ("random", (0.0, 1.0, 1.2, 0.7), ({"top_p": 0.9, "top_k": 40, "min_p": 0.02},))])
+def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, drafter, temperatures, filters):
+    """A filtered sampled burst (rows with top-k, top-p or min-p, beside temperature-only and greedy
+    rows) is the static drafting step, iteration after iteration: the target's distributions
+    filtered as the usual step filters them (sampler.sorted_filter), the drafter's draws at the
+    temperature alone, the same uniforms, so a seeded request gives the same tokens and
+    log-probabilities as without bursts, up to its last window; and every filtered row's tokens
+    stay inside what its filter keeps (top-k 5: among the 5 most likely at that temperature)."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    batch, new = prompts(4, seed=11), 30
+    config = engine_config(dspark_files["target"], dspark_files[drafter], "static")
+    monkeypatch.setenv(BURST_ENV, "0")
+    steps, _ = sampled_run(config, batch, temperatures, new, filters)
+    monkeypatch.setenv(BURST_ENV, "3")
+    bursts, stats = sampled_run(config, batch, temperatures, new, filters)
+    assert stats["bursts"]["filtered"]["bursts"] > 0 and stats["bursts"]["filtered"]["iterations"] >= 2
+    assert stats["bursts"]["sampled"]["bursts"] == 0  # a filtering row in every batch: the filtered key
+    cut = new - (GAMMA + 1)
+    for (tokens, lps), (want, want_lps) in zip(bursts, steps):
+        assert len(tokens) == new and tokens[:cut] == want[:cut]
+        torch.testing.assert_close(torch.tensor(lps[:cut]), torch.tensor(want_lps[:cut]), atol=1e-4, rtol=0)
+    if drafter == "oracle":  # request 1 samples with top-k 5: each token among its row's 5 most likely
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(dspark_files["target"], torch_dtype=torch.float32).eval()
+        ids = list(batch[1]) + bursts[1][0]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, len(batch[1]) - 1: -1]
+        top5 = logits.topk(5, dim=-1).indices
+        assert all(t in row for t, row in zip(bursts[1][0], top5.tolist()))
 
 
 @pytest.mark.parametrize("requests,bursts_expected", [(2, True), (3, False)])

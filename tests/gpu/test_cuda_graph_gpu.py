@@ -498,14 +498,14 @@ def test_dspark_bursts_with_a_second_chain_equal_plain_greedy(files, monkeypatch
     assert_same_greedy(spec, plain, "DSpark bursts with a second chain (graphs on) vs plain greedy", max_diverged=3)
 
 
-def run_seeded(engine, batch, temperature, max_new_tokens: int, seed: int, out: dict) -> None:
-    """Request r{i} for each prompt at temperature(i) with seed + i (EOS ignored), run to the end;
-    out[rid] = (tokens, logprobs) lists, extended."""
+def run_seeded(engine, batch, temperature, max_new_tokens: int, seed: int, out: dict, filters=None) -> None:
+    """Request r{i} for each prompt at temperature(i) with seed + i (EOS ignored) and filters(i)'s
+    top_k / top_p / min_p, run to the end; out[rid] = (tokens, logprobs) lists, extended."""
     from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
     for i, p in enumerate(batch):
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature(i), seed=seed + i,
-                                ignore_eos=True)
+                                ignore_eos=True, **(filters(i) if filters else {}))
         engine.add_request(GenerateRequest(f"r{i}", tuple(p), params))
     while engine.has_work:
         for o in engine.step():
@@ -730,11 +730,15 @@ def test_dspark_default_budget_keeps_the_drafters_working_memory_free(files, cap
     assert lines and "kept out of the default budget" in lines[0], lines
 
 
-def test_dspark_sampled_bursts_with_graphs(files, monkeypatch):
+@pytest.mark.parametrize("filtered", [False, True])
+def test_dspark_sampled_bursts_with_graphs(files, monkeypatch, filtered):
     """Sampled bursts on CUDA graphs (SGLAUNCH_DSPARK_SAMPLED_BURST, on by default): the sampled keys
     are captured at start-up beside the greedy ones, and a static-mode batch of seeded rows at T = 0.9
     beside greedy rows bursts through them (the drafter's draws, the verify, softmax at each row's
-    temperature, the Triton accept and the next anchors in one graph an iteration). Every request
+    temperature, the Triton accept and the next anchors in one graph an iteration). filtered: the
+    sampled rows also set top-p 0.9 (one of them top-k 20 as well), and the batch bursts through the
+    filtered keys (SGLAUNCH_DSPARK_FILTERED_BURST, on by default: the target rows' sorted filter in
+    the graph). Every request
     gets its length; the greedy rows stay plain greedy (near ties aside, as for bursts); the sampled
     rows follow the same seeded draws as the usual drafting steps (every step drafting, no burst):
     equal tokens before their last window but where bf16 rounding (the burst's own attention kernel
@@ -744,6 +748,8 @@ def test_dspark_sampled_bursts_with_graphs(files, monkeypatch):
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
     batch, new = prompts(6, seed=8), 40
     temperature = (lambda i: 0.0 if i % 2 == 0 else 0.9)
+    filters = (lambda i: {} if i % 2 == 0 else {"top_p": 0.9, "top_k": 20 if i == 1 else 0}) if filtered else None
+    kind = "filtered" if filtered else "sampled"
     config = cuda_config(files, drafter="oracle")
     config = dataclasses.replace(config, speculative=dataclasses.replace(config.speculative, ragged_verify_mode="static"))
     runs = {}
@@ -751,13 +757,13 @@ def test_dspark_sampled_bursts_with_graphs(files, monkeypatch):
         monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", burst)
         out = {f"r{i}": ([], []) for i in range(len(batch))}
         with booted(config) as engine:
-            run_seeded(engine, batch, temperature, new, 50, out)
+            run_seeded(engine, batch, temperature, new, 50, out, filters)
             runner = engine.runner.burst
             if burst == "auto":
-                sampled_keys = [k for k in runner.keys() if k.sampled]
+                sampled_keys = [k for k in runner.keys() if k.sampled and k.filtered == filtered]
                 assert sampled_keys and all(k in runner.graphs for k in sampled_keys)
                 stats = engine.live_stats()["speculative"]["bursts"]
-                assert stats["sampled"]["bursts"] > 0 and stats["sampled"]["iterations"] > stats["sampled"]["bursts"], stats
+                assert stats[kind]["bursts"] > 0 and stats[kind]["iterations"] > stats[kind]["bursts"], stats
         runs[burst] = out
     plain, _ = greedy_outputs(cuda_config(files), batch[::2], new)
     bursting = runs["auto"]
