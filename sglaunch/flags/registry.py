@@ -371,6 +371,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "rows set a temperature alone (no top-k, top-p or min-p) burst too, through sampled iterations that draw, "
            "verify and run the accept rule on the device: on unless 0 (wherever bursts are on).",
            choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_DSPARK_FILTERED_BURST", "DSpark sampled bursts: also take a batch whose sampled rows set "
+           "top-k, top-p or min-p, through filtered iterations of their own that filter the target's distributions "
+           "in the graph as the usual step does (a sort of each verified row): on unless 0 (wherever sampled bursts "
+           "are on).",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_BURST_EARLY_STOP", "DSpark bursts on one rank: queue a burst two "
            "iterations ahead of the device instead of all at once, and end it early when a request arrives and "
            "admitting it sooner is worth another burst's fixed cost (the start-up profile): on unless 0 on a "
