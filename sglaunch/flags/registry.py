@@ -410,7 +410,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            sglaunch_only=True, refused=True),
     EnvVar("SGLAUNCH_FUSED_SAMPLING", "Sample a step whose rows are greedy or set a temperature alone in one Triton "
            "kernel (softmax at each row's temperature, the inverse-CDF draw at the row's uniform, the log-probability) "
-           "instead of about thirty small operators: 1 on (CUDA with Triton), 0 off (the default until measured).",
+           "instead of about thirty small operators: on by default on CUDA with Triton (plain decoding at T=0.7 1.30-1.36x on "
+           "an H100), 0 off, 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels on a CPU.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "

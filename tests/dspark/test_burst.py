@@ -236,6 +236,18 @@ def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dr
         assert all(t in row for t, row in zip(bursts[1][0], top5.tolist()))
 
 
+def test_filtered_bursts_that_leave_one_token_are_greedy(dspark_files, bursts):
+    """Rows at T = 0.9 whose filter leaves one token (top-k 1, min-p 1, top-p 1e-6) burst through the
+    filtered keys with drafts drawn at T = 0.9, and commit plain greedy decoding's tokens (the GPU
+    test's criterion, tests/gpu/test_cuda_graph_gpu.py)."""
+    batch, new = prompts(3, seed=12), 20
+    one_left = ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-6})
+    out, stats = sampled_run(engine_config(dspark_files["target"], dspark_files["random"], "static"), batch, (0.9,),
+                             new, one_left)
+    assert stats["bursts"]["filtered"]["bursts"] > 0
+    assert [tokens for tokens, _ in out] == generate_batch(engine_config(dspark_files["target"]), batch, greedy(new))
+
+
 @pytest.mark.parametrize("requests,bursts_expected", [(2, True), (3, False)])
 def test_sampled_bursts_take_small_batches_only(dspark_files, bursts, monkeypatch, requests, bursts_expected):
     """A batch of more than SAMPLED_MAX_BATCH requests with a sampled row takes the usual steps (here

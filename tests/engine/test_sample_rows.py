@@ -103,6 +103,25 @@ def test_sample_device_with_fused_sampling_draws_the_usual_tokens(kernel, monkey
     assert len(calls) == (fused == "1")  # the top-p row: the usual operators, no kernel
 
 
+@pytest.mark.parametrize("value,device,triton,on", [
+    (None, "cuda", True, True), (None, "cpu", True, False), ("1", "cpu", True, True), ("0", "cuda", True, False),
+    (None, "cuda", False, False), ("1", "cuda", False, False)])
+def test_fused_sampling_is_on_by_default_on_cuda(monkeypatch, value, device, triton, on):
+    """The switch: unset, fused sampling runs on CUDA devices with Triton (measured there) and not on a
+    CPU even where SGLAUNCH_DSPARK_KERNELS=triton runs the other kernels in the interpreter; 1 asks
+    for it wherever the kernels run; 0 turns it off; without Triton it never runs."""
+    import sglaunch.kernels as kernels
+    from sglaunch.engine.sampler import fused_sampling
+
+    monkeypatch.setattr(kernels, "HAS_TRITON", triton)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "auto" if device == "cuda" else "triton")
+    if value is None:
+        monkeypatch.delenv("SGLAUNCH_FUSED_SAMPLING", raising=False)
+    else:
+        monkeypatch.setenv("SGLAUNCH_FUSED_SAMPLING", value)
+    assert fused_sampling(torch.device(device)) is on
+
+
 @pytest.mark.parametrize("overlap", ["0", "1"])
 def test_an_engine_with_fused_sampling_gives_the_usual_seeded_outputs(kernel, checkpoints, monkeypatch, overlap):
     """A plain engine (overlap off and on) serving greedy, seeded temperature-only and top-p requests
