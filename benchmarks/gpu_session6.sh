@@ -1079,6 +1079,29 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bursts or filter_kernel or fused_sampling"`
+  # (the filtered GPU test rewritten to one-token filters, the threshold filter kernel's GPU test): bench1 plain with
+  # SGLAUNCH_FILTER_KERNEL=0 against 1 at T=0.7 and top-p 0.9, c=1,8,16; bench2 DSpark / plain at T=0.7 and top-p 0.9,
+  # c=1,8,16, the kernel on both (if bench1 says it pays); bench3 where c=16's time goes with top-p 0.9 (DSpark and plain,
+  # `profile_step.py`, real weights: drafting and stepped-aside steps apart); bench4 DSpark / plain at T=0.7, c=1,8,16,
+  # three rounds (the fused sampler, now the default, on both)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 200 env TEMP=0.7 TOPP=0.9 ROUNDS=2 bash -c \
+    'plain_ab sort "SGLAUNCH_FILTER_KERNEL=0" kernel "SGLAUNCH_FILTER_KERNEL=1" 1,8,16 64 "$W/bench1/bench.json"'
+  touch "$W/core.done"
+  part bench2 240 env TEMP=0.7 TOPP=0.9 ROUNDS=2 SGLAUNCH_FILTER_KERNEL=1 bash -c \
+    'dspark_vs_plain 1,8,16 "$W/bench2/bench.json" 64'
+  touch "$W/filtered.done"
+  part bench3 200 python3 benchmarks/profile_step.py --model "$SMOL" --drafter sglaunch/hub/drafters/smollm2-135m-instruct \
+    --modes compact --concurrency 16 --temperature 0.7 --top-p 0.9 --steps 60 --warmup 40 --json "$W/bench3.json"
+  part bench4 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench4/bench.json" 64'
+  touch "$W/all.done"
+}
+
 pipeline79() {  # session 39: pipeline78's measures reordered for the device time left after two refused asks, with the
   # filtered sampled bursts (top-p rows, built this session) second: bench1 DSpark / plain at T=0.7, c=1,8,16, three
   # rounds (the 8-request limit of sampled bursts); bench4 DSpark / plain at T=0.7 and top-p 0.9, c=1,8, two rounds

@@ -1,7 +1,7 @@
 """Where one engine step's time goes: plain decoding against DSpark, on the real engine.
 
     python benchmarks/profile_step.py --model DIR [--drafter DIR] [--device cuda]
-        [--concurrency 1] [--temperature 0] [--steps 30] [--attention-backend flashinfer] [--random-like]
+        [--concurrency 1] [--temperature 0] [--top-p 1] [--steps 30] [--attention-backend flashinfer] [--random-like]
         [--overlap 0|1|both] [--force-aside [--no-context-write]] [--trace DIR]
 
 For each configuration (`plain`, then `dspark-static` and `dspark-compact` when a drafter is
@@ -149,16 +149,17 @@ def build_engine(args, mode: str | None, drafter: Path | None):
 
 class Load:
     """Keeps `concurrency` requests in flight: greedy (temperature 0), or sampled at `temperature`
-    with a seed per request (temperature only: the sampler's sort-free filter path)."""
+    with a seed per request (temperature only: the sampler's sort-free filter path; with `top_p`
+    below 1, the sorted filter, and DSpark's filtered bursts)."""
 
     def __init__(self, engine, concurrency: int, prompt_len: int, max_tokens: int, vocab: int,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, top_p: float = 1.0):
         from sglaunch.engine.interface import GenerateRequest, SamplingParams
 
         self.engine, self.made = engine, 0
         self.make = lambda i: GenerateRequest(
             f"r{i}", tuple((17 * i + 31 * j) % (vocab - 100) + 50 for j in range(prompt_len)),
-            SamplingParams(max_new_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+            SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True,
                            seed=i if temperature > 0 else None))
         self.concurrency, self.live = concurrency, set()
 
@@ -558,7 +559,7 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
     unforce = force_aside(engine) if aside and engine.spec is not None else (lambda: None)
     try:
         load = Load(engine, args.concurrency, args.prompt_len, args.max_tokens, engine.runner.spec.vocab_size,
-                    args.temperature)
+                    args.temperature, args.top_p)
         draft_graphs = getattr(engine.runner.draft, "graphs", None) if engine.runner.draft is not None else None
         captured_at_start = draft_graphs.captures if draft_graphs is not None else None
         for _ in range(args.warmup):
@@ -693,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="the requests' temperature (0: greedy; > 0: sampled, seeded per request)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="the requests' top-p (1: no filter; with --temperature > 0)")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=30)

@@ -154,7 +154,8 @@ def histogram_mean_delta(before: dict[str, float], after: dict[str, float], pref
 def step_kinds(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
     """This level's decode steps by kind, as shares of all of them, from an sglaunch DSpark
     server's /server_info counters: {"aside": stepped aside (plain steps, no drafter), "burst":
-    burst iterations, greedy, sampled and filtered, "drafted": other drafting steps}; None where the server has no such counters
+    burst iterations, greedy, sampled and filtered, "drafted": other drafting steps}; None where the
+    server has no such counters
     (plain servers, SGLang). The ratios alone cannot tell a level that drafted from one that only
     stepped aside; these can."""
     keys = {"drafting": "speculative.steps", "aside": "speculative.step_aside_steps",

@@ -101,7 +101,8 @@ def new_document(spec: BenchSpec) -> dict[str, Any]:
             "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup, "rounds": spec.rounds,
             "levels": [{"kind": lv.kind, "value": lv.json_value(), "max_concurrency": lv.max_concurrency}
                        for lv in spec.levels],
-            "temperature": spec.temperature, "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "timeout_s": spec.timeout,
+            "temperature": spec.temperature, "top_p": spec.top_p, "ignore_eos": spec.ignore_eos,
+            "timeout_s": spec.timeout,
             "workload": workload_settings(spec),
         },
         "requests": None,

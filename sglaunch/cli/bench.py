@@ -128,8 +128,8 @@ def bench(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SGLAUNCH_BENCH_API_KEY",
                                                    help="Bearer token for the server(s).")] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
-    top_p: Annotated[Optional[float], typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus "
-                                                   "sampling (top_p) sent with every request (default: not sent).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(
+        "--top-p", min=0.0, max=1.0, help="Nucleus sampling (top_p) sent with every request (default: not sent).")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly "
                                              "the output length (SGLang/vLLM extension).")] = True,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")] = 300.0,

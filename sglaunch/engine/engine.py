@@ -555,8 +555,9 @@ class LLMEngine:
     def _burst_plan(self, chunks: list[Chunk], candidates: list[Chunk], count: bool = True) -> int | None:
         """The iterations of a DSpark burst for these chunks, or None for the usual step: every
         chunk must be a running decode that could speculate, greedy or (with sampled iterations)
-        sampling at a temperature alone, the batch must fit a burst graph and the KV pool, and its
-        BurstPolicy (burst_sampled when a row samples, burst_filtered when one filters) must expect the burst to beat a plain step. Why a
+        sampling at a temperature, with top-k, top-p or min-p too where filtered iterations exist,
+        the batch must fit a burst graph and the KV pool, and its BurstPolicy (burst_sampled when a
+        row samples, burst_filtered when one filters) must expect the burst to beat a plain step. Why a
         step did not burst is counted in BurstPolicy.skipped (count=False: a chain's look ahead,
         which the next step repeats if it declines). Pages are reserved when it says yes.
         NOTE: reads lengths only, so a last token may still be a placeholder (overlap)."""
@@ -595,7 +596,7 @@ class LLMEngine:
             plain = planner.sps.plain_step_seconds(R)
         if not kind.worth(R, plain, prior, n, count=count, plain_scale=scale):
             self._burst_declined += count
-            return policy.skip("not worth" + (" (sampled)" if sampled else ""), count)
+            return policy.skip("not worth" + (f" ({which})" if sampled else ""), count)
         if not self._reserve_burst(chunks, n, sampled, filtered):
             return policy.skip("kv", count)
         self._burst_declined = 0
@@ -856,8 +857,8 @@ class LLMEngine:
         weights, priced at 1.3 by its own confidences, stepped aside on 97% of c=1's steps and 100%
         of c=8's, declined every burst, and still wrote the context: 0.92x and 0.95x of plain). A
         small batch where every row samples at T > 0 cannot burst without sampled bursts (or, with a row
-        that filters with top-k, top-p or min-p, without filtered ones), so it skips after the streak too (H100, session 36,
-        T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain); with sampled
+        that filters with top-k, top-p or min-p, without filtered ones), so it skips after the streak
+        too (H100, session 36, T=0.7: DSpark stepped aside on 92% of c=8's steps and served 0.90x of plain); with sampled
         bursts its context stays for them (H100, session 38, T=0.7, c=1,4,8, three rounds: with the
         skip, the server counted 7,072 steps that could not burst for a request's lost context beside
         12,372 sampled-burst iterations, benchmarks/gpu38/call5/bench1/bench-server-dspark.log).

@@ -82,7 +82,8 @@ def sample_device(
     return torch.stack(parts)
 
 
-FUSED_ENV = "SGLAUNCH_FUSED_SAMPLING"  # 0: off; 1 or unset: a batch of greedy and temperature-only rows samples in one kernel
+# 0: off; 1 or unset: a batch of greedy and temperature-only rows samples in one kernel
+FUSED_ENV = "SGLAUNCH_FUSED_SAMPLING"
 
 
 def fused_sampling(device: torch.device) -> bool:
@@ -99,6 +100,22 @@ def fused_sampling(device: torch.device) -> bool:
     from sglaunch.kernels import use_triton
 
     return use_triton(device) and (value == "1" or device.type == "cuda")
+
+
+FILTER_KERNEL_ENV = "SGLAUNCH_FILTER_KERNEL"  # 1: top-k / top-p / min-p by a threshold kernel, no sort
+
+
+def filter_kernel(device: torch.device) -> bool:
+    """SGLAUNCH_FILTER_KERNEL=1 (off by default until measured on a GPU): sorted_filter's rule by
+    sglaunch/kernels/filter_rows.py where the kernels run (CUDA with Triton, or
+    SGLAUNCH_DSPARK_KERNELS=triton)."""
+    import os
+
+    if os.environ.get(FILTER_KERNEL_ENV, "0").strip() != "1":
+        return False
+    from sglaunch.kernels import use_triton
+
+    return use_triton(device)
 
 
 def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
@@ -213,7 +230,13 @@ def _sorted_filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
 def sorted_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """probs [n, vocab] (each row's softmax at its temperature) after top-k, top-p and min-p, renormalised;
     top_k / top_p / min_p: [n, 1] device tensors (top_k = vocab, top_p = 1, min_p = 0 keep a row's tokens).
-    No host sync, so a CUDA graph can hold it (the filtered sampled bursts, speculative/burst.py)."""
+    No host sync, so a CUDA graph can hold it (the filtered sampled bursts, speculative/burst.py).
+    SGLAUNCH_FILTER_KERNEL=1: the same rule without the sort, one Triton program a row
+    (sglaunch/kernels/filter_rows.py; ties at the boundary all kept)."""
+    if filter_kernel(probs.device):
+        from sglaunch.kernels.filter_rows import threshold_filter
+
+        return threshold_filter(probs, top_k, top_p, min_p)
     vocab = probs.shape[-1]
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [n, vocab]
     rank = torch.arange(vocab, device=probs.device)[None, :]

@@ -413,6 +413,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "instead of about thirty small operators: on by default on CUDA with Triton (plain decoding at T=0.7 1.30-1.36x on "
            "an H100), 0 off, 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels on a CPU.",
            choices=("0", "1"), sglaunch_only=True),
+    EnvVar("SGLAUNCH_FILTER_KERNEL", "Apply top-k, top-p and min-p by a threshold found in one Triton program per "
+           "row instead of sorting the row (the usual step's filter, and DSpark's filtered bursts'): 1 on where the "
+           "kernels run (CUDA with Triton), 0 off (the default until measured on a GPU). Ties at the boundary are "
+           "all kept.",
+           choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
            "prompts costs a fixed extra beside the decode); 0 (default) admits at once.", sglaunch_only=True,

@@ -630,7 +630,8 @@ class BurstRunner:
         request; greedy rows keep T = 1, their argmax alone is read), the DSpark accept rule over
         the whole window (the Triton kernel on GPUs, with the uniforms' tests and correction / bonus
         draw); a filtered key's rows that filter go through top-k, top-p and min-p as the usual
-        step's (sampler.sorted_filter; the drafter's draws stay at the temperature alone, as there), so the output is distributed as the target's own sampling (speculative/accept.py).
+        step's (sampler.sorted_filter; the drafter's draws stay at the temperature alone, as there),
+        so the output is distributed as the target's own sampling (speculative/accept.py).
         -> (committed tokens [B, Q]: the accepted drafts, then the correction or bonus token at slot
         n and repeated after it; their log-probabilities under the unmodified distribution, as the
         usual step reports them; n [B] int64)."""
@@ -770,7 +771,8 @@ class BurstRunner:
         head[1], head[2] = float(self.runner.spec.vocab_size), 1.0  # top_k, top_p: keep every token
         if burst.filtered:
             if len(burst.filters) != R:
-                raise ValueError(f"a filtered burst of {R} requests takes {R} filter settings, not {len(burst.filters)}")
+                raise ValueError(f"a filtered burst of {R} requests takes {R} filter settings, "
+                                 f"not {len(burst.filters)}")
             for r, setting in enumerate(burst.filters):
                 if setting is not None:
                     head[1:4, r] = setting
@@ -1024,7 +1026,8 @@ def profile_costs(engine, counts: Sequence[int], context_len: int = 128,
             if len(tables) < R:  # NOTE: the free pool holds no more: larger batches are extrapolated
                 break
             anchors = [rng.randrange(vocab) for _ in range(R)]
-            second_pages = second if runner.uses_second_chain(R, context_len + N * runner.Q, sampled, filtered) else None
+            two = runner.uses_second_chain(R, context_len + N * runner.Q, sampled, filtered)
+            second_pages = second if two else None
             one = timed(make(anchors, tables, 1, second_pages))
             most = timed(make(anchors, tables, N, second_pages)) if N > 1 else one
             step = (most - one) / (N - 1) if N > 1 else one

@@ -159,17 +159,21 @@ def test_profile_step_at_a_temperature_profiles_the_sampled_phases(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     runs = {}
-    for temperature in ("0", "0.7"):
-        code, out = profile_small_model(tmp_path / temperature, f"temp{temperature}", [
+    for temperature, top_p in (("0", "1"), ("0.7", "1"), ("0.7", "0.9")):
+        tag = f"temp{temperature}p{top_p}"
+        code, out = profile_small_model(tmp_path / tag, tag, [
             "--modes", "static", "--steps", "3", "--warmup", "2", "--prompt-len", "8", "--top", "2",
-            "--concurrency", "2", "--temperature", temperature])
+            "--concurrency", "2", "--temperature", temperature, "--top-p", top_p])
         assert code == 0
-        runs[temperature] = {r["config"]: r for r in json.loads(out.read_text())["results"]}
-    sampled, greedy = runs["0.7"]["dspark-static"]["phases"], runs["0"]["dspark-static"]["phases"]
+        runs[temperature, top_p] = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    sampled, greedy = runs["0.7", "1"]["dspark-static"]["phases"], runs["0", "1"]["dspark-static"]["phases"]
     for phase in ("uniforms (in propose)", "target probs (in accept)"):
         assert sampled[phase]["ms"] > 0 and sampled[phase]["ops"] > 0, phase
     assert "target probs (in accept)" not in greedy
-    assert runs["0.7"]["dspark-static"]["spec"]["speculative"]["steps"] > 0
+    # --top-p 0.9: the target's rows go through the sorted filter, more operators than softmax alone
+    filtered = runs["0.7", "0.9"]["dspark-static"]["phases"]["target probs (in accept)"]
+    assert filtered["ops"] > sampled["target probs (in accept)"]["ops"]
+    assert runs["0.7", "1"]["dspark-static"]["spec"]["speculative"]["steps"] > 0
 
 
 def test_device_gaps_counts_idle_time_outside_every_kernel():

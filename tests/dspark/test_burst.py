@@ -202,17 +202,27 @@ def test_sampled_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dra
         assert [tokens for tokens, _ in bursts[::2]] == plain
 
 
-@pytest.mark.parametrize("drafter,temperatures,filters", [
-    ("oracle", (0.9,), ({"top_p": 0.8}, {"top_k": 5}, {"min_p": 0.05}, {})),
-    ("random", (0.0, 1.0, 1.2, 0.7), ({"top_p": 0.9, "top_k": 40, "min_p": 0.02},))])
-def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, drafter, temperatures, filters):
+@pytest.mark.parametrize("drafter,temperatures,filters,kernel", [
+    ("oracle", (0.9,), ({"top_p": 0.8}, {"top_k": 5}, {"min_p": 0.05}, {}), False),
+    ("random", (0.0, 1.0, 1.2, 0.7), ({"top_p": 0.9, "top_k": 40, "min_p": 0.02},), False),
+    ("oracle", (0.9,), ({"top_p": 0.8}, {"top_k": 5}, {"min_p": 0.05}, {}), True)])
+def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, drafter, temperatures, filters, kernel):
     """A filtered sampled burst (rows with top-k, top-p or min-p, beside temperature-only and greedy
     rows) is the static drafting step, iteration after iteration: the target's distributions
     filtered as the usual step filters them (sampler.sorted_filter), the drafter's draws at the
     temperature alone, the same uniforms, so a seeded request gives the same tokens and
     log-probabilities as without bursts, up to its last window; and every filtered row's tokens
-    stay inside what its filter keeps (top-k 5: among the 5 most likely at that temperature)."""
+    stay inside what its filter keeps (top-k 5: among the 5 most likely at that temperature).
+    kernel: SGLAUNCH_FILTER_KERNEL=1, the threshold kernel (Triton's interpreter) in both paths."""
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    if kernel:
+        monkeypatch.setenv("SGLAUNCH_FILTER_KERNEL", "1")
+        monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "triton")
+        import sglaunch.kernels.filter_rows as rows
+
+        calls = []
+        original = rows.threshold_filter
+        monkeypatch.setattr(rows, "threshold_filter", lambda *a: calls.append(1) or original(*a))
     batch, new = prompts(4, seed=11), 30
     config = engine_config(dspark_files["target"], dspark_files[drafter], "static")
     monkeypatch.setenv(BURST_ENV, "0")
@@ -221,6 +231,8 @@ def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dr
     bursts, stats = sampled_run(config, batch, temperatures, new, filters)
     assert stats["bursts"]["filtered"]["bursts"] > 0 and stats["bursts"]["filtered"]["iterations"] >= 2
     assert stats["bursts"]["sampled"]["bursts"] == 0  # a filtering row in every batch: the filtered key
+    if kernel:
+        assert calls  # the kernel filtered (the static steps' rows and the bursts')
     cut = new - (GAMMA + 1)
     for (tokens, lps), (want, want_lps) in zip(bursts, steps):
         assert len(tokens) == new and tokens[:cut] == want[:cut]
