@@ -213,17 +213,19 @@ def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dr
     temperature alone, the same uniforms, so a seeded request gives the same tokens and
     log-probabilities as without bursts, up to its last window; and every filtered row's tokens
     stay inside what its filter keeps (top-k 5: among the 5 most likely at that temperature).
-    kernel: SGLAUNCH_FILTER_KERNEL=1, the threshold kernel (Triton's interpreter) in both paths."""
+    kernel: the threshold kernel of SGLAUNCH_FILTER_KERNEL=1 (Triton's interpreter) in both paths."""
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
-    if kernel:
-        monkeypatch.setenv("SGLAUNCH_FILTER_KERNEL", "1")
-        monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "triton")
+    batch, new = prompts(4, seed=11), 30
+    if kernel:  # NOTE: the filter kernel alone in the interpreter (the other kernels: references), 1 request
+        import sglaunch.engine.sampler as sampler
         import sglaunch.kernels.filter_rows as rows
 
+        monkeypatch.setattr(sampler, "filter_kernel", lambda device: True)
+        monkeypatch.setattr(rows, "use_triton", lambda device: True)
         calls = []
-        original = rows.threshold_filter
-        monkeypatch.setattr(rows, "threshold_filter", lambda *a: calls.append(1) or original(*a))
-    batch, new = prompts(4, seed=11), 30
+        original = rows._filter_kernel
+        monkeypatch.setattr(rows, "_filter_kernel", _Counted(original, calls))
+        batch, new = batch[:1], 14
     config = engine_config(dspark_files["target"], dspark_files[drafter], "static")
     monkeypatch.setenv(BURST_ENV, "0")
     steps, _ = sampled_run(config, batch, temperatures, new, filters)
@@ -237,7 +239,7 @@ def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dr
     for (tokens, lps), (want, want_lps) in zip(bursts, steps):
         assert len(tokens) == new and tokens[:cut] == want[:cut]
         torch.testing.assert_close(torch.tensor(lps[:cut]), torch.tensor(want_lps[:cut]), atol=1e-4, rtol=0)
-    if drafter == "oracle":  # request 1 samples with top-k 5: each token among its row's 5 most likely
+    if drafter == "oracle" and not kernel:  # request 1 samples with top-k 5: each token among its row's 5 most likely
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(dspark_files["target"], torch_dtype=torch.float32).eval()
@@ -246,6 +248,17 @@ def test_filtered_bursts_draw_as_drafting_steps_do(dspark_files, monkeypatch, dr
             logits = model(torch.tensor([ids])).logits[0, len(batch[1]) - 1: -1]
         top5 = logits.topk(5, dim=-1).indices
         assert all(t in row for t, row in zip(bursts[1][0], top5.tolist()))
+
+
+class _Counted:
+    """A Triton kernel's launcher (kernel[grid](...)) that counts its launches."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
 
 
 def test_filtered_bursts_that_leave_one_token_are_greedy(dspark_files, bursts):
@@ -746,17 +759,20 @@ def test_tp2_bursts_match_plain(dspark_files, bursts, monkeypatch):
     assert [out[f"t-{i}"][0] for i in range(len(batch))] == expected
 
 
-def test_tp2_sampled_bursts_draw_as_tp1(dspark_files, monkeypatch):
-    """TP 2: every rank runs a sampled burst from the same temperatures and uniforms (they travel in
-    the burst command), so seeded requests give TP 1's tokens (static mode, every step drafting)."""
+@pytest.mark.parametrize("temperatures,filters,kind", [
+    ((0.9, 0.0), ({},), "sampled"), ((0.9, 0.0, 1.1), ({"top_p": 0.8}, {"top_k": 6}), "filtered")])
+def test_tp2_sampled_bursts_draw_as_tp1(dspark_files, monkeypatch, temperatures, filters, kind):
+    """TP 2: every rank runs a sampled burst from the same temperatures and uniforms (and, filtered,
+    the same top-k / top-p settings: they travel in the burst command), so seeded requests give TP 1's
+    tokens (static mode, every step drafting)."""
     monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
     monkeypatch.setenv(BURST_ENV, "3")
     batch = prompts(4, seed=7)
     one, _ = sampled_run(engine_config(dspark_files["target"], dspark_files["oracle"], "static", page_size=2),
-                         batch, (0.9, 0.0), 20)
+                         batch, temperatures, 20, filters)
     two, stats = sampled_run(engine_config(dspark_files["target"], dspark_files["oracle"], "static", tp_size=2,
-                                           page_size=2), batch, (0.9, 0.0), 20)
-    assert stats["bursts"]["sampled"]["bursts"] > 0
+                                           page_size=2), batch, temperatures, 20, filters)
+    assert stats["bursts"][kind]["bursts"] > 0
     assert [tokens for tokens, _ in two] == [tokens for tokens, _ in one]
 
 
