@@ -1084,7 +1084,7 @@ pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bur
   # SGLAUNCH_FILTER_KERNEL=0 against 1 at T=0.7 and top-p 0.9, c=1,8,16; bench2 DSpark / plain at T=0.7 and top-p 0.9,
   # c=1,8,16, the kernel on both (if bench1 says it pays); bench3 where c=16's time goes with top-p 0.9 (DSpark and plain,
   # `profile_step.py`, real weights: drafting and stepped-aside steps apart); bench4 DSpark / plain at T=0.7, c=1,8,16,
-  # three rounds (the fused sampler, now the default, on both)
+  # three rounds (the fused sampler, now the default, on both); bench5 T=0 with session 38's engine files (tree_ab)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
@@ -1099,6 +1099,8 @@ pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bur
   part bench3 200 python3 benchmarks/profile_step.py --model "$SMOL" --drafter sglaunch/hub/drafters/smollm2-135m-instruct \
     --modes compact --concurrency 16 --temperature 0.7 --top-p 0.9 --steps 60 --warmup 40 --json "$W/bench3.json"
   part bench4 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench4/bench.json" 64'
+  # bench5 (carry .pre39): DSpark at T=0, c=1,8, session 38's engine files against this tree's on one machine
+  [ -d .pre39 ] && part bench5 200 env TEMP=0 ROUNDS=2 bash -c 'tree_ab .pre39 1,8 64 "$W/bench5/bench.json"'
   touch "$W/all.done"
 }
 
@@ -1219,6 +1221,18 @@ rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP 
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
     --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$2" --output-len 128 \
     --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$3" --no-plot --rounds "${ROUNDS:-1}"
+}
+
+tree_ab() {  # tree_ab OLD LEVELS PROMPTS OUT: DSpark compact over HTTP with this tree's files laid over by the folder
+  # OLD's (a .preNN of benchmarks/old_sides.sh, carried) against this tree, as rows_ab does; the held-out set, 128
+  # tokens, TEMP (default 0), TOPP, ROUNDS; KVCAP as for dspark_vs_plain
+  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a "$1/sglaunch/." /tmp/old/sglaunch/
+  PYTHONPATH=/tmp/site:/tmp/old python3 -P -c "import sglaunch.engine.engine as m; print('old side:', m.__file__)"
+  python3 -m sglaunch bench \
+    --compare "PYTHONPATH=/tmp/site:/tmp/old SGLANG_RAGGED_VERIFY_MODE=compact python3 -P -m sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$3" --output-len 128 \
+    --concurrency "$2" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$4" --no-plot --rounds "${ROUNDS:-1}"
 }
 
 pipeline73() {  # session 36 (carry .pre36 with the tree): at T=0.7 over HTTP (64 prompts, FlashInfer, c=1,8) DSpark
