@@ -1084,7 +1084,7 @@ pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bur
   # SGLAUNCH_FILTER_KERNEL=0 against 1 at T=0.7 and top-p 0.9, c=1,8,16; bench2 DSpark / plain at T=0.7 and top-p 0.9,
   # c=1,8,16, the kernel on both (if bench1 says it pays); bench3 where c=16's time goes with top-p 0.9 (DSpark and plain,
   # `profile_step.py`, real weights: drafting and stepped-aside steps apart); bench4 DSpark / plain at T=0.7, c=1,8,16,
-  # three rounds (the fused sampler, now the default, on both); bench5 T=0 with session 38's engine files (tree_ab)
+  # three rounds (the fused sampler, now the default, on both); bench5 T=0 with session 38's tree (tree_ab .pre39)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
@@ -1099,7 +1099,7 @@ pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bur
   part bench3 200 python3 benchmarks/profile_step.py --model "$SMOL" --drafter sglaunch/hub/drafters/smollm2-135m-instruct \
     --modes compact --concurrency 16 --temperature 0.7 --top-p 0.9 --steps 60 --warmup 40 --json "$W/bench3.json"
   part bench4 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench4/bench.json" 64'
-  # bench5 (carry .pre39): DSpark at T=0, c=1,8, session 38's engine files against this tree's on one machine
+  # bench5 (carry .pre39): DSpark at T=0, c=1,8, e04eb44's sglaunch (session 38's T=0 run) against this tree, one machine
   [ -d .pre39 ] && part bench5 200 env TEMP=0 ROUNDS=2 bash -c 'tree_ab .pre39 1,8 64 "$W/bench5/bench.json"'
   touch "$W/all.done"
 }

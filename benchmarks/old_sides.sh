@@ -6,9 +6,9 @@
 #   gpu_session6.sh, the token_output A/B; carry .pre27);
 # - .pre36: sglaunch/engine/model_runner.py and attention/torch_backend.py at f884016, before the logit-row fix
 #   (rows_ab in gpu_session6.sh, benchmarks/gpu_rows_ab.sh; carry .pre36).
-# - .pre39: the engine files session 39 changed (engine, sampler, model_runner, burst), at 4c4858b (tree_ab in
+# - .pre39: every Python file of sglaunch/ at e04eb44, the tree session 38 measured T=0 with (tree_ab in
 #   gpu_session6.sh, pipeline80's bench5: DSpark at T=0 served 25% less at c=8 in session 39 than in session 38 with
-#   plain within 7%; carry .pre39).
+#   plain within 7%; carry .pre39, 1.9 MB).
 # Each folder goes into .git/info/exclude once, so the device calls carry it only when named in `carry`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -18,11 +18,9 @@ for f in interface engine ipc; do
 done
 git show f884016:sglaunch/engine/model_runner.py > .pre36/sglaunch/engine/model_runner.py
 git show f884016:sglaunch/engine/attention/torch_backend.py > .pre36/sglaunch/engine/attention/torch_backend.py
-mkdir -p .pre39/sglaunch/engine .pre39/sglaunch/speculative
-for f in engine/engine engine/sampler engine/model_runner speculative/burst; do
-  git show "4c4858b:sglaunch/$f.py" > ".pre39/sglaunch/$f.py"
-done
+rm -rf .pre39 && mkdir -p .pre39
+git archive e04eb44 sglaunch | tar -x -C .pre39 --wildcards '*.py'
 for d in /.pre27/ /.pre36/ /.pre39/; do
   grep -qxF "$d" .git/info/exclude || echo "$d" >> .git/info/exclude
 done
-find .pre27 .pre36 .pre39 -name '*.py' | sort
+find .pre27 .pre36 -name '*.py' | sort; echo ".pre39: $(find .pre39 -name '*.py' | wc -l) files"
