@@ -1210,21 +1210,12 @@ pipeline74() {  # session 36, its second machine (run the GPU tests in the wheel
 }
 
 rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP with the tree before the logit-row fix
-  # (/tmp/old: this tree with .pre36's model_runner.py and torch_backend.py laid over it; `python3 -P` keeps the
-  # working directory's sglaunch off sys.path, so PYTHONPATH picks the tree) against this tree, the held-out set,
-  # 128 tokens, TEMP (default 0); KVCAP as for dspark_vs_plain
-  rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a .pre36/sglaunch/. /tmp/old/sglaunch/
-  PYTHONPATH=/tmp/site:/tmp/old python3 -P -c "import sglaunch.engine.model_runner as m; print('old side:', m.__file__, 'has _rows:', hasattr(m.ModelRunner, '_rows'))"
-  python3 -c "import sglaunch.engine.model_runner as m; print('new side:', m.__file__, 'has _rows:', hasattr(m.ModelRunner, '_rows'))"
-  python3 -m sglaunch bench \
-    --compare "PYTHONPATH=/tmp/site:/tmp/old SGLANG_RAGGED_VERIFY_MODE=compact python3 -P -m sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
-    --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$2" --output-len 128 \
-    --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$3" --no-plot --rounds "${ROUNDS:-1}"
+  # (.pre36's model_runner.py and torch_backend.py laid over this tree) against this tree: tree_ab .pre36
+  tree_ab .pre36 "$@"
 }
 
 tree_ab() {  # tree_ab OLD LEVELS PROMPTS OUT: DSpark compact over HTTP with this tree's files laid over by the folder
-  # OLD's (a .preNN of benchmarks/old_sides.sh, carried) against this tree, as rows_ab does; the held-out set, 128
+  # OLD's (a .preNN of benchmarks/old_sides.sh, carried) against this tree; the held-out set, 128
   # tokens, TEMP (default 0), TOPP, ROUNDS; KVCAP as for dspark_vs_plain
   rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a "$1/sglaunch/." /tmp/old/sglaunch/
   PYTHONPATH=/tmp/site:/tmp/old python3 -P -c "import sglaunch.engine.engine as m; print('old side:', m.__file__)"
