@@ -1092,15 +1092,17 @@ pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bur
   export KVCAP
   part bench1 200 env TEMP=0.7 TOPP=0.9 ROUNDS=2 bash -c \
     'plain_ab sort "SGLAUNCH_FILTER_KERNEL=0" kernel "SGLAUNCH_FILTER_KERNEL=1" 1,8,16 64 "$W/bench1/bench.json"'
+  # session 40: the profile second (its asks cost 6 minutes of device time before a machine)
+  part bench3 200 python3 benchmarks/profile_step.py --model "$SMOL" --drafter sglaunch/hub/drafters/smollm2-135m-instruct \
+    --modes compact --concurrency 16 --temperature 0.7 --top-p 0.9 --steps 60 --warmup 40 --json "$W/bench3.json"
   touch "$W/core.done"
   part bench2 240 env TEMP=0.7 TOPP=0.9 ROUNDS=2 SGLAUNCH_FILTER_KERNEL=1 bash -c \
     'dspark_vs_plain 1,8,16 "$W/bench2/bench.json" 64'
   touch "$W/filtered.done"
-  part bench3 200 python3 benchmarks/profile_step.py --model "$SMOL" --drafter sglaunch/hub/drafters/smollm2-135m-instruct \
-    --modes compact --concurrency 16 --temperature 0.7 --top-p 0.9 --steps 60 --warmup 40 --json "$W/bench3.json"
-  part bench4 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench4/bench.json" 64'
   # bench5 (carry .pre39): DSpark at T=0, c=1,8, e04eb44's sglaunch (session 38's T=0 run) against this tree, one machine
   [ -d .pre39 ] && part bench5 200 env TEMP=0 ROUNDS=2 bash -c 'tree_ab .pre39 1,8 64 "$W/bench5/bench.json"'
+  touch "$W/tree.done"
+  part bench4 300 env TEMP=0.7 ROUNDS=3 bash -c 'dspark_vs_plain 1,8,16 "$W/bench4/bench.json" 64'
   touch "$W/all.done"
 }
 
