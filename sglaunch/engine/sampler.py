@@ -59,9 +59,12 @@ def sample_device(
     drawn from the generators here, so a seeded request gets the same tokens whenever the
     choices are read (read_choices)."""
     random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
-    if random_rows and fused_sampling(logits.device) and not any(filters(params[i], logits.shape[-1])
-                                                                  for i in random_rows):
-        return _fused(logits, params, generators, random_rows)
+    if random_rows and fused_sampling(logits.device):
+        # NOTE: rows with top-k / top-p / min-p take the fused kernel only with the threshold filter's
+        # semantics (SGLAUNCH_FILTER_KERNEL=1: ties at the boundary all kept)
+        filtering = any(filters(params[i], logits.shape[-1]) for i in random_rows)
+        if not filtering or filter_kernel(logits.device):
+            return _fused(logits, params, generators, random_rows, filtering)
     tokens = logits.argmax(dim=-1)  # [batch]
     bad = None
     if random_rows:
@@ -119,19 +122,28 @@ def filter_kernel(device: torch.device) -> bool:
 
 
 def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           random_rows: list[int]) -> torch.Tensor:
-    """sample_device for greedy and temperature-only rows in one kernel: each sampled row's uniform
-    from its own generator as on the usual path (so a seeded request draws the same uniforms),
-    the temperatures and uniforms down in one copy, [3, batch] float64 back."""
-    from sglaunch.kernels.sample_rows import temperature_sample
+           random_rows: list[int], filtering: bool = False) -> torch.Tensor:
+    """sample_device for greedy and temperature-only rows in one kernel (with `filtering`, rows with
+    top-k / top-p / min-p too: sample_rows.filtered_sample): each sampled row's uniform from its own
+    generator as on the usual path (so a seeded request draws the same uniforms), the per-row
+    settings and uniforms down in one copy, [3, batch] float64 back."""
+    from sglaunch.kernels.sample_rows import filtered_sample, temperature_sample
 
-    temperatures, uniforms = [0.0] * len(params), [0.0] * len(params)
+    n, vocab = len(params), logits.shape[-1]
+    temperatures, uniforms = [0.0] * n, [0.0] * n
     for i in random_rows:
         temperatures[i] = params[i].temperature
         uniforms[i] = float(torch.rand(1, generator=generators[i]))
-    temperatures, uniforms = to_device([torch.tensor(temperatures, dtype=torch.float32),
-                                        torch.tensor(uniforms, dtype=torch.float64)], logits.device)
-    return temperature_sample(logits, temperatures, uniforms)
+    host = [torch.tensor(temperatures, dtype=torch.float32), torch.tensor(uniforms, dtype=torch.float64)]
+    if filtering:
+        settings = [filter_settings(p, vocab) for p in params]
+        host += [torch.tensor([k for k, _, _ in settings], dtype=torch.int64),
+                 torch.tensor([p for _, p, _ in settings], dtype=torch.float32),
+                 torch.tensor([m for _, _, m in settings], dtype=torch.float32)]
+    device = to_device(host, logits.device)
+    if filtering:
+        return filtered_sample(logits, *device)
+    return temperature_sample(logits, *device)
 
 
 def read_choices(choices, failures: dict[int, Exception] | None = None) -> tuple[list[int], list[float]]:

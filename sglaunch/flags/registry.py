@@ -414,9 +414,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "an H100), 0 off, 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels on a CPU.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_FILTER_KERNEL", "Apply top-k, top-p and min-p by a threshold found in one Triton program per "
-           "row instead of sorting the row (the usual step's filter, and DSpark's filtered bursts'): 1 on where the "
-           "kernels run (CUDA with Triton), 0 off (the default until measured on a GPU). Ties at the boundary are "
-           "all kept.",
+           "row instead of sorting the row (the usual step's filter, and DSpark's filtered bursts'; with fused sampling "
+           "a plain step samples such rows in its one kernel): 1 on where the kernels run (CUDA with Triton), 0 off "
+           "(the default until measured on a GPU). Ties at the boundary are all kept.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "

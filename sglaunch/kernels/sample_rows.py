@@ -18,6 +18,12 @@ sampled (a NaN or +inf logit, a temperature that is not a positive number). A gr
 GREEDY_TEMPERATURE) takes the argmax. The sums are float32 (the reference's running sum is
 float64), so a uniform within about 1e-6 of a boundary between two tokens may pick the other one;
 the distribution is the same.
+
+`filtered_sample` is the same kernel with top-k, top-p and min-p: between passes 2 and 3 a row that
+filters finds its threshold t over the tempered probabilities by bisecting float32 bits, as
+sglaunch/kernels/filter_rows.py does over a probability row (here each pass recomputes the
+probabilities from the logits), and the draw runs over {p >= t} alone. Ties at the boundary are all
+kept, as there. Its reference is that module's reference filter followed by the same draw.
 """
 
 from __future__ import annotations
@@ -59,8 +65,51 @@ def temperature_sample(logits: torch.Tensor, temperatures: torch.Tensor, uniform
     out = torch.empty(3, n, dtype=torch.float64, device=logits.device)
     if n:
         _sample_kernel[(n,)](x, x.stride(0), temperatures.float().contiguous(), uniforms.float().contiguous(), out,
-                             n, V, GREEDY_TEMPERATURE, BLOCK=min(BLOCK, triton.next_power_of_2(V)))
+                             n, V, GREEDY_TEMPERATURE, out, out, out, BLOCK=min(BLOCK, triton.next_power_of_2(V)),
+                             FILTER=False, STEPS=FILTER_STEPS)
     return out
+
+
+def filtered_sample_reference(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor,
+                              top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """filtered_sample's result with torch operators: each sampled row's tempered softmax through
+    filter_rows.threshold_filter_reference, then the float64 inverse-CDF draw; greedy rows take the
+    argmax. top_k [n] int (the vocabulary size keeps every token), top_p [n], min_p [n]."""
+    from .filter_rows import threshold_filter_reference
+
+    x = logits.float()
+    V = x.shape[-1]
+    greedy = temperatures < GREEDY_TEMPERATURE
+    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures).float()
+    probs = threshold_filter_reference(torch.softmax(x / scale[:, None], dim=-1), top_k, top_p, min_p)
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1]
+    bad = ~(torch.isfinite(probs).all(-1) & (probs >= 0).all(-1) & (total > 0))
+    drawn = torch.searchsorted(cdf, (uniforms.double() * total)[:, None], right=True)[:, 0].clamp_(max=V - 1)
+    tokens = torch.where(greedy, x.argmax(-1), drawn)
+    logprobs = torch.log_softmax(x, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return torch.stack([tokens.double(), logprobs.double(), (bad & ~greedy).double()])
+
+
+def filtered_sample(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor,
+                    top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """temperature_sample with each row's top-k / top-p / min-p ([n] device tensors; top_k = V,
+    top_p = 1, min_p = 0 filter nothing): [3, n] float64, the kernel where the DSpark kernels run,
+    else the reference. No host sync."""
+    if not use_triton(logits.device):
+        return filtered_sample_reference(logits, temperatures, uniforms, top_k, top_p, min_p)
+    n, V = logits.shape
+    x = logits if logits.stride(-1) == 1 else logits.contiguous()
+    out = torch.empty(3, n, dtype=torch.float64, device=logits.device)
+    if n:
+        _sample_kernel[(n,)](x, x.stride(0), temperatures.float().contiguous(), uniforms.float().contiguous(), out,
+                             n, V, GREEDY_TEMPERATURE, top_k.to(torch.int64).contiguous(), top_p.float().contiguous(),
+                             min_p.float().contiguous(), BLOCK=min(BLOCK, triton.next_power_of_2(V)), FILTER=True,
+                             STEPS=FILTER_STEPS)
+    return out
+
+
+FILTER_STEPS = 32  # bisection steps over a float32's bit pattern (filter_rows.STEPS)
 
 
 if HAS_TRITON:
@@ -68,7 +117,8 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _sample_kernel(x_ptr, stride, temp_ptr, u_ptr, out_ptr, n, V, GREEDY, BLOCK: tl.constexpr):
+    def _sample_kernel(x_ptr, stride, temp_ptr, u_ptr, out_ptr, n, V, GREEDY, k_ptr, tp_ptr, mp_ptr,
+                       BLOCK: tl.constexpr, FILTER: tl.constexpr, STEPS: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         row = x_ptr + r * stride
         T = tl.load(temp_ptr + r)
@@ -101,8 +151,46 @@ if HAS_TRITON:
             x = tl.load(row + v, mask=v < V, other=-float("inf")).to(tl.float32)
             s_raw += tl.sum(tl.exp(x - best), axis=0)
             s_t += tl.sum(tl.exp((x - best) * inv), axis=0)
-        # 3. the draw of a sampled row: first j with a running sum over u * total, p_j > 0
-        threshold = tl.load(u_ptr + r) * s_t
+        # 2b. (FILTER) the least t with count(p > t) < k, sum(p > t) < top_p and t >= min_p * max p,
+        # p_j = exp((x_j - max) / T) / s_t: bisection over t's float32 bits (filter_rows.py), then the
+        # draw's total is the kept mass. A row that filters nothing keeps t = 0.
+        cut = 0.0
+        total = s_t
+        if FILTER:
+            k = tl.load(k_ptr + r)
+            top_p = tl.load(tp_ptr + r)
+            min_p = tl.load(mp_ptr + r)
+            inv_s = 1.0 / s_t
+            if (greedy == 0) & ((k < V) | (top_p < 1.0) | (min_p > 0.0)) & (s_t > 0):
+                top = inv_s  # the most likely token's probability: exp(0) / s_t
+                floor = min_p * top
+                hi = top.to(tl.int32, bitcast=True)
+                lo = hi * 0
+                for _ in range(STEPS):
+                    mid = lo + (hi - lo) // 2
+                    t = mid.to(tl.float32, bitcast=True)
+                    count = 0
+                    mass = 0.0
+                    for start in range(0, V, BLOCK):
+                        v = start + tl.arange(0, BLOCK)
+                        x = tl.load(row + v, mask=v < V, other=-float("inf")).to(tl.float32)
+                        p = tl.exp((x - best) * inv) * inv_s
+                        above = p > t
+                        count += tl.sum(above.to(tl.int32), axis=0)
+                        mass += tl.sum(tl.where(above, p, 0.0), axis=0)
+                    ok = (count < k) & (mass < top_p) & (t >= floor)
+                    hi = tl.where(ok, mid, hi)
+                    lo = tl.where(ok, lo, mid + 1)
+                cut = hi.to(tl.float32, bitcast=True)
+                total = 0.0
+                for start in range(0, V, BLOCK):
+                    v = start + tl.arange(0, BLOCK)
+                    x = tl.load(row + v, mask=v < V, other=-float("inf")).to(tl.float32)
+                    e = tl.exp((x - best) * inv)
+                    total += tl.sum(tl.where(e * inv_s >= cut, e, 0.0), axis=0)
+        # 3. the draw of a sampled row: first j with a running sum over u * total, p_j > 0 (and, with
+        # FILTER, p_j >= the row's threshold)
+        threshold = tl.load(u_ptr + r) * total
         running = 0.0
         found = V
         last = -1
@@ -111,6 +199,8 @@ if HAS_TRITON:
                 v = start + tl.arange(0, BLOCK)
                 x = tl.load(row + v, mask=v < V, other=-float("inf")).to(tl.float32)
                 p = tl.exp((x - best) * inv)
+                if FILTER:
+                    p = tl.where(p * inv_s >= cut, p, 0.0)
                 cs = tl.cumsum(p, axis=0) + running
                 hit = (cs > threshold) & (p > 0) & (v < V)
                 found = tl.minimum(found, tl.min(tl.where(hit, v, V), axis=0))

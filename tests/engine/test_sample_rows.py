@@ -143,3 +143,81 @@ def test_an_engine_with_fused_sampling_gives_the_usual_seeded_outputs(kernel, ch
         outputs[fused + "batched"] = generate_batch(engine_config(checkpoints["llama"]), prompts[1:3], params[1])
     assert outputs["1"] == outputs["0"] and outputs["1batched"] == outputs["0batched"]
     assert len({tuple(t) for t in outputs["1"]}) == 4
+
+
+def test_the_filtered_kernel_draws_only_kept_tokens_where_its_cdf_says(kernel):
+    """filtered_sample: rows with top-k, top-p, min-p (alone, together, none) beside greedy rows over
+    3,000-token rows: each drawn token is one the reference filter keeps, at the place the kept
+    tokens' float64 CDF puts u (within float32 rounding), with log_softmax's log-probability."""
+    from sglaunch.kernels.filter_rows import threshold_filter_reference
+    from sglaunch.kernels.sample_rows import filtered_sample, filtered_sample_reference
+
+    torch.manual_seed(1)
+    n, V = 8, 3000
+    x = torch.randn(n, V) * 3
+    temperatures = torch.tensor([0.7, 0.0, 1.0, 0.9, 1.3, 0.6, 0.0, 2.0])
+    top_k = torch.tensor([V, V, 20, V, 5, 50, 3, V])
+    top_p = torch.tensor([0.9, 0.5, 1.0, 1.0, 0.8, 0.95, 1.0, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.05, 0.0, 0.0, 0.0])
+    u = torch.rand(n)
+    got = filtered_sample(x, temperatures, u, top_k, top_p, min_p)
+    want = filtered_sample_reference(x, temperatures, u, top_k, top_p, min_p)
+    greedy = temperatures < 1e-5
+    assert torch.equal(got[0][greedy], x.argmax(-1)[greedy].double()) and not got[2].any()
+    torch.testing.assert_close(got[1], torch.log_softmax(x, -1).gather(1, got[0].long()[:, None])[:, 0].double(),
+                               atol=1e-4, rtol=0)
+    scale = torch.where(greedy, 1.0, temperatures)[:, None]
+    kept = threshold_filter_reference(torch.softmax(x / scale, -1), top_k, top_p, min_p).double()
+    cdf = kept.cumsum(-1)
+    for r in torch.nonzero(~greedy)[:, 0].tolist():
+        t, target = int(got[0, r]), float(u[r]) * float(cdf[r, -1])
+        assert kept[r, t] > 0, (r, t)  # NOTE: never a token the filter drops
+        below = float(cdf[r, t - 1]) if t else 0.0
+        assert below <= target + 1e-6 and float(cdf[r, t]) > target - 1e-6, (r, t, int(want[0, r]))
+    assert (got[0] == want[0]).float().mean() >= 0.9
+
+
+def test_the_filtered_kernel_samples_the_filtered_distribution(kernel):
+    """400 grid draws of one 10-token row at T = 0.8 with top-p 0.7 and top-k 4: each token's share is
+    its renormalised kept probability within 0.005; a dropped token never comes."""
+    from sglaunch.kernels.filter_rows import threshold_filter_reference
+    from sglaunch.kernels.sample_rows import filtered_sample
+
+    x = torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0, -float("inf"), 1.5, -1.0, 0.7, 0.3])
+    n = 400
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    full = lambda v, dtype=torch.float32: torch.full((n,), v, dtype=dtype)  # noqa: E731
+    got = filtered_sample(x.repeat(n, 1), full(0.8), u, full(4, torch.int64), full(0.7), full(0.0))
+    shares = torch.bincount(got[0].long(), minlength=10).double() / n
+    kept = threshold_filter_reference(torch.softmax(x / 0.8, -1)[None], torch.tensor([4]), torch.tensor([0.7]),
+                                      torch.tensor([0.0]))[0].double()
+    assert (kept > 0).sum() < 4  # NOTE: top-p cuts below top-k here
+    assert shares[kept == 0].sum() == 0
+    torch.testing.assert_close(shares, kept, atol=5e-3, rtol=0)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_sample_device_samples_filtered_rows_in_the_kernel_with_the_filter_switch(kernel, monkeypatch, switch):
+    """With fused sampling on, a batch with top-k / top-p / min-p rows goes through filtered_sample
+    only under SGLAUNCH_FILTER_KERNEL=1 (the threshold filter's tie rule); its seeded rows draw the
+    uniforms the usual path draws, so on rows without ties at the boundary the tokens are the
+    sorted filter's. With the switch off the usual operators sample them."""
+    import sglaunch.kernels.sample_rows as rows
+
+    torch.manual_seed(4)
+    logits = torch.randn(5, 400) * 2
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+              SamplingParams(temperature=1.0, top_k=10, seed=2), SamplingParams(temperature=0.5, seed=4),
+              SamplingParams(temperature=0.9, min_p=0.1, top_p=0.8, seed=5)]
+    gens = lambda: [None, make_generator(1), make_generator(2), make_generator(4), make_generator(5)]  # noqa: E731
+    monkeypatch.setenv("SGLAUNCH_FUSED_SAMPLING", "0")
+    usual = sample_device(logits, params, gens())
+    monkeypatch.setenv("SGLAUNCH_FUSED_SAMPLING", "1")
+    monkeypatch.setenv("SGLAUNCH_FILTER_KERNEL", switch)
+    calls = []
+    original = rows.filtered_sample
+    monkeypatch.setattr(rows, "filtered_sample", lambda *a: calls.append(1) or original(*a))
+    got = sample_device(logits, params, gens())
+    assert len(calls) == (switch == "1")
+    assert torch.equal(got[0], usual[0]) and not got[2].any()
+    torch.testing.assert_close(got[1], usual[1], atol=1e-5, rtol=0)

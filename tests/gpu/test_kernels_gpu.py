@@ -256,6 +256,35 @@ def test_fused_sampling_matches_its_reference_on_cuda(rows, V):
                                atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("rows,V", [(1, 49152), (16, 49152), (64, 151936)])
+def test_fused_sampling_with_filters_draws_kept_tokens_on_cuda(rows, V):
+    """filtered_sample (SGLAUNCH_FILTER_KERNEL with fused sampling) on CUDA: greedy rows take the
+    argmax; a sampled row's token is one the reference filter keeps, mostly the reference's own draw
+    (float32 sums aside); the log-probabilities log_softmax's."""
+    from sglaunch.kernels.filter_rows import threshold_filter_reference
+    from sglaunch.kernels.sample_rows import filtered_sample, filtered_sample_reference
+
+    torch.manual_seed(rows + 7)
+    x = torch.randn(rows, V, device="cuda") * 4
+    temperatures = torch.rand(rows, device="cuda") * 1.5 + 0.05
+    temperatures[1::4] = 0.0
+    top_k = torch.randint(1, 200, (rows,), device="cuda")
+    top_k[::2] = V
+    top_p = torch.rand(rows, device="cuda") * 0.9 + 0.05
+    min_p = torch.rand(rows, device="cuda") * 0.1
+    u = torch.rand(rows, device="cuda", dtype=torch.float64)
+    args = (temperatures, u, top_k, top_p, min_p)
+    got, want = filtered_sample(x, *args), filtered_sample_reference(x, *args)
+    greedy = temperatures < 1e-5
+    assert torch.equal(got[0][greedy], x.argmax(-1)[greedy].double()) and not got[2].any()
+    scale = torch.where(greedy, 1.0, temperatures)[:, None]
+    kept = threshold_filter_reference(torch.softmax(x / scale, -1), top_k, top_p, min_p)
+    assert (kept.gather(1, got[0].long()[:, None]) > 0).all()
+    assert (got[0] == want[0]).float().mean() >= 0.9
+    torch.testing.assert_close(got[1], torch.log_softmax(x, -1).gather(1, got[0].long()[:, None])[:, 0].double(),
+                               atol=1e-3, rtol=0)
+
+
 @pytest.mark.parametrize("rows,V", [(8, 49152), (64, 49152), (16, 151936)])
 def test_filter_kernel_keeps_what_its_reference_keeps_on_cuda(rows, V):
     """sglaunch/kernels/filter_rows.py on CUDA (SGLAUNCH_FILTER_KERNEL): top-k, top-p and min-p by a
