@@ -1539,7 +1539,7 @@ case "${1:-}" in
     # the latest round's responses (train_step_bench.py's default sequences)
     mkdir -p "$REPO/benchmarks/drafter_rounds" && cp -a benchmarks/drafter_rounds/s11-round5 "$REPO/benchmarks/drafter_rounds/"
     (cd "$REPO" && cat .gpu6/tree.commit)
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab tree_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     export W REPO SMOL DRAFTER
     setsid nohup bash -c "${2:-pipeline}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline started"
@@ -1552,7 +1552,7 @@ case "${1:-}" in
     REPO=$PWD
     mkdir -p "$W" .gpu6 && cp -a benchmarks/gpu6/. .gpu6/
     export W REPO SMOL DRAFTER PYTHONPATH=/tmp/site:$PWD
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab tree_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     timeout -k 10 "${3:-240}" bash -c "${2:-pipeline29}"
     collect > /dev/null
     cat "$W/pipeline.log"
@@ -1565,7 +1565,7 @@ case "${1:-}" in
         | tar -xf - -C "$REPO" || exit 1
     cd "$REPO" && mkdir -p .gpu6 && cp -a benchmarks/gpu6/. .gpu6/ || exit 1
     export W REPO SMOL DRAFTER
-    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
+    export -f part pull_smol random_target dspark_vs_plain dspark_ab plain_ab rows_ab tree_ab serve_default_memory $(declare -F | awk '$3 ~ /^pipeline/ {print $3}')
     setsid nohup bash -c "${2:-pipeline57}" > "$W/nohup.log" 2>&1 < /dev/null &
     echo "pipeline ${2:-pipeline57} started in $REPO"
     ;;

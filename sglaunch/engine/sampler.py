@@ -61,7 +61,7 @@ def sample_device(
     random_rows = [i for i, p in enumerate(params) if not is_greedy(p)]
     if random_rows and fused_sampling(logits.device):
         # NOTE: rows with top-k / top-p / min-p take the fused kernel only with the threshold filter's
-        # semantics (SGLAUNCH_FILTER_KERNEL=1: ties at the boundary all kept)
+        # semantics (SGLAUNCH_FILTER_KERNEL, on by default on CUDA: ties at the boundary all kept)
         filtering = any(filters(params[i], logits.shape[-1]) for i in random_rows)
         if not filtering or filter_kernel(logits.device):
             return _fused(logits, params, generators, random_rows, filtering)
@@ -105,20 +105,24 @@ def fused_sampling(device: torch.device) -> bool:
     return use_triton(device) and (value == "1" or device.type == "cuda")
 
 
-FILTER_KERNEL_ENV = "SGLAUNCH_FILTER_KERNEL"  # 1: top-k / top-p / min-p by a threshold kernel, no sort
+FILTER_KERNEL_ENV = "SGLAUNCH_FILTER_KERNEL"  # 0: top-k / top-p / min-p by a sort; 1 or unset on CUDA: a threshold kernel
 
 
 def filter_kernel(device: torch.device) -> bool:
-    """SGLAUNCH_FILTER_KERNEL=1 (off by default until measured on a GPU): sorted_filter's rule by
-    sglaunch/kernels/filter_rows.py where the kernels run (CUDA with Triton, or
-    SGLAUNCH_DSPARK_KERNELS=triton)."""
+    """SGLAUNCH_FILTER_KERNEL: sorted_filter's rule by sglaunch/kernels/filter_rows.py, and with fused
+    sampling a plain step's filtering rows drawn in its one kernel (sample_rows.filtered_sample).
+    Unset: on a CUDA device with Triton; 1: also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels
+    elsewhere (Triton's interpreter on a CPU); 0: off (the sort). H100, session 40
+    (benchmarks/gpu40/bench1, plain decoding over HTTP, T=0.7 and top-p 0.9, 64 held-out prompts, two
+    rounds): 1.46x at c=1, 1.20x at c=8, 1.30x at c=16 against the sort."""
     import os
 
-    if os.environ.get(FILTER_KERNEL_ENV, "0").strip() != "1":
+    value = os.environ.get(FILTER_KERNEL_ENV, "").strip()
+    if value == "0":
         return False
     from sglaunch.kernels import use_triton
 
-    return use_triton(device)
+    return use_triton(device) and (value == "1" or device.type == "cuda")
 
 
 def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
@@ -243,7 +247,7 @@ def sorted_filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     """probs [n, vocab] (each row's softmax at its temperature) after top-k, top-p and min-p, renormalised;
     top_k / top_p / min_p: [n, 1] device tensors (top_k = vocab, top_p = 1, min_p = 0 keep a row's tokens).
     No host sync, so a CUDA graph can hold it (the filtered sampled bursts, speculative/burst.py).
-    SGLAUNCH_FILTER_KERNEL=1: the same rule without the sort, one Triton program a row
+    SGLAUNCH_FILTER_KERNEL (on by default on CUDA): the same rule without the sort, one Triton program a row
     (sglaunch/kernels/filter_rows.py; ties at the boundary all kept)."""
     if filter_kernel(probs.device):
         from sglaunch.kernels.filter_rows import threshold_filter
