@@ -1,10 +1,11 @@
 """The host work a DSpark engine adds to a stepped-aside step, on a CPU (no GPU needed):
 
-    python benchmarks/aside_host_cost.py [--concurrency 64] [--steps 1500] [--whole]
+    python benchmarks/aside_host_cost.py [--concurrency 64] [--steps 1500] [--whole] [--temperature T]
 
 A tiny random model shaped from benchmarks/gpu6/smolcfg (hidden 64, 6 layers: its forward is
 cheap) and a random 2-layer drafter whose prior survival is 0.05 a slot, so drafting never pays
-and every step steps aside; --concurrency greedy requests of 128 tokens kept in flight. Prints the mean time a
+and every step steps aside; --concurrency requests of 128 tokens kept in flight (greedy, or seeded
+at --temperature). Prints the mean time a
 step of each DSpark-only part of LLMEngine (`_candidates`, `_burst_plan`, `_decide`,
 `_draft_context`, the planner's `observe_step_seconds`), each timed around its call over
 --steps steps after a warm-up. --whole also times a plain engine against the DSpark engine on the
@@ -64,7 +65,7 @@ def boot(args, model: Path, drafter: Path | None):
     # NOTE: 128 tokens a request, as the benches: requests end and new ones arrive (their prefill
     # beside the decodes), and the KV pool never runs short (requests that never ended filled it,
     # and the batch fell under the 33 a burst holds)
-    load = ps.Load(engine, args.concurrency, 32, 128, 49000)
+    load = ps.Load(engine, args.concurrency, 32, 128, 49000, temperature=args.temperature)
     for _ in range(40):  # warm-up: past the context-skip streak
         load.step()
     return engine, cluster, load
@@ -106,6 +107,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--whole", action="store_true", help="also plain against DSpark outside the forward")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the requests' temperature (0: greedy; > 0: sampled, seeded per request)")
     args = parser.parse_args()
     model, drafter = tiny_model(Path(tempfile.mkdtemp()))
     parts(args, model, drafter)
