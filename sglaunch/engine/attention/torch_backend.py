@@ -104,15 +104,28 @@ class TorchAttentionBackend(AttentionBackend):
             q_pad = q.new_zeros(g.batch * g.max_q, self.num_heads, self.head_dim)
             q_pad[g.q_rows] = q
             q_pad = q_pad.view(g.batch, g.max_q, self.num_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2),  # [batch, heads, max_q, head_dim]
-            keys.transpose(1, 2),  # [batch, kv_heads, max_kv, head_dim]
-            values.transpose(1, 2),
-            attn_mask=g.mask,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [batch, heads, max_q, head_dim]
-        out = out.transpose(1, 2).reshape(g.batch * g.max_q, self.num_heads, self.head_dim)
+        group = self.num_heads // self.num_kv_heads
+        if group > 1 and g.max_q == 1 and q.device.type == "cpu":
+            # NOTE: decode rows on a CPU: the query heads that share a key/value head become that head's
+            # query rows, [batch, kv_heads, group, head_dim] against [batch, kv_heads, max_kv, head_dim].
+            # torch's CPU SDPA took 3.1-6.3x less time so than with enable_gqa for SmolLM2's shape (9
+            # heads over 3, 200-600 keys, 1-8 requests); an 8-row verify window gained nothing at 1
+            # request (0.8-0.96x), so longer queries keep enable_gqa (`python benchmarks/sdpa_gqa_cpu.py`,
+            # benchmarks/cpu40/sdpa_gqa_cpu.json)
+            out = F.scaled_dot_product_attention(
+                q_pad.reshape(g.batch, self.num_kv_heads, group, self.head_dim),
+                keys.transpose(1, 2), values.transpose(1, 2), attn_mask=g.mask, scale=self.scale,
+            )  # [batch, kv_heads, group, head_dim]: head h = kv head h // group, member h % group
+        else:
+            out = F.scaled_dot_product_attention(
+                q_pad.transpose(1, 2),  # [batch, heads, max_q, head_dim]
+                keys.transpose(1, 2),  # [batch, kv_heads, max_kv, head_dim]
+                values.transpose(1, 2),
+                attn_mask=g.mask,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            ).transpose(1, 2)  # [batch, max_q, heads, head_dim]
+        out = out.reshape(g.batch * g.max_q, self.num_heads, self.head_dim)
         return out if g.max_q == 1 else out[g.q_rows]  # [n, heads, head_dim]
 
     def _gather(self, g: PaddedGroup, buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
