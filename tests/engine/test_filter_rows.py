@@ -98,20 +98,3 @@ def test_the_switch_routes_sorted_filter_through_the_kernel(kernel, monkeypatch)
     monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "torch")  # the kernels do not run here: the sort
     assert not filter_kernel(logits.device)
 
-
-@pytest.mark.parametrize("value,device,triton,on", [
-    (None, "cuda", True, True), (None, "cpu", True, False), ("1", "cpu", True, True), ("0", "cuda", True, False),
-    (None, "cuda", False, False), ("1", "cuda", False, False)])
-def test_the_filter_kernel_is_on_by_default_on_cuda(monkeypatch, value, device, triton, on):
-    """The switch: unset, the threshold kernel runs on CUDA devices with Triton (measured there) and not
-    on a CPU even where SGLAUNCH_DSPARK_KERNELS=triton runs the other kernels in the interpreter; 1 asks
-    for it wherever the kernels run; 0 keeps the sort; without Triton it never runs."""
-    import sglaunch.kernels as kernels
-
-    monkeypatch.setattr(kernels, "HAS_TRITON", triton)
-    monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "auto" if device == "cuda" else "triton")
-    if value is None:
-        monkeypatch.delenv("SGLAUNCH_FILTER_KERNEL", raising=False)
-    else:
-        monkeypatch.setenv("SGLAUNCH_FILTER_KERNEL", value)
-    assert filter_kernel(torch.device(device)) is on

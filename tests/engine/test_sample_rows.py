@@ -103,23 +103,26 @@ def test_sample_device_with_fused_sampling_draws_the_usual_tokens(kernel, monkey
     assert len(calls) == (fused == "1")  # the top-p row: the usual operators, no kernel
 
 
+@pytest.mark.parametrize("switch", ["SGLAUNCH_FUSED_SAMPLING", "SGLAUNCH_FILTER_KERNEL"])
 @pytest.mark.parametrize("value,device,triton,on", [
     (None, "cuda", True, True), (None, "cpu", True, False), ("1", "cpu", True, True), ("0", "cuda", True, False),
     (None, "cuda", False, False), ("1", "cuda", False, False)])
-def test_fused_sampling_is_on_by_default_on_cuda(monkeypatch, value, device, triton, on):
-    """The switch: unset, fused sampling runs on CUDA devices with Triton (measured there) and not on a
-    CPU even where SGLAUNCH_DSPARK_KERNELS=triton runs the other kernels in the interpreter; 1 asks
-    for it wherever the kernels run; 0 turns it off; without Triton it never runs."""
+def test_fused_sampling_and_the_filter_kernel_are_on_by_default_on_cuda(monkeypatch, switch, value, device, triton, on):
+    """Both switches: unset, the kernel runs on CUDA devices with Triton (measured there) and not on a
+    CPU even where SGLAUNCH_DSPARK_KERNELS=triton runs the other kernels in the interpreter; 1 asks for
+    it wherever the kernels run; 0 turns it off (the usual operators, the sort); without Triton it
+    never runs."""
     import sglaunch.kernels as kernels
-    from sglaunch.engine.sampler import fused_sampling
+    from sglaunch.engine.sampler import filter_kernel, fused_sampling
 
+    rule = {"SGLAUNCH_FUSED_SAMPLING": fused_sampling, "SGLAUNCH_FILTER_KERNEL": filter_kernel}[switch]
     monkeypatch.setattr(kernels, "HAS_TRITON", triton)
     monkeypatch.setenv("SGLAUNCH_DSPARK_KERNELS", "auto" if device == "cuda" else "triton")
     if value is None:
-        monkeypatch.delenv("SGLAUNCH_FUSED_SAMPLING", raising=False)
+        monkeypatch.delenv(switch, raising=False)
     else:
-        monkeypatch.setenv("SGLAUNCH_FUSED_SAMPLING", value)
-    assert fused_sampling(torch.device(device)) is on
+        monkeypatch.setenv(switch, value)
+    assert rule(torch.device(device)) is on
 
 
 @pytest.mark.parametrize("overlap", ["0", "1"])
