@@ -105,7 +105,7 @@ def fused_sampling(device: torch.device) -> bool:
     return use_triton(device) and (value == "1" or device.type == "cuda")
 
 
-FILTER_KERNEL_ENV = "SGLAUNCH_FILTER_KERNEL"  # 0: top-k / top-p / min-p by a sort; 1 or unset on CUDA: a threshold kernel
+FILTER_KERNEL_ENV = "SGLAUNCH_FILTER_KERNEL"  # 0: top-k / top-p / min-p by a sort; unset on CUDA, or 1: a threshold
 
 
 def filter_kernel(device: torch.device) -> bool:

@@ -414,10 +414,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "an H100), 0 off, 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels on a CPU.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_FILTER_KERNEL", "Apply top-k, top-p and min-p by a threshold found in one Triton program per "
-           "row instead of sorting the row (the usual step's filter, and DSpark's filtered bursts'; with fused sampling "
-           "a plain step samples such rows in its one kernel). Unset: on for CUDA devices with Triton (1.2-1.46x plain "
-           "decoding at top-p 0.9 on an H100); 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs the kernels "
-           "elsewhere; 0 off (the sort). Ties at the boundary are all kept.",
+           "row instead of sorting the row (the usual step's filter, and DSpark's filtered bursts'; with fused "
+           "sampling a plain step samples such rows in its one kernel). Unset: on for CUDA devices with Triton "
+           "(1.2-1.46x plain decoding at top-p 0.9 on an H100); 1 also where SGLAUNCH_DSPARK_KERNELS=triton runs "
+           "the kernels elsewhere; 0 off (the sort). Ties at the boundary are all kept.",
            choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_ADMIT_WAIT_STEPS", "Admission grouping (experimental; engines without a drafter): while a "
            "batch decodes, hold a new request up to N steps so that one step admits several (a step that admits "
