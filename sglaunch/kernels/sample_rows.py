@@ -34,6 +34,7 @@ from . import HAS_TRITON, use_triton
 
 GREEDY_TEMPERATURE = 1e-5  # sglaunch.engine.sampler's
 BLOCK = 1024
+FILTER_STEPS = 32  # bisection steps over a float32's bit pattern (filter_rows.STEPS)
 
 
 def temperature_sample_reference(logits: torch.Tensor, temperatures: torch.Tensor,
@@ -107,9 +108,6 @@ def filtered_sample(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: 
                              min_p.float().contiguous(), BLOCK=min(BLOCK, triton.next_power_of_2(V)), FILTER=True,
                              STEPS=FILTER_STEPS)
     return out
-
-
-FILTER_STEPS = 32  # bisection steps over a float32's bit pattern (filter_rows.STEPS)
 
 
 if HAS_TRITON:
