@@ -105,17 +105,20 @@ class TorchAttentionBackend(AttentionBackend):
             q_pad[g.q_rows] = q
             q_pad = q_pad.view(g.batch, g.max_q, self.num_heads, self.head_dim)
         group = self.num_heads // self.num_kv_heads
-        if group > 1 and g.max_q == 1 and q.device.type == "cpu":
-            # NOTE: decode rows on a CPU: the query heads that share a key/value head become that head's
-            # query rows, [batch, kv_heads, group, head_dim] against [batch, kv_heads, max_kv, head_dim].
-            # torch's CPU SDPA took 3.1-6.3x less time so than with enable_gqa for SmolLM2's shape (9
-            # heads over 3, 200-600 keys, 1-8 requests); an 8-row verify window gained nothing at 1
-            # request (0.8-0.96x), so longer queries keep enable_gqa (`python benchmarks/sdpa_gqa_cpu.py`,
-            # benchmarks/cpu40/sdpa_gqa_cpu.json)
+        if group > 1 and q.device.type == "cpu" and (g.max_q == 1 or g.batch > 1):
+            # NOTE: on a CPU the query heads that share a key/value head become that head's query rows,
+            # [batch, kv_heads, group * max_q, head_dim] against [batch, kv_heads, max_kv, head_dim], rows
+            # (member, query). torch's CPU SDPA took 3.1-6.3x less time so than with enable_gqa for
+            # SmolLM2's decode rows (9 heads over 3, 200-600 keys, 1-8 requests) and 1.16-1.28x less for
+            # 8 requests' 8-row windows, but 0.80-0.96x for one request's window, which keeps enable_gqa
+            # (`python benchmarks/sdpa_gqa_cpu.py`, benchmarks/cpu40/sdpa_gqa_cpu.json)
+            rows = q_pad.reshape(g.batch, g.max_q, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
             out = F.scaled_dot_product_attention(
-                q_pad.reshape(g.batch, self.num_kv_heads, group, self.head_dim),
-                keys.transpose(1, 2), values.transpose(1, 2), attn_mask=g.mask, scale=self.scale,
-            )  # [batch, kv_heads, group, head_dim]: head h = kv head h // group, member h % group
+                rows.reshape(g.batch, self.num_kv_heads, group * g.max_q, self.head_dim),
+                keys.transpose(1, 2), values.transpose(1, 2),
+                attn_mask=g.mask if g.max_q == 1 else g.mask.repeat(1, 1, group, 1), scale=self.scale,
+            )  # head h = kv head h // group, member h % group
+            out = out.view(g.batch, self.num_kv_heads, group, g.max_q, self.head_dim).permute(0, 3, 1, 2, 4)
         else:
             out = F.scaled_dot_product_attention(
                 q_pad.transpose(1, 2),  # [batch, heads, max_q, head_dim]
