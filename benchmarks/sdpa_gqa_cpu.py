@@ -21,6 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sglaunch.kernels.layer_ops import folded_gqa_attention
+
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
@@ -31,12 +33,10 @@ def gqa(q, k, v, mask):
 
 
 def folded(q, k, v, mask):
-    B, max_q, H, D = q.shape
-    group = H // KV_HEADS
-    rows = q.view(B, max_q, KV_HEADS, group, D).permute(0, 2, 3, 1, 4).reshape(B, KV_HEADS, group * max_q, D)
-    out = F.scaled_dot_product_attention(rows, k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask if max_q == 1 else mask.repeat(1, 1, group, 1))
-    return out.view(B, KV_HEADS, group, max_q, D).permute(0, 3, 1, 2, 4).reshape(B, max_q, H, D)
+    """The backend's layout (sglaunch.kernels.layer_ops.folded_gqa_attention) -> [B, max_q, H, D]."""
+    group = q.shape[2] // KV_HEADS
+    rows_mask = mask if q.shape[1] == 1 else mask.repeat(1, 1, group, 1)
+    return folded_gqa_attention(q, k.transpose(1, 2), v.transpose(1, 2), rows_mask, q.shape[-1] ** -0.5)
 
 
 def median_ms(fn, repeats: int = 7, calls: int = 100) -> float:

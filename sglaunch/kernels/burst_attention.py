@@ -47,18 +47,16 @@ def burst_attention_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: tor
     """q [B * Q, H, hd]; k_rows / v_rows: a layer's pool [slots, KV, hd]; table [B, C]; bias
     [B, 1, g * Q, C] (0 where visible, -inf elsewhere; row g' * Q + i for query i of the group's
     head g') -> [B * Q, H, hd]."""
-    import torch.nn.functional as F
+    from .layer_ops import folded_gqa_attention
 
     B, C = table.shape
     KV, hd = k_rows.shape[1], k_rows.shape[2]
     H = q.shape[1]
-    g = H // KV
     flat = table.reshape(-1)
     keys = k_rows.index_select(0, flat).view(B, C, KV, hd).to(q.dtype).transpose(1, 2)
     values = v_rows.index_select(0, flat).view(B, C, KV, hd).to(q.dtype).transpose(1, 2)
-    folded = q.view(B, queries, KV, g, hd).permute(0, 2, 3, 1, 4).reshape(B, KV, g * queries, hd)
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias.to(q.dtype), scale=scale)
-    return out.view(B, KV, g, queries, hd).permute(0, 3, 1, 2, 4).reshape(B * queries, H, hd)
+    out = folded_gqa_attention(q.view(B, queries, H, hd), keys, values, bias.to(q.dtype), scale)
+    return out.reshape(B * queries, H, hd)
 
 
 DEFAULT_BLOCK_N = 64  # key slots per step of a program's loop (benchmarks/burst_profile.py --block-n)

@@ -81,6 +81,24 @@ def rotary_store_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Te
     return q
 
 
+def folded_gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+    """Grouped-query attention with each key/value head's query heads folded into its query rows:
+    q [B, Q, H, hd], keys / values [B, KV, C, hd], mask broadcastable to [B, KV, g * Q, C] (g = H // KV;
+    row g' * Q + i is query i of the head's g'-th query head) -> [B, Q, H, hd].
+    One SDPA call over KV heads without enable_gqa, which with a mask took the math path and expanded K
+    and V to every query head (the drafter, sessions 24-25), and on a CPU was 3-6x slower for decode rows
+    (`benchmarks/sdpa_gqa_cpu.py`). Head h reads K/V head h // g."""
+    import torch.nn.functional as F
+
+    B, Q, H, hd = q.shape
+    KV = keys.shape[1]
+    g = H // KV
+    rows = q.reshape(B, Q, KV, g, hd).permute(0, 2, 3, 1, 4).reshape(B, KV, g * Q, hd)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask, scale=scale)
+    return out.view(B, KV, g, Q, hd).permute(0, 3, 1, 2, 4).reshape(B, Q, H, hd)
+
+
 # --------------------------------------------------------------------------- Triton kernels
 
 if HAS_TRITON:

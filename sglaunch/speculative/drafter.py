@@ -36,6 +36,7 @@ from sglaunch.engine.layers import (
 )
 from sglaunch.engine.model_spec import ModelSpec
 from sglaunch.engine.models import MLP
+from sglaunch.kernels.layer_ops import folded_gqa_attention
 from sglaunch.speculative.accept import inverse_cdf
 from sglaunch.speculative.drafter_config import DrafterConfig
 
@@ -237,17 +238,13 @@ class DSparkAttention(nn.Module):
         # NOTE: non-causal: every block query sees context rows < ctx_len and the whole block
         col = torch.arange(C + G, device=x.device)[None, :]
         visible = (col < batch.ctx_lens[:, None]) | (col >= C)  # [B, C + G]
-        # NOTE: grouped-query heads folded into the query rows: query head h reads K/V head h // rep, so
-        # each K/V head's rep query heads x G block rows attend as rep * G rows of one head, with one mask
-        # for all of them. SDPA's own enable_gqa with a mask took the math path and expanded K and V to
-        # every query head first: 1.13 GiB at the largest drafter graph key (256 requests x 2,048 context
-        # rows), the allocation that ran out of memory at start-up on an H100 (sessions 24-25)
-        rep = self.heads // self.kv_heads
-        q = q.view(B, G, self.kv_heads, rep, self.hd).permute(0, 2, 3, 1, 4).reshape(B, self.kv_heads, rep * G, self.hd)
-        out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=visible[:, None, None, :], scale=self.scale)
-        # [B, kv_heads, rep * G, hd] -> rows of [heads * hd], head h = kv_head * rep + r
-        out = out.view(B, self.kv_heads, rep, G, self.hd).permute(0, 3, 1, 2, 4)
+        # NOTE: grouped-query heads folded into the query rows (layer_ops.folded_gqa_attention): each K/V
+        # head's query heads x G block rows attend as rows of one head, with one mask for all of them.
+        # SDPA's own enable_gqa with a mask took the math path and expanded K and V to every query head
+        # first: 1.13 GiB at the largest drafter graph key (256 requests x 2,048 context rows), the
+        # allocation that ran out of memory at start-up on an H100 (sessions 24-25)
+        out = folded_gqa_attention(q.view(B, G, self.heads, self.hd), keys.transpose(1, 2), values.transpose(1, 2),
+                                   visible[:, None, None, :], self.scale)  # [B, G, heads, hd]
         return self.o_proj(out.reshape(B * G, self.heads * self.hd))
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from sglaunch.engine.attention.base import AttentionBackend, RaggedMetadata
 from sglaunch.engine.step import StepInput
 from sglaunch.engine.transfer import to_device
+from sglaunch.kernels.layer_ops import folded_gqa_attention
 
 
 @dataclass
@@ -34,6 +35,8 @@ class PaddedGroup:
     q_rows: torch.Tensor  # [n] row of each query in the flat [batch * max_q] grid
     kv_slots: torch.Tensor  # [batch, max_kv] pool rows of each request's context, padding clamped
     mask: torch.Tensor  # [batch, 1, max_q, max_kv]; padded query rows still see key 0 (no NaN rows)
+    # the mask of the folded grouped-query layout (_attend), or None where the group keeps enable_gqa
+    folded_mask: torch.Tensor | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -78,10 +81,19 @@ class TorchAttentionBackend(AttentionBackend):
         page_pos = torch.minimum(j[None, :] // page_size, (page_count - 1)[:, None])
         pages = meta.page_indices[page_start[:, None] + page_pos]
         query_pos = (kv_lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]
+        mask = (j[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+        # NOTE: on a CPU the query heads that share a key/value head attend as that head's query rows
+        # (layer_ops.folded_gqa_attention): torch's CPU SDPA took 3.1-6.3x less time so than with
+        # enable_gqa for SmolLM2's decode rows (9 heads over 3, 200-600 keys, 1-8 requests) and 1.16-1.28x
+        # less for 8 requests' 8-row windows, but 0.80-0.96x for one request's window, which keeps
+        # enable_gqa (`python benchmarks/sdpa_gqa_cpu.py`, benchmarks/cpu40/sdpa_gqa_cpu.json)
+        group = self.num_heads // self.num_kv_heads
+        folded_mask = None
+        if group > 1 and dev.type == "cpu" and (max_q == 1 or batch > 1):
+            folded_mask = mask if max_q == 1 else mask.repeat(1, 1, group, 1)  # rows (member, query)
         return PaddedGroup(
             tokens=tokens, batch=batch, max_q=max_q, q_rows=owner * max_q + index_in_req,
-            kv_slots=pages * page_size + j[None, :] % page_size,
-            mask=(j[None, None, :] <= query_pos[:, :, None]).unsqueeze(1),
+            kv_slots=pages * page_size + j[None, :] % page_size, mask=mask, folded_mask=folded_mask,
         )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -104,21 +116,8 @@ class TorchAttentionBackend(AttentionBackend):
             q_pad = q.new_zeros(g.batch * g.max_q, self.num_heads, self.head_dim)
             q_pad[g.q_rows] = q
             q_pad = q_pad.view(g.batch, g.max_q, self.num_heads, self.head_dim)
-        group = self.num_heads // self.num_kv_heads
-        if group > 1 and q.device.type == "cpu" and (g.max_q == 1 or g.batch > 1):
-            # NOTE: on a CPU the query heads that share a key/value head become that head's query rows,
-            # [batch, kv_heads, group * max_q, head_dim] against [batch, kv_heads, max_kv, head_dim], rows
-            # (member, query). torch's CPU SDPA took 3.1-6.3x less time so than with enable_gqa for
-            # SmolLM2's decode rows (9 heads over 3, 200-600 keys, 1-8 requests) and 1.16-1.28x less for
-            # 8 requests' 8-row windows, but 0.80-0.96x for one request's window, which keeps enable_gqa
-            # (`python benchmarks/sdpa_gqa_cpu.py`, benchmarks/cpu40/sdpa_gqa_cpu.json)
-            rows = q_pad.reshape(g.batch, g.max_q, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
-            out = F.scaled_dot_product_attention(
-                rows.reshape(g.batch, self.num_kv_heads, group * g.max_q, self.head_dim),
-                keys.transpose(1, 2), values.transpose(1, 2),
-                attn_mask=g.mask if g.max_q == 1 else g.mask.repeat(1, 1, group, 1), scale=self.scale,
-            )  # head h = kv head h // group, member h % group
-            out = out.view(g.batch, self.num_kv_heads, group, g.max_q, self.head_dim).permute(0, 3, 1, 2, 4)
+        if g.folded_mask is not None:
+            out = folded_gqa_attention(q_pad, keys.transpose(1, 2), values.transpose(1, 2), g.folded_mask, self.scale)
         else:
             out = F.scaled_dot_product_attention(
                 q_pad.transpose(1, 2),  # [batch, heads, max_q, head_dim]
