@@ -1079,6 +1079,21 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline81() {  # session 41, call 1 (`fg pipeline81 560` after the three installs; no model: random weights of SmolLM2's
+  # shape): the GPU tests after 388ed18 moved the drafter's grouped-query fold into layer_ops.folded_gqa_attention;
+  # then where a stepped-aside DSpark step's host time goes at c=32, T=0.7 (session 40's bench8: every host phase
+  # ~1.7x plain's): profile_step.py in the usual order (plain first), with DSpark first (an order effect inside one
+  # process?), and with OMP_WAIT_POLICY=PASSIVE (spinning intra-op workers?); each prints the CPU time other threads
+  # burn beside the stepping thread
+  part gputest 270 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "drafter or burst or fused_sampling or filter_kernel"
+  local P="python3 benchmarks/profile_step.py --model .gpu6/smolcfg --random-like --drafter random --modes compact
+    --concurrency 32 --temperature 0.7 --force-aside --steps 120 --warmup 60 --top 12"
+  part prof1 90 $P --json "$W/prof1.json"
+  part prof2 90 $P --dspark-first --json "$W/prof2.json"
+  part prof3 90 env OMP_WAIT_POLICY=PASSIVE $P --json "$W/prof3.json"
+  touch "$W/all.done"
+}
+
 pipeline80() {  # session 40 (planned in session 39): after `bgtest "sampled_bursts or filter_kernel or fused_sampling"`
   # (the filtered GPU test rewritten to one-token filters, the threshold filter kernel's GPU test): bench1 plain with
   # SGLAUNCH_FILTER_KERNEL=0 against 1 at T=0.7 and top-p 0.9, c=1,8,16; bench2 DSpark / plain at T=0.7 and top-p 0.9,

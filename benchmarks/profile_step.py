@@ -538,6 +538,49 @@ def host_timeline(engine, load, steps: int, sync) -> dict:
     return out
 
 
+def thread_ticks() -> dict[int, tuple[str, int]]:
+    """This process's threads -> (name, user + system clock ticks so far), from /proc (Linux;
+    empty elsewhere). A thread that ends between the listing and its read is left out."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            # NOTE: the name in field 2 may hold spaces: split after its closing parenthesis
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (name, int(fields[11]) + int(fields[12]))  # utime, stime (fields 14, 15)
+    return out
+
+
+class ProcessCpu:
+    """The CPU time this process spends while some steps run, against the stepping thread's own:
+    what other threads (intra-op workers spinning after a parallel region, a watchdog, a
+    read-back thread) burn beside it. A host phase that is slower in one engine than in another
+    with the same operators points at such threads, or at a slower core."""
+
+    def __init__(self):
+        self.wall, self.process, self.thread = time.perf_counter(), time.process_time(), time.thread_time()
+        self.ticks = thread_ticks()
+
+    def per_step(self, steps: int) -> dict:
+        wall = time.perf_counter() - self.wall
+        process, thread = time.process_time() - self.process, time.thread_time() - self.thread
+        ticks, hz = thread_ticks(), os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        busy = sorted(((tid, name, n - self.ticks.get(tid, (name, 0))[1]) for tid, (name, n) in ticks.items()),
+                      key=lambda t: -t[2])
+        per = 1e3 / steps
+        return {"wall_ms": round(wall * per, 4), "process_cpu_ms": round(process * per, 4),
+                "stepping_thread_cpu_ms": round(thread * per, 4),
+                "other_threads_cpu_ms": round((process - thread) * per, 4), "threads": len(ticks),
+                "busiest_threads": [{"thread": name, "tid": tid, "cpu_ms": round(n / hz * per, 3)}
+                                    for tid, name, n in busy[:6] if n > 0]}
+
+
 def measure(args, name: str, mode: str | None, drafter: Path | None, overlap: str | None = None,
             aside: bool = False, context_write: bool = True) -> dict:
     """One configuration; aside: --force-aside (a DSpark engine's every step steps aside);
@@ -555,6 +598,8 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
     if overlap is not None:
         os.environ[OVERLAP_ENV] = overlap
     engine, cluster = build_engine(args, mode, drafter)
+    if args.intra_op_threads is not None:
+        torch.set_num_threads(args.intra_op_threads)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     unforce = force_aside(engine) if aside and engine.spec is not None else (lambda: None)
     try:
@@ -566,6 +611,7 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             load.step()
         sync()
         times, by_kind = [], {"aside": [], "drafted": []}
+        cpu = ProcessCpu()
         for _ in range(args.steps):
             drafted = engine.spec.stats.steps if engine.spec is not None else None
             t = time.perf_counter()
@@ -574,6 +620,7 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             times.append(time.perf_counter() - t)
             if drafted is not None:
                 by_kind["drafted" if engine.spec.stats.steps > drafted else "aside"].append(times[-1])
+        cpu_use = cpu.per_step(args.steps)
         pipelined_kinds = {"aside": [], "drafted": []}
         pipelined = pipelined_step_ms(load, args.steps, sync, by_kind=pipelined_kinds)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
@@ -638,7 +685,7 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
             "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
             "host_waits": waits, "device_gaps": gaps,
-            "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline, "step_kinds": kinds, "drafter_graphs": graphs_info,
+            "cpu": cpu_use, "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline, "step_kinds": kinds, "drafter_graphs": graphs_info,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
 
@@ -703,6 +750,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", choices=["0", "1", "both"], default=None,
                         help="SGLAUNCH_OVERLAP for plain decoding; both: plain and plain+overlap in one run "
                              "(default: the environment's)")
+    parser.add_argument("--dspark-first", action="store_true",
+                        help="measure the DSpark configurations before plain ones (each configuration boots its own "
+                             "engine in this process: an order effect shows as the same configuration slower second)")
+    parser.add_argument("--intra-op-threads", type=int, default=None,
+                        help="torch.set_num_threads(N) after each engine is built (default: torch's own)")
     parser.add_argument("--force-aside", action="store_true",
                         help="every step of the DSpark configurations steps aside (named dspark-MODE-aside)")
     parser.add_argument("--no-context-write", action="store_true",
@@ -739,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         configs += [(f"dspark-{m}{variant}{suffix}", m, overlap, args.force_aside, write)
                     for m in args.modes.split(",") if drafter is not None and m
                     for variant, write in variants for suffix, overlap in dspark]
+        if args.dspark_first:
+            configs = [c for c in configs if c[1] is not None] + [c for c in configs if c[1] is None]
         results = []
         saved = os.environ.get(OVERLAP_ENV)
         for name, mode, overlap, aside, write in configs:
@@ -761,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
             if r["drafter_graphs"]:
                 print(f"drafter graphs: {json.dumps(r['drafter_graphs'])}")
             print(f"host timeline (ms/step): {json.dumps(r['host_timeline'])}")
+            print(f"cpu (ms/step, synchronised steps): {json.dumps(r['cpu'])}")
             for name, v in r["phases"].items():
                 if "ms" in v:
                     print(f"  phase {name:<16} {v['ms']:8.3f} ms  {v['ops']:8.1f} ops/step")
@@ -793,6 +848,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['device_busy_ms_per_step']:10.2f} {r['aten_calls_per_step']:11.1f} "
                   f"{r['kernel_launches_per_step']:14.1f} {r['graph_launches_per_step']:12.2f}" + kind)
         print_timelines(results)
+        print("\nCPU time while the synchronised steps ran, ms per step (other threads: the process's less the "
+              "stepping thread's)")
+        for r in results:
+            c = r["cpu"]
+            print(f"  {r['config']:<{w}} wall {c['wall_ms']:7.3f}  process {c['process_cpu_ms']:7.3f}  stepping thread "
+                  f"{c['stepping_thread_cpu_ms']:7.3f}  other threads {c['other_threads_cpu_ms']:7.3f}  "
+                  f"({c['threads']} threads; busiest: "
+                  + ", ".join(f"{t['thread']} {t['cpu_ms']:.2f}" for t in c["busiest_threads"]) + ")")
         by_name = {r["config"]: r for r in results}
         for r in results:  # with overlap, a stepped-aside step against a plain+overlap one
             k, plain_on = r["step_kinds"], by_name.get("plain+overlap")

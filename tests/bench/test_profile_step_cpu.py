@@ -188,3 +188,57 @@ def test_device_gaps_counts_idle_time_outside_every_kernel():
     assert g["longest_gaps_us"] == [40.0, 40.0]
     idle = profile_step.device_gaps([], (0.0, 100.0), steps=1)
     assert idle["idle_ms_per_step"] == 0.1 and idle["longest_gaps_us"] == [100.0]
+
+
+def test_process_cpu_names_a_thread_that_burns_cpu_beside_the_steps():
+    """ProcessCpu: a thread spinning while the 'steps' run shows up as other threads' CPU time and
+    first among the busiest threads (by its thread id); the stepping thread's own time stays its own."""
+    import threading
+    import time
+
+    profile_step = load("bench_script_profile_step_cpu", "profile_step.py")
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    quiet = profile_step.ProcessCpu()
+    time.sleep(0.3)
+    calm = quiet.per_step(10)
+    spinner = threading.Thread(target=spin, name="spinner", daemon=True)
+    busy = profile_step.ProcessCpu()
+    spinner.start()
+    try:
+        time.sleep(0.5)
+        hot = busy.per_step(10)  # NOTE: while it still runs: only live threads are listed
+    finally:
+        stop.set()
+        spinner.join()
+    assert calm["other_threads_cpu_ms"] < 5 and calm["stepping_thread_cpu_ms"] < 5  # 300 ms asleep: ~0 per step
+    # the spinner held (most of) a core for 0.5 s: about 50 ms a 'step' of ten (the GIL shares it with nobody)
+    assert hot["other_threads_cpu_ms"] > 20 and hot["stepping_thread_cpu_ms"] < 5
+    assert hot["busiest_threads"][0]["tid"] == spinner.native_id and hot["busiest_threads"][0]["cpu_ms"] > 10
+    assert hot["wall_ms"] >= 50 and hot["threads"] >= 1
+
+
+def test_profile_step_dspark_first_and_intra_op_threads(tmp_path, monkeypatch):
+    """--dspark-first measures the DSpark configuration before plain; --intra-op-threads N sets torch's
+    thread count after each engine is built; every result carries the CPU-time split."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    calls = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
+    code, out = profile_small_model(tmp_path, "order", ["--modes", "static", "--steps", "2", "--warmup", "1",
+                                                        "--prompt-len", "8", "--top", "2", "--dspark-first",
+                                                        "--intra-op-threads", "1"])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["config"] for r in results] == ["dspark-static", "plain"]
+    assert calls.count(1) >= 2  # once after each engine (the engines' own set-up may call it too)
+    for r in results:
+        c = r["cpu"]
+        # NOTE: the two clocks are read one after the other: equal within their reads' own time
+        assert c["wall_ms"] > 0 and c["process_cpu_ms"] >= c["stepping_thread_cpu_ms"] - 0.01 > 0
+        assert abs(c["other_threads_cpu_ms"] - (c["process_cpu_ms"] - c["stepping_thread_cpu_ms"])) < 1e-3
