@@ -1079,18 +1079,19 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
-pipeline81() {  # session 41, call 1 (`fg pipeline81 560` after the three installs; no model: random weights of SmolLM2's
-  # shape): the GPU tests after 388ed18 moved the drafter's grouped-query fold into layer_ops.folded_gqa_attention;
-  # then where a stepped-aside DSpark step's host time goes at c=32, T=0.7 (session 40's bench8: every host phase
-  # ~1.7x plain's): profile_step.py in the usual order (plain first), with DSpark first (an order effect inside one
-  # process?), and with OMP_WAIT_POLICY=PASSIVE (spinning intra-op workers?); each prints the CPU time other threads
-  # burn beside the stepping thread
-  part gputest 270 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "drafter or burst or fused_sampling or filter_kernel"
+pipeline81() {  # session 41 (`bg pipeline81` after the three installs, then `wait 580`; no model: random weights of SmolLM2's
+  # shape): where a stepped-aside DSpark step's host time goes at c=32, T=0.7 (session 40's bench8: every host phase
+  # ~1.7x plain's): profile_step.py in the usual order (plain first; it pays FlashInfer's JIT on a fresh machine),
+  # with DSpark first (an order effect inside one process?), with OMP_WAIT_POLICY=PASSIVE and with one intra-op
+  # thread (spinning intra-op workers?); each prints the CPU time other threads burn beside the stepping thread.
+  # Then the GPU tests after 388ed18 moved the drafter's grouped-query fold into layer_ops.folded_gqa_attention
   local P="python3 benchmarks/profile_step.py --model .gpu6/smolcfg --random-like --drafter random --modes compact
-    --concurrency 32 --temperature 0.7 --force-aside --steps 120 --warmup 60 --top 12"
-  part prof1 90 $P --json "$W/prof1.json"
-  part prof2 90 $P --dspark-first --json "$W/prof2.json"
-  part prof3 90 env OMP_WAIT_POLICY=PASSIVE $P --json "$W/prof3.json"
+    --concurrency 32 --temperature 0.7 --force-aside --steps 100 --warmup 50 --top 12"
+  part prof1 150 $P --json "$W/prof1.json"
+  part prof2 70 $P --dspark-first --json "$W/prof2.json"
+  part prof3 70 env OMP_WAIT_POLICY=PASSIVE $P --json "$W/prof3.json"
+  part prof4 70 $P --intra-op-threads 1 --json "$W/prof4.json"
+  part gputest 300 python3 -m pytest -q -p no:cacheprovider tests/gpu -k "drafter or burst or fused_sampling or filter_kernel"
   touch "$W/all.done"
 }
 
@@ -1399,7 +1400,7 @@ pipeline63() {  # session 30: DSpark's second chain (SGLAUNCH_DSPARK_SECOND_CHAI
   # NOTE: the first engine part pays FlashInfer's JIT on a fresh machine (about 80 s)
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
-  part gputest 240 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain or drafts_left"
+  part gputest 300 python3 -m pytest -q -x tests/gpu/test_cuda_graph_gpu.py -k "second_chain or drafts_left"
   local A="--target $SMOL --drafter $DRAFTER --prompts benchmarks/prompt_set/heldout.jsonl --per-kind 24 --temperatures 0 --device cuda"
   part acc_c0 90 env SGLAUNCH_DSPARK_BURST=0 python3 benchmarks/dspark_accept.py $A --json "$W/accept_c0.json"
   part acc_c3 90 python3 benchmarks/dspark_accept.py $A --second-chain 3 --json "$W/accept_c3.json"
