@@ -1079,6 +1079,32 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline83() {  # session 41 (`fg pipeline83 560`, the model pulled by pipeline82 on the same machine, or its pieces
+  # in): the rule 'a sampled batch past the sampled bursts decodes plainly, without the draft context' (now the
+  # default) at T=0.7 over HTTP, c=16,32, all 750 held-out prompts, two rounds: bench1 DSpark / plain, bench2 the
+  # rule on / off (SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS=1 restores session 40's behaviour)
+  [ -f /tmp/cache/models/smollm2-135m-instruct/config.json ] || { while [ ! -f /tmp/smol/ready ]; do sleep 2; done; pull_smol; }
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part bench1 200 env TEMP=0.7 ROUNDS=2 bash -c 'dspark_vs_plain 16,32 "$W/bench1/bench.json" 750'
+  part bench2 200 env TEMP=0.7 ROUNDS=2 bash -c 'dspark_ab rule "" old "SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS=1" 16,32 750 "$W/bench2/bench.json"'
+  touch "$W/all.done"
+}
+
+pipeline82() {  # session 41 (`fg pipeline82 560` once pipeline81 is done and the model's pieces are in): pipeline81
+  # found profile_step.py's second engine in a process ~10-14% slower on the host whichever it is, so session 40's
+  # c=32 loss may be a per-process difference: DSpark / plain at T=0.7 over HTTP at c=16,32 on all 750 held-out
+  # prompts (a level lasts seconds, not 2), two `bench --compare` runs, each with fresh servers; then top-p 0.9 once
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 1000000"
+  export KVCAP
+  part bench1 200 env TEMP=0.7 ROUNDS=2 bash -c 'dspark_vs_plain 16,32 "$W/bench1/bench.json" 750'
+  part bench2 200 env TEMP=0.7 ROUNDS=2 bash -c 'dspark_vs_plain 16,32 "$W/bench2/bench.json" 750'
+  part bench3 200 env TEMP=0.7 TOPP=0.9 ROUNDS=2 bash -c 'dspark_vs_plain 16,32 "$W/bench3/bench.json" 750'
+  touch "$W/all.done"
+}
+
 pipeline81() {  # session 41 (`bg pipeline81` after the three installs, then `wait 580`; no model: random weights of SmolLM2's
   # shape): where a stepped-aside DSpark step's host time goes at c=32, T=0.7 (session 40's bench8: every host phase
   # ~1.7x plain's): profile_step.py in the usual order (plain first; it pays FlashInfer's JIT on a fresh machine),

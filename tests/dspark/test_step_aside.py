@@ -666,3 +666,49 @@ def test_a_sampled_drafting_step_is_priced_up_to_the_next_step(dspark_files, tmp
         assert all(seconds >= own + gap for seconds, own in sampled), [(s, o, s - o) for s, o in sampled if s < o + gap]
     else:
         assert all(own <= seconds < own + gap for seconds, own in sampled), sampled
+
+
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_a_sampled_batch_past_the_sampled_bursts_decodes_plainly(dspark_files, tmp_path, monkeypatch, overlap):
+    """On an engine that bursts, a batch with a sampled row and more requests than a sampled burst
+    takes decodes plainly and writes no draft context from its first step, though the table says
+    drafting pays (session 41, H100, T=0.7, c=16: such steps stepped aside 91-99% of the time and
+    still wrote the context, 0.91-0.95x of plain). Its output is the plain engine's, seeds
+    included; the same batch with the rule off drafts, and an all-greedy one (bursts take it) keeps
+    drafting with the rule on. The CPU engine has no bursts: the rule is switched on by hand."""
+    from test_engine_dspark import greedy, sampled
+
+    monkeypatch.setenv("SGLAUNCH_OVERLAP", overlap)
+    batch = prompts(3, seed=23)
+    sampled_requests = [GenerateRequest(f"s-{i}", tuple(p), sampled(50 + i)) for i, p in enumerate(batch)]
+    greedy_requests = [GenerateRequest(f"g-{i}", tuple(p), greedy(24)) for i, p in enumerate(batch)]
+    plain_engine, cluster = create_engine(engine_config(dspark_files["target"], disable_radix_cache=True))
+    try:
+        plain = run(plain_engine, sampled_requests)
+    finally:
+        cluster.stop(plain_engine)
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], "compact", disable_radix_cache=True,
+                           sps=write(tmp_path, "cheap.json", table({1: 1e-4})))
+    seen = {}
+    for rule, requests in ((True, sampled_requests), (False, sampled_requests), (True, greedy_requests)):
+        engine, cluster = create_engine(config)
+        try:
+            assert engine.burst is None and not engine.plain_past_sampled_bursts  # a CPU engine: no bursts
+            engine.plain_past_sampled_bursts, engine.sampled_burst_max_batch = rule, 2
+            engine.spec.planner.calibration = None  # the table's costs as they are: drafting pays
+            writes, decide = [], engine._draft_context
+            engine._draft_context = lambda chunks, *a: writes.append((len(chunks), decide(chunks, *a))) or writes[-1][1]
+            out = run(engine, requests)
+            seen[rule, requests[0].rid[0]] = (out, engine.spec.stats.to_dict(), writes)
+            del engine._draft_context
+        finally:
+            cluster.stop(engine)
+    out, stats, writes = seen[True, "s"]
+    assert_plain(out, plain)
+    assert stats["steps"] == 0 and stats["step_aside_steps"] > 0, stats
+    # no step of more than 2 requests wrote the context, the first (the prompts' prefill) included
+    assert writes and writes[0][0] == 3 and not any(w for n, w in writes if n > 2), writes
+    _, stats, writes = seen[False, "s"]
+    assert stats["steps"] > 0 and writes[0] == (3, True), (stats, writes)  # without the rule it drafts
+    _, stats, writes = seen[True, "g"]
+    assert stats["steps"] > 0 and all(w for _, w in writes), (stats, writes)
