@@ -29,7 +29,6 @@ from sglaunch.engine.sampler import (BAD_PROBABILITIES, filter_settings, filters
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
-from sglaunch.speculative.burst import SAMPLED_MAX_BATCH
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,6 @@ LOOP_GAP_LIMIT_S = 0.005
 
 GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_GRAPH_SIZED_STEPS"  # 1: a step's rows capped at the largest ragged graph
 DSPARK_GRAPH_SIZED_STEPS_ENV = "SGLAUNCH_DSPARK_GRAPH_SIZED_STEPS"  # 0: no cap for a DSpark engine
-SAMPLED_PAST_BURSTS_ENV = "SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS"  # 1: a sampled batch no burst takes may draft
 
 
 def graph_step_cap(runner: ModelRunner) -> int | None:
@@ -147,10 +145,6 @@ class LLMEngine:
         self.burst_filtered = None  # the BurstPolicy of filtered sampled bursts (top-k, top-p, min-p rows)
         self.burst_chain = False  # launch a batch's next burst while finishing the one before
         self.burst_early_stop = False  # queue a burst a few iterations at a time, end it for an arrival
-        # a sampled batch larger than any sampled burst decodes plainly, without the draft context
-        # (_plain_past_sampled_bursts); SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS=1: it may draft step by step
-        self.plain_past_sampled_bursts = False
-        self.sampled_burst_max_batch = SAMPLED_MAX_BATCH  # NOTE: tests lower it
         self._burst_in_flight: BurstFlight | None = None
         self._burst_read_at = 0.0  # when the last burst's rows were read
         # whether commands wait unread (the engine process's channel): no burst is chained then
@@ -177,7 +171,6 @@ class LLMEngine:
                 self.burst_filtered = BurstPolicy(self.spec.gamma, runner.burst.max_iterations,
                                                   wide_cap=wide_cap_from_env())
             self.burst_chain = chain_from_env()
-            self.plain_past_sampled_bursts = not env_switch(SAMPLED_PAST_BURSTS_ENV, False)
             # NOTE: one rank only: the other ranks replay a burst's iterations as one command
             self.burst_early_stop = early_stop_from_env(runner.device.type) and self.tp.size == 1
             self.spec.log_suffix = self._burst_log
@@ -842,27 +835,12 @@ class LLMEngine:
         committed = sum(1 for c in chunks if c.samples) - len(candidates)
         if sampled is None:
             sampled = self._samples_at_t(chunks)
-        if self._plain_past_sampled_bursts(chunks, sampled):
-            self.spec.step_aside(len(candidates))
-            self._aside_streak += 1
-            return None
         budget = self.spec.plan([c.req.rid for c in candidates], extra, committed, sampled)
         if budget is None:
             self._aside_streak += 1
             return None
         self._aside_streak = 0
         return candidates, extra, budget
-
-    def _plain_past_sampled_bursts(self, chunks: list[Chunk], sampled: bool) -> bool:
-        """Whether this step decodes plainly and writes no draft context because it samples at T > 0
-        and holds more requests than a sampled burst takes (SAMPLED_MAX_BATCH), on an engine that
-        bursts (a GPU with graphs). Such a batch could only draft step by step, and the planner
-        stepped aside on 91-99% of those steps while every stepped-aside one before its context-skip
-        streak, and every step with an arrival, still wrote the draft context: DSpark served 0.91-0.95x
-        of plain at c=16, T=0.7, in two runs with fresh servers (H100, session 41, 750 prompts,
-        benchmarks/gpu41/call5). Off with SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS=1. Its requests get a
-        context gap and never draft again (as at any skip); requests admitted later draft as before."""
-        return self.plain_past_sampled_bursts and sampled and len(chunks) > self.sampled_burst_max_batch
 
     def _draft_context(self, chunks: list[Chunk], drafting: bool, step: StepInput) -> bool:
         """Whether a step writes the draft context (StepInput.draft_context). Not for a plain step
@@ -887,9 +865,7 @@ class LLMEngine:
         Its requests get a context gap and never draft again; requests admitted later draft as before.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
-        # NOTE: past the sampled bursts the context goes at once, in a step with an arrival too
-        past_bursts = not drafting and self._plain_past_sampled_bursts(chunks, self._samples_at_t(chunks))
-        if not past_bursts and (drafting or not self.context_skip
+        if (drafting or not self.context_skip
                 or self._aside_streak < self.context_skip_streak
                 or step.num_tokens != step.batch_size  # NOTE: a prefill chunk among them (one row a decode)
                 or (len(chunks) < self.context_skip_min_batch and self._burst_declined < self.burst_declined_streak

@@ -371,11 +371,6 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "rows set a temperature alone (no top-k, top-p or min-p) burst too, through sampled iterations that draw, "
            "verify and run the accept rule on the device: on unless 0 (wherever bursts are on).",
            choices=("0", "1"), sglaunch_only=True),
-    EnvVar("SGLAUNCH_DSPARK_SAMPLED_PAST_BURSTS", "DSpark where bursts are on (CUDA with graphs): a decode "
-           "batch of more than 8 requests with a row sampled at T > 0, which no sampled burst takes, still drafts "
-           "step by step and writes the draft context: off unless 1. Off, such a step decodes plainly and writes "
-           "no draft context (its requests never draft again; requests admitted later draft as before): with it "
-           "on, DSpark served 0.91-0.95x of plain at c=16, T=0.7 (H100).", choices=("0", "1"), sglaunch_only=True),
     EnvVar("SGLAUNCH_DSPARK_FILTERED_BURST", "DSpark sampled bursts: also take a batch whose sampled rows set "
            "top-k, top-p or min-p, through filtered iterations of their own that filter the target's distributions "
            "in the graph as the usual step does (a sort of each verified row): on unless 0 (wherever sampled bursts "

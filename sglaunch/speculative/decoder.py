@@ -171,15 +171,10 @@ class DSparkDecoder:
         budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled,
                                           self._chain_length(sampled, len(rids)) > 0)
         if budget is None:
-            self.step_aside(len(rids))
+            self.stats.record_step_aside(len(rids))
+            self.planner.skip_step()
+            self._maybe_log()
         return budget
-
-    def step_aside(self, requests: int) -> None:
-        """A step of `requests` candidates decodes plainly (the planner's choice, or the engine's
-        rule for a batch no burst takes): counted, and the planner's per-step state moves on."""
-        self.stats.record_step_aside(requests)
-        self.planner.skip_step()
-        self._maybe_log()
 
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
                 run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = (),
