@@ -1079,6 +1079,16 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline84() {  # session 41, its last device seconds (`fg pipeline84 220` after the three installs; no model): does a
+  # process's CUDA state (many captured graphs, more mapped memory) slow every engine step's host side? One plain engine
+  # of random SmolLM2-shaped weights at c=16 and at c=32, T=0.7 (benchmarks/cuda_state_host_cost.py)
+  part state16 120 python3 benchmarks/cuda_state_host_cost.py --model .gpu6/smolcfg --random-like --concurrency 16 \
+    --json "$W/state16.json"
+  part state32 90 python3 benchmarks/cuda_state_host_cost.py --model .gpu6/smolcfg --random-like --concurrency 32 \
+    --json "$W/state32.json"
+  touch "$W/all.done"
+}
+
 pipeline83() {  # session 41 (`fg pipeline83 560`, the model pulled by pipeline82 on the same machine, or its pieces
   # in): the rule 'a sampled batch past the sampled bursts decodes plainly, without the draft context' (now the
   # default) at T=0.7 over HTTP, c=16,32, all 750 held-out prompts, two rounds: bench1 DSpark / plain, bench2 the
