@@ -12,6 +12,12 @@ T=0.7 while stepping aside on 91-99% of its steps. If the host's CUDA calls (gra
 events) cost more with more graphs or more mapped memory in the process, this shows it with one
 engine and nothing else changed. Each measure is the median synchronised step of --steps steps
 (after --warmup), in rounds: base, +graphs, +graphs+memory, released, base again.
+
+NOTE: the requests must not grow through the rounds. Session 41's run (H100, benchmarks/gpu41/call11)
+kept each request for 4,096 tokens, so every round's contexts were 400 tokens longer than the last:
+the steps grew 1.57 -> 1.65 -> 1.77 -> 1.79 -> 1.86 ms at c=16, released and "base again" included,
+which is the contexts' growth, not the CUDA state. --max-tokens now defaults to 256: requests end
+and are replaced, so the mean context stays put (at the price of a prompt's prefill every few steps).
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--graphs", type=int, default=500)

@@ -242,3 +242,31 @@ def test_profile_step_dspark_first_and_intra_op_threads(tmp_path, monkeypatch):
         # NOTE: the two clocks are read one after the other: equal within their reads' own time
         assert c["wall_ms"] > 0 and c["process_cpu_ms"] >= c["stepping_thread_cpu_ms"] - 0.01 > 0
         assert abs(c["other_threads_cpu_ms"] - (c["process_cpu_ms"] - c["stepping_thread_cpu_ms"])) < 1e-3
+
+
+def test_cuda_state_host_cost_on_a_cpu_measures_the_base_rounds(tmp_path):
+    """benchmarks/cuda_state_host_cost.py on the CPU: no graphs or device memory to add, so only the
+    two base rounds, each with a positive step time and its ratio to their mean (which brackets 1)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+
+    tps = load("bench_script_tp_scaling_state", "tp_scaling.py")
+    script = load("bench_script_cuda_state", "cuda_state_host_cost.py")
+    threads = torch.get_num_threads()
+    try:
+        args = tps.parse_args(["--out", str(tmp_path / "o"), "--model-dir", str(tmp_path / "m"), "--shape", "small",
+                               "--device", "cpu", "--dtype", "float32", "--dspark", "off"])
+        tps.build_models(args)
+        out = tmp_path / "state.json"
+        code = script.main(["--model", str(tmp_path / "m" / "target"), "--device", "cpu", "--dtype", "float32",
+                            "--concurrency", "2", "--warmup", "2", "--steps", "3", "--prompt-len", "8",
+                            "--max-tokens", "4", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["round"] for r in rounds] == ["base", "base again"]
+    assert all(r["median_ms"] > 0 and r["mean_ms"] > 0 for r in rounds)
+    ratios = sorted(r["over_base"] for r in rounds)
+    assert ratios[0] <= 1.0 <= ratios[1] and abs(sum(ratios) / 2 - 1.0) < 1e-3
