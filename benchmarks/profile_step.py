@@ -63,6 +63,14 @@ and how much of it came in gaps of 20 us or more: the host making the device wai
 launch latency inside a graph). `--trace DIR` writes that pass of each configuration as a Chrome trace
 (`DIR/CONFIG.json.gz`, for Perfetto) to see which host work a long gap sat behind.
 
+Each configuration also reports the CPU time of its synchronised steps (`cpu` in the JSON, a last table):
+the process's against the stepping thread's, and the busiest threads by /proc's clock ticks, so that a
+thread burning CPU beside the engine (spinning intra-op workers, say) shows up. NOTE: host times compare
+badly between the configurations of one run: on an H100 whichever engine a process builds second stepped
+10-22% slower on the host, plain or DSpark (session 41, `benchmarks/gpu41/call3`; no other thread burnt
+CPU). `--dspark-first` measures the DSpark configurations first; compare each one measured first in its
+own run. `--intra-op-threads N` sets torch's thread count after each engine is built.
+
 `--random-like` replaces the model's weights with random ones of the same config and tokenizer
 (written to a temporary folder), and `--drafter random` builds a random drafter for it, so the
 profile needs only a config and a tokenizer. Prints a report; `--json FILE` also saves the figures.
