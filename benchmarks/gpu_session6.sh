@@ -215,13 +215,14 @@ random_target() {  # random SmolLM2 weights in /tmp/smolrand/target (part randmo
 from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
 }
 
-dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]]: issue 15's measure, plain against DSpark compact over
+dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]] (RESTART=1: fresh servers each round, session 41): issue 15's measure, plain against DSpark compact over
   # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0 or TEMP, top-p TOPP if set); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK ${4:-}" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
-    --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$2" --no-plot --rounds "${ROUNDS:-1}"
+    --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$2" --no-plot --rounds "${ROUNDS:-1}" \
+    ${RESTART:+--restart-servers}
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two

@@ -2,8 +2,10 @@
 every configuration, interleaved (level i runs A then B, level i+1 runs B then A) so machine drift
 hits both alike; --rounds N runs the whole sequence N times, the order flipped each round, and a
 ratio is then the median of the rounds' ratios (a shared GPU host's throughput moved 15% between
-two runs minutes apart in session 24). Results accumulate in `BenchRun.doc`, so a failure still
-leaves partial results."""
+two runs minutes apart in session 24); --restart-servers also stops and starts the launched servers
+before each later round, so the rounds measure different server processes (DSpark / plain at 32
+sampled requests read anywhere from 0.90 to 1.10 from one pair of processes to the next, session 41). Results accumulate
+in `BenchRun.doc`, so a failure still leaves partial results."""
 
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class BenchSpec:
     timeout: float = 300.0
     launch_timeout: float = 600.0
     rounds: int = 1  # every level this many times (--rounds)
+    restart_servers: bool = False  # the launched servers stopped and started again before each later round
 
 
 class Progress(Protocol):
@@ -77,6 +80,7 @@ class BenchRun:
     def __init__(self, spec: BenchSpec):
         self.spec = spec
         self.doc: dict[str, Any] = new_document(spec)
+        self.log_dir: Path | None = None  # where the launched servers' logs go (start_servers)
 
     def config(self, label: str) -> dict:
         return next(c for c in self.doc["configs"] if c["label"] == label)
@@ -99,6 +103,7 @@ def new_document(spec: BenchSpec) -> dict[str, Any]:
         "finished": None, "status": "running", "partial": True, "message": None,
         "settings": {
             "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup, "rounds": spec.rounds,
+            "restart_servers": spec.restart_servers,
             "levels": [{"kind": lv.kind, "value": lv.json_value(), "max_concurrency": lv.max_concurrency}
                        for lv in spec.levels],
             "temperature": spec.temperature, "top_p": spec.top_p, "ignore_eos": spec.ignore_eos,
@@ -123,21 +128,29 @@ def workload_settings(spec: BenchSpec) -> dict[str, Any]:
 
 # ---- the synchronous part: servers, preflight, requests ---------------------------------------
 
-def start_servers(run: BenchRun, log_dir: Path) -> None:
-    """Start the launch-line servers one after another, each healthy before the next starts.
+def start_servers(run: BenchRun, log_dir: Path, round_: int = 1) -> None:
+    """Start the launch-line servers one after another, each healthy before the next starts; each
+    logs to bench-server-LABEL.log (bench-server-LABEL-roundN.log when restarted for round N).
 
     NOTE: not all at once: what a server measures while it starts (DSpark's compact mode times
     the machine's step costs at start-up) must not share the machine with another server's
     loading. Started together on a 2-core CPU, a start-up profile read 1.3 s for a 20 ms step.
     """
-    started = 0
+    run.log_dir, started = log_dir, 0
     for target in run.spec.targets:
         if target.launch:
-            target.server = LaunchedServer(target.launch, log_dir / f"bench-server-{target.label}.log")
+            suffix = "" if round_ == 1 else f"-round{round_}"
+            target.server = LaunchedServer(target.launch, log_dir / f"bench-server-{target.label}{suffix}.log")
             run.config(target.label)["log"] = str(target.server.log_path)
             target.server.start()
             target.server.wait_ready(run.spec.launch_timeout, beside=started)
             started += 1
+
+
+def restart_servers(run: BenchRun, round_: int) -> None:
+    """Stop every launched server, then start them again for round `round_` (--restart-servers)."""
+    stop_servers(run.spec.targets)
+    start_servers(run, run.log_dir, round_)
 
 
 def stop_servers(targets: list[Target]) -> None:
@@ -288,13 +301,25 @@ async def sweep(run: BenchRun, requests: list[BenchRequest], ui: Progress) -> No
                for lv in spec.levels)
     limits = httpx.Limits(max_connections=most + 8, max_keepalive_connections=most + 8)
     timeout = httpx.Timeout(spec.timeout, connect=10)
-    clients = {t.label: httpx.AsyncClient(base_url=t.url, headers=headers(spec), timeout=timeout,
-                                          limits=limits) for t in spec.targets}
+    def new_clients() -> dict:
+        return {t.label: httpx.AsyncClient(base_url=t.url, headers=headers(spec), timeout=timeout, limits=limits)
+                for t in spec.targets}
+
+    clients = new_clients()
     try:
         for target in spec.targets:
             await warm_target(run, target, clients[target.label], requests, ui)
         order = 0
         for round_ in range(1, spec.rounds + 1):
+            if round_ > 1 and spec.restart_servers:
+                # NOTE: fresh server processes for this round (a process's throughput can sit 10% off
+                # the next one's on a shared host); the old connections die with them
+                await asyncio.gather(*(c.aclose() for c in clients.values()))
+                ui.note(f"round {round_}: restarting the servers")
+                await asyncio.to_thread(restart_servers, run, round_)
+                clients = new_clients()
+                for target in spec.targets:
+                    await warm_target(run, target, clients[target.label], requests, ui)
             for index, level in enumerate(spec.levels):
                 # NOTE: A B at level 0 of round 1, then flipped at each level and each round
                 for target in (spec.targets if (index + round_ - 1) % 2 == 0 else spec.targets[::-1]):
@@ -337,6 +362,7 @@ async def measure(run: BenchRun, target: Target, client, requests, level: Level,
     after = await stats.snapshot(client)
     record = {"kind": level.kind, "value": level.json_value(),
               "label": round_label(level.label, round_, run.spec.rounds), "round": round_,
+              "server_run": round_ if run.spec.restart_servers else 1,
               **stats.summarize_level(results, duration), **stats.spec_stats(before, after)}
     record["status"] = "ok" if record["errors"] == 0 else "errors"
     run.config(target.label)["levels"].append(record)

@@ -111,6 +111,10 @@ def bench(
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Run every level this many times, the "
                                         "configurations' order alternating; with --compare each ratio is "
                                         "the median of the rounds' ratios.")] = 1,
+    restart_servers: Annotated[bool, typer.Option(
+        "--restart-servers", help="With --rounds and launch lines: stop and start the servers before each round "
+        "after the first (and warm them up again), so the rounds measure different server processes; on a "
+        "shared GPU host one process pair's ratio can sit 10% off the next one's.")] = False,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up requests per configuration.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Seed of request sampling, lengths and arrivals.")] = 0,
     dataset: Annotated[Optional[Path], typer.Option(
@@ -147,13 +151,19 @@ def bench(
 
     if dataset_format not in ("auto", "jsonl", "sharegpt"):
         raise SglaunchError(f"--dataset-format {dataset_format!r} is not one of auto, jsonl, sharegpt")
+    targets = build_targets(url, launch, compare, labels)
+    if restart_servers and (rounds < 2 or any(t.launch is None for t in targets)):
+        raise SglaunchError("--restart-servers restarts launched servers between rounds: it needs --rounds 2 or "
+                            "more and launch lines, not URLs",
+                            'e.g. sglaunch bench --compare "sglaunch serve --model-path M" --compare "..." '
+                            "--rounds 3 --restart-servers")
     spec = BenchSpec(
-        targets=build_targets(url, launch, compare, labels),
+        targets=targets,
         levels=build_levels(concurrency, request_rate, max_concurrency), num_prompts=num_prompts,
         warmup=warmup, seed=seed, dataset=dataset, dataset_format=dataset_format,
         synthetic=SyntheticSpec(input_len, output_len, range_ratio), tokenizer=tokenizer, model=model,
         api_key=api_key, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos, timeout=timeout,
-        launch_timeout=launch_timeout, rounds=rounds)
+        launch_timeout=launch_timeout, rounds=rounds, restart_servers=restart_servers)
     plot_path = None if no_plot else (plot or output.with_suffix(".png"))
     execute(BenchRun(spec), output, plot_path, as_json)
 

@@ -90,6 +90,7 @@ def build_app(state: StubState) -> Starlette:
         Route("/v1/models", models), Route("/tokenize", tokenize, methods=["POST"]),
         Route("/server_info", server_info),
         Route("/metrics", lambda r: PlainTextResponse("# nothing\nup 1\n")),
+        Route("/health", lambda r: PlainTextResponse("ok")),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", completions, methods=["POST"]),
     ])
@@ -157,3 +158,25 @@ class StubServer:
     def __exit__(self, *exc) -> None:
         self.state.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """As a process (a launch line for `sglaunch bench`): serve on --port until SIGINT or SIGTERM,
+    after printing `stub pid PID on PORT` (tests tell server processes apart by it)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description="the bench tests' stub endpoint as a process")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--token-delay-s", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    state = StubState(Faults(token_delay_s=args.token_delay_s))
+    print(f"stub pid {os.getpid()} on {args.port}", flush=True)
+    state.server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=args.port,
+                                                 log_level="error", lifespan="off"))
+    state.server.run()  # NOTE: uvicorn stops on SIGINT / SIGTERM
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from stub_server import Faults, StubServer, free_port
 
@@ -157,6 +158,39 @@ def test_compare_rounds_flip_the_order_and_take_the_median_ratio(run_bench, tmp_
     assert row["rounds"] == per_round and row["label"] == "c=2"
     assert row["output_token_throughput"] == sorted(per_round)[1] < 1
     assert "rounds" in out.stdout and "c=2 #3" in out.stdout
+
+
+def test_restart_servers_measures_each_round_on_fresh_server_processes(run_bench):
+    """--restart-servers with --rounds 2 and two launch lines: both servers are stopped and started
+    again before round 2 (new processes, logged to bench-server-LABEL-round2.log), warmed up again,
+    and every level record says which server run measured it; the ratio is still the median."""
+    stub = Path(__file__).with_name("stub_server.py")
+    fast, slow = f"{sys.executable} {stub}", f"{sys.executable} {stub} --token-delay-s 0.01"
+    out = run_bench("--compare", fast, "--compare", slow, "--label", "fast", "--label", "slow",
+                    "--concurrency", "2", "--rounds", "2", "--restart-servers", "--no-plot", *FAST)
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    assert doc["settings"]["restart_servers"] is True and doc["status"] == "ok"
+    folder = out.json_path.parent
+    for label in ("fast", "slow"):
+        first = (folder / f"bench-server-{label}.log").read_text()
+        second = (folder / f"bench-server-{label}-round2.log").read_text()
+        assert first.startswith("stub pid ") and second.startswith("stub pid ") and first.split()[2] != second.split()[2]
+        levels = next(c["levels"] for c in doc["configs"] if c["label"] == label)
+        assert [(lv["round"], lv["server_run"], lv["completed"]) for lv in levels] == [(1, 1, 8), (2, 2, 8)]
+    [row] = doc["comparison"]
+    assert len(row["rounds"]) == 2 and row["output_token_throughput"] < 1
+
+
+def test_restart_servers_needs_rounds_and_launch_lines(run_bench):
+    """--restart-servers with URLs, or with one round, is refused before anything runs (exit 2)."""
+    with StubServer() as a, StubServer() as b:
+        urls = run_bench("--compare", a.url, "--compare", b.url, "--rounds", "2", "--restart-servers", *FAST)
+        assert urls.exit_code == 2 and "--restart-servers" in urls.stderr and "launch lines" in urls.stderr
+        assert a.state.requests == 0 and b.state.requests == 0
+    stub = Path(__file__).with_name("stub_server.py")
+    one = run_bench("--launch", f"{sys.executable} {stub}", "--restart-servers", *FAST)
+    assert one.exit_code == 2 and "--rounds 2" in one.stderr
 
 
 def test_subprocess_json_mode(tmp_path):
