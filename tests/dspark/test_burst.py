@@ -147,12 +147,16 @@ def test_a_small_all_sampled_batch_keeps_its_context_for_sampled_bursts(dspark_f
     bursts off, or a row that filters with top-p and filtered bursts off)."""
     from types import SimpleNamespace
 
+    from sglaunch.engine.request import ReqStatus
+
     monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_BURST", sampled_bursts)
     monkeypatch.setenv("SGLAUNCH_DSPARK_FILTERED_BURST", filtered_bursts)
     engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
     try:
         params = SamplingParams(max_new_tokens=20, temperature=0.8, top_p=top_p)
-        chunks = [SimpleNamespace(req=SimpleNamespace(sampling=params)) for _ in range(3)]
+        chunks = [SimpleNamespace(req=SimpleNamespace(sampling=params, context_gap=False, status=ReqStatus.RUNNING))
+                  for _ in range(3)]
+        engine.scheduler.gapless.extend(c.req for c in chunks)  # running requests that may still draft
         engine._aside_streak = engine.context_skip_streak
         assert len(chunks) < engine.context_skip_min_batch and engine.context_skip
         kept = engine._draft_context(chunks, False, SimpleNamespace(num_tokens=3, batch_size=3))
@@ -160,6 +164,32 @@ def test_a_small_all_sampled_batch_keeps_its_context_for_sampled_bursts(dspark_f
     finally:
         cluster.stop(engine)
     assert kept is keeps and skipped == (0 if keeps else 1)
+    assert all(c.req.context_gap is not keeps for c in chunks)  # a skip gives every running request its gap
+
+
+def test_a_step_whose_every_request_has_a_context_gap_writes_no_context(dspark_files):
+    """Once no running request can draft again (each has a context gap), a plain step writes no draft
+    context and decides nothing more, even for a greedy batch that bursts would otherwise keep it for;
+    a step with one request that may still draft decides as before (a greedy batch keeps it)."""
+    from types import SimpleNamespace
+
+    from sglaunch.engine.request import ReqStatus
+
+    engine, cluster = create_engine(engine_config(dspark_files["target"], dspark_files["oracle"], "static"))
+    try:
+        greedy_params = SamplingParams(max_new_tokens=20, temperature=0.0)
+        reqs = [SimpleNamespace(sampling=greedy_params, context_gap=True, status=ReqStatus.RUNNING) for _ in range(3)]
+        chunks = [SimpleNamespace(req=r) for r in reqs]
+        engine.scheduler.gapless.extend(reqs)
+        engine._aside_streak = engine.context_skip_streak
+        step = SimpleNamespace(num_tokens=3, batch_size=3)
+        assert engine._draft_context(chunks, False, step) is False and engine.context_skipped_steps == 1
+        reqs[0].context_gap = False  # one may draft again: the usual rule, which keeps a greedy batch's context
+        engine.scheduler.gapless.append(reqs[0])
+        assert engine._draft_context(chunks, False, step) is True and engine.context_skipped_steps == 1
+        assert engine._draft_context(chunks, True, step) is True  # a drafting step always writes it
+    finally:
+        cluster.stop(engine)
 
 
 def sampled_run(config, batch, temperatures, max_new_tokens: int, filters=({},)):
