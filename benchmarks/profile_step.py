@@ -693,7 +693,8 @@ def _measure(args, name: str, mode: str | None, drafter: Path | None, overlap: s
             "memcpy_or_sync_calls_per_step": round(syncs * per, 1), "top_ops": top_ops,
             "device_busy_ms_per_step": round(device_ms, 3), "top_kernels": top_kernels,
             "host_waits": waits, "device_gaps": gaps,
-            "cpu": cpu_use, "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline, "step_kinds": kinds, "drafter_graphs": graphs_info,
+            "cpu": cpu_use, "cprofile": buf.getvalue(), "phases": phases, "host_timeline": timeline,
+            "step_kinds": kinds, "drafter_graphs": graphs_info,
             "spec": {k: v for k, v in stats.items() if "spec" in k or "accept" in k or "draft" in k or "verify" in k}}
 
 

@@ -4,8 +4,8 @@ hits both alike; --rounds N runs the whole sequence N times, the order flipped e
 ratio is then the median of the rounds' ratios (a shared GPU host's throughput moved 15% between
 two runs minutes apart in session 24); --restart-servers also stops and starts the launched servers
 before each later round, so the rounds measure different server processes (DSpark / plain at 32
-sampled requests read anywhere from 0.90 to 1.10 from one pair of processes to the next, session 41). Results accumulate
-in `BenchRun.doc`, so a failure still leaves partial results."""
+sampled requests read anywhere from 0.90 to 1.10 from one pair of processes to the next, session
+41). Results accumulate in `BenchRun.doc`, so a failure still leaves partial results."""
 
 from __future__ import annotations
 

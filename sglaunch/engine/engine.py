@@ -863,6 +863,7 @@ class LLMEngine:
         skip, the server counted 7,072 steps that could not burst for a request's lost context beside
         12,372 sampled-burst iterations, benchmarks/gpu38/call5/bench1/bench-server-dspark.log).
         Its requests get a context gap and never draft again; requests admitted later draft as before.
+        Once every running request has a gap, a plain step writes no context without deciding anything.
         NOTE: pages such a request leaves in the radix cache hold no draft context either: a later
         request on that prefix drafts over holes (lossless, rarely accepted)."""
         if not drafting and self.context_skip and not self.scheduler.any_gapless():

@@ -175,7 +175,8 @@ def test_restart_servers_measures_each_round_on_fresh_server_processes(run_bench
     for label in ("fast", "slow"):
         first = (folder / f"bench-server-{label}.log").read_text()
         second = (folder / f"bench-server-{label}-round2.log").read_text()
-        assert first.startswith("stub pid ") and second.startswith("stub pid ") and first.split()[2] != second.split()[2]
+        assert first.startswith("stub pid ") and second.startswith("stub pid ")
+        assert first.split()[2] != second.split()[2]  # another process
         levels = next(c["levels"] for c in doc["configs"] if c["label"] == label)
         assert [(lv["round"], lv["server_run"], lv["completed"]) for lv in levels] == [(1, 1, 8), (2, 2, 8)]
     [row] = doc["comparison"]
