@@ -868,7 +868,7 @@ class LLMEngine:
         request on that prefix drafts over holes (lossless, rarely accepted)."""
         if not drafting and self.context_skip and not self.scheduler.any_gapless():
             # NOTE: every running request has a context gap already (none can draft again): nothing to
-            # write the context for, and nothing to decide (on the dev CPU the test below took 16 us a
+            # write the context for, and nothing to decide (on the dev CPU the test below took 15 us a
             # step at 16 requests, `benchmarks/aside_host_cost.py --concurrency 16 --temperature 0.7`)
             self.context_skipped_steps += 1
             return False
