@@ -1080,6 +1080,27 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline85() {  # session 42 (`bg pipeline85` once the installs are done and `bgtest` started; the model's pieces follow):
+  # where a DSpark engine loses at 16 sampled requests (HTTP 0.91-0.95x of plain, session 41). First both engines'
+  # whole loops in-process, each run in a fresh process, three pairs in alternating order (inprocess_ab.py: tok/s,
+  # decode and prefill steps' count and mean wall time); then HTTP with fresh servers each round (6ca3508's cheaper
+  # stepped-aside step); then profile_step.py's natural c=16 steps (requests of 128 tokens replaced), each engine
+  # measured first in a run of its own
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  while [ -f "$W/gputest.started" ] && [ ! -f "$W/gputest.done" ]; do sleep 2; done
+  part ab16 330 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 16 \
+    --temperature 0.7 --requests 600 --pairs 3 --json "$W/ab16.json"
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part bench1 420 env TEMP=0.7 ROUNDS=3 RESTART=1 bash -c 'dspark_vs_plain 16 "$W/bench1/bench.json" 750'
+  local P="python3 benchmarks/profile_step.py --model $SMOL --drafter $DRAFTER --modes compact --concurrency 16
+    --temperature 0.7 --prompt-len 100 --max-tokens 128 --steps 200 --warmup 100 --top 12"
+  part profd 150 $P --dspark-first --json "$W/profd.json"
+  part profp 150 $P --json "$W/profp.json"
+  touch "$W/all.done"
+}
+
 pipeline84() {  # session 41, its last device seconds (`fg pipeline84 220` after the three installs; no model): does a
   # process's CUDA state (many captured graphs, more mapped memory) slow every engine step's host side? One plain engine
   # of random SmolLM2-shaped weights at c=16 and at c=32, T=0.7 (benchmarks/cuda_state_host_cost.py)

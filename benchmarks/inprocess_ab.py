@@ -1,0 +1,267 @@
+"""Steady-state throughput of engine configurations in-process, each run in a fresh process, A/B in turn:
+
+    python benchmarks/inprocess_ab.py --model DIR [--drafter DIR] [--random-like] [--device cuda]
+        [--concurrency 16] [--temperature 0.7] [--top-p 1] [--requests 600] [--warmup-requests 64]
+        [--pairs 3] [--arm plain=plain] [--arm dspark=compact] [--arm LABEL=KIND,ENV=VALUE,...] [--json OUT]
+
+Each arm is an engine as `sglaunch serve` would boot it (profile_step.build_engine): KIND is `plain`
+(no drafter) or a DSpark mode (`compact`, `static`), with environment variables of its own after the
+kind (`dspark-noctx=compact,SGLAUNCH_DSPARK_SKIP_CONTEXT=0`). A run boots its arm in a new Python
+process, keeps --concurrency requests in flight in a closed loop (the held-out prompts through the
+model's chat template, --output-len tokens each, EOS ignored, seeded per request at T > 0), lets
+--warmup-requests of them finish, then times the window in which the next --requests finish: the
+batch stays full all through it (no tail of a draining batch, which a DSpark engine bursts through).
+Pairs alternate the order (A B, B A, A B, ...); each pair's ratio is taken against the first arm.
+
+Besides tok/s the window's engine statistics are reported as differences over the window
+(`live_stats`): steps by kind (prefill: a step that ran a prompt chunk; decode: the rest) with their
+count and mean wall time, CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, and the
+process CPU time per output token. So a loss is placed: in the decode steps, the prefill steps, or
+how many of each a token needs.
+
+Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
+stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
+had compared the two engines' whole loops, each measured in its own process (profile_step.py's second
+engine in a process steps 10-22% slower than its first, whichever it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+DATASET = HERE / "prompt_set" / "heldout.jsonl"
+KINDS = ("plain", "compact", "static")
+
+
+def parse_arm(text: str) -> dict:
+    """'LABEL=KIND[,ENV=VALUE...]' -> {"label", "kind", "env"}."""
+    label, sep, rest = text.partition("=")
+    parts = [p for p in rest.split(",") if p] if sep else []
+    if not label or not parts or parts[0] not in KINDS:
+        raise argparse.ArgumentTypeError(f"--arm {text!r}: expected LABEL=KIND[,ENV=VALUE...], KIND one of "
+                                         f"{', '.join(KINDS)}")
+    env = {}
+    for item in parts[1:]:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(f"--arm {text!r}: {item!r} is not ENV=VALUE")
+        env[key] = value
+    return {"label": label, "kind": parts[0], "env": env}
+
+
+def numeric_delta(after, before):
+    """after - before over the numeric leaves of two nested structures (dicts, lists); others dropped."""
+    if isinstance(after, bool):
+        return None
+    if isinstance(after, (int, float)) and isinstance(before, (int, float)) and not isinstance(before, bool):
+        return after - before
+    if isinstance(after, dict) and isinstance(before, dict):
+        out = {k: numeric_delta(v, before[k]) for k, v in after.items() if k in before}
+        return {k: v for k, v in out.items() if v is not None} or None
+    if isinstance(after, list) and isinstance(before, list) and len(after) == len(before):
+        out = [numeric_delta(a, b) for a, b in zip(after, before)]
+        return out if all(v is not None for v in out) else None
+    return None
+
+
+def prompts(model: Path, dataset: Path, limit: int) -> list[tuple[int, ...]]:
+    from sglaunch.server.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+    out = [tuple(tokenizer.encode_chat(row["messages"])) for row in rows[:limit]]
+    if not out:
+        raise SystemExit(f"{dataset}: no prompts")
+    return out
+
+
+def run_arm(spec: dict) -> dict:
+    """One run (in a fresh process): boot the arm's engine, warm up, time the window."""
+    import profile_step as ps
+
+    from sglaunch.engine.interface import GenerateRequest, SamplingParams
+
+    os.environ.update(spec["env"])
+    began = time.perf_counter()
+    ns = argparse.Namespace(model=Path(spec["model"]), device=spec["device"], dtype=spec["dtype"],
+                            concurrency=spec["concurrency"], attention_backend=spec["attention_backend"],
+                            disable_cuda_graph=False)
+    kind = spec["kind"]
+    engine, cluster = ps.build_engine(ns, None if kind == "plain" else kind,
+                                      None if kind == "plain" else Path(spec["drafter"]))
+    boot_s = time.perf_counter() - began
+    sync = (lambda: None)
+    if spec["device"] == "cuda":
+        import torch
+
+        sync = torch.cuda.synchronize
+    pool = prompts(Path(spec["model"]), Path(spec["dataset"]), spec["prompt_limit"])
+    made, live = 0, set()
+    greedy = spec["temperature"] <= 0
+
+    def top_up():
+        nonlocal made
+        while len(live) < spec["concurrency"]:
+            rid = f"r{made}"
+            engine.add_request(GenerateRequest(rid, pool[made % len(pool)], SamplingParams(
+                max_new_tokens=spec["output_len"], temperature=spec["temperature"], top_p=spec["top_p"],
+                ignore_eos=True, seed=None if greedy else made)))
+            live.add(rid)
+            made += 1
+
+    def run_until(finishes: int) -> int:
+        done = tokens = 0
+        while done < finishes:
+            top_up()
+            for out in engine.step():
+                tokens += len(out.new_token_ids)
+                if out.finished:
+                    live.discard(out.rid)
+                    done += 1
+        return tokens
+
+    try:
+        run_until(spec["warmup_requests"])
+        sync()
+        before = engine.live_stats()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        tokens = run_until(spec["requests"])
+        sync()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        after = engine.live_stats()
+    finally:
+        cluster.stop(engine)
+    delta = numeric_delta(after, before) or {}
+    steps = {kind: {"steps": int(v[0]), "seconds": round(v[1], 4),
+                    "mean_ms": round(1e3 * v[1] / v[0], 4) if v[0] else None}
+             for kind, v in (delta.get("step_seconds") or {}).items()}
+    spec_delta = delta.get("speculative") or {}
+    return {"label": spec["label"], "kind": kind, "env": spec["env"], "boot_s": round(boot_s, 1),
+            "window_s": round(wall, 4), "output_tokens": tokens, "tok_s": round(tokens / wall, 1),
+            "cpu_ms_per_token": round(1e3 * cpu / tokens, 4), "steps": steps,
+            "tokens_per_step": round(tokens / max(1, sum(s["steps"] for s in steps.values())), 3),
+            "graph_replays": delta.get("total_graph_replays"),
+            "spec": {k: spec_delta[k] for k in ("steps", "step_aside_steps", "committed_tokens",
+                                                "context_skipped_steps") if k in spec_delta},
+            "bursts": (spec_delta.get("bursts") or {}).get("bursts")}
+
+
+def summarise(arms: list[str], runs: list[dict], pairs: int) -> dict:
+    """Per pair, each arm's tok/s over the first arm's; medians; each arm's medians of the step figures."""
+    base = arms[0]
+    by_pair = [{r["label"]: r for r in runs if r["pair"] == p} for p in range(pairs)]
+    ratios = {label: [round(p[label]["tok_s"] / p[base]["tok_s"], 4) for p in by_pair if label in p and base in p]
+              for label in arms[1:]}
+    per_arm = {}
+    for label in arms:
+        mine = [r for r in runs if r["label"] == label]
+
+        def med(get):
+            values = [v for v in (get(r) for r in mine) if v is not None]
+            return round(statistics.median(values), 4) if values else None
+
+        per_arm[label] = {"tok_s": med(lambda r: r["tok_s"]), "tokens_per_step": med(lambda r: r["tokens_per_step"]),
+                          "cpu_ms_per_token": med(lambda r: r["cpu_ms_per_token"]),
+                          **{f"{kind}_mean_ms": med(lambda r, k=kind: (r["steps"].get(k) or {}).get("mean_ms"))
+                             for kind in ("decode", "prefill")},
+                          **{f"{kind}_steps": med(lambda r, k=kind: (r["steps"].get(k) or {}).get("steps"))
+                             for kind in ("decode", "prefill")}}
+    return {"ratios_vs_" + base: ratios,
+            "median_ratio": {k: round(statistics.median(v), 4) for k, v in ratios.items() if v},
+            "per_arm": per_arm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--drafter", default=None, help="drafter folder, or `random` (with --random-like)")
+    parser.add_argument("--random-like", action="store_true", help="random weights of the model's config")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--dataset", type=Path, default=DATASET)
+    parser.add_argument("--prompt-limit", type=int, default=750, help="use the dataset's first N prompts, in turn")
+    parser.add_argument("--requests", type=int, default=600, help="requests that finish inside the timed window")
+    parser.add_argument("--warmup-requests", type=int, default=64)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--arm", action="append", type=parse_arm, default=None,
+                        help="LABEL=KIND[,ENV=VALUE...] (default: plain=plain and dspark=compact)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.child:  # one run: its spec in a file, its result written beside it
+        spec = json.loads(Path(args.child).read_text())
+        Path(spec["result"]).write_text(json.dumps(run_arm(spec)))
+        return 0
+    if args.model is None:
+        parser.error("--model is required")
+    arms = args.arm or [parse_arm("plain=plain"), parse_arm("dspark=compact")]
+    labels = [a["label"] for a in arms]
+    if len(set(labels)) != len(labels):
+        parser.error(f"--arm labels must differ: {labels}")
+    needs_drafter = any(a["kind"] != "plain" for a in arms)
+    if needs_drafter and not args.drafter:
+        parser.error("a DSpark arm needs --drafter (a folder, or `random` with --random-like)")
+    if args.requests < 1 or args.pairs < 1 or args.concurrency < 1:
+        parser.error("--requests, --pairs and --concurrency must be at least 1")
+    work = Path(tempfile.mkdtemp(prefix="inprocess-ab-"))
+    model, drafter = args.model, args.drafter
+    if args.random_like or drafter == "random":
+        import profile_step as ps
+
+        if args.random_like:
+            model = ps.random_like(args.model, work)
+        if drafter == "random":
+            drafter = ps.random_drafter(model, None, work)
+        elif drafter and args.random_like:
+            drafter = ps.random_drafter(model, Path(drafter), work)
+    runs = []
+    for pair in range(args.pairs):
+        for arm in (arms if pair % 2 == 0 else arms[::-1]):
+            spec = {**arm, "model": str(model), "drafter": str(drafter) if drafter else None,
+                    "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend,
+                    "concurrency": args.concurrency, "temperature": args.temperature, "top_p": args.top_p,
+                    "output_len": args.output_len, "dataset": str(args.dataset), "prompt_limit": args.prompt_limit,
+                    "requests": args.requests, "warmup_requests": args.warmup_requests,
+                    "result": str(work / f"run{len(runs)}.json")}
+            spec_file = work / f"spec{len(runs)}.json"
+            spec_file.write_text(json.dumps(spec))
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_file)])
+            if proc.returncode != 0:
+                print(f"run {len(runs)} ({arm['label']}, pair {pair + 1}) failed with exit code {proc.returncode}",
+                      file=sys.stderr)
+                return 1
+            result = json.loads(Path(spec["result"]).read_text())
+            result["pair"], result["run_order"] = pair, len(runs)
+            runs.append(result)
+            steps = ", ".join(f"{k} {v['steps']} x {v['mean_ms']} ms" for k, v in result["steps"].items())
+            print(f"pair {pair + 1} {result['label']:>12}: {result['tok_s']:9.1f} tok/s over {result['window_s']:.2f} s "
+                  f"({result['tokens_per_step']} tok/step; {steps}; CPU {result['cpu_ms_per_token']} ms/tok; "
+                  f"spec {result['spec']})", flush=True)
+    summary = summarise(labels, runs, args.pairs)
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"settings": {k: (str(v) if isinstance(v, Path) else v)
+                                                      for k, v in vars(args).items() if k != "child"},
+                                         "runs": runs, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

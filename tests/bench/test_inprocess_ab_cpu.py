@@ -1,0 +1,71 @@
+"""benchmarks/inprocess_ab.py on the CPU: each arm in its own process, the order alternating by pair,
+the window's statistics as differences, an arm's environment reaching its engine, bad arms refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, file: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parse_arm_and_numeric_delta():
+    ab = load("bench_script_inprocess_ab_parse", "inprocess_ab.py")
+    assert ab.parse_arm("x=compact,A=1,B=2") == {"label": "x", "kind": "compact", "env": {"A": "1", "B": "2"}}
+    for bad in ("x", "x=", "x=eagle", "x=plain,NOVALUE", "=plain"):
+        with pytest.raises(Exception, match="--arm"):
+            ab.parse_arm(bad)
+    before = {"a": 1, "b": {"c": [2, 3.0]}, "d": "s", "e": True, "f": [1]}
+    after = {"a": 4, "b": {"c": [5, 3.5]}, "d": "s", "e": True, "f": [1, 2], "g": 9}
+    assert ab.numeric_delta(after, before) == {"a": 3, "b": {"c": [3, 0.5]}}
+
+
+def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    aside = load("bench_script_aside_host_cost_ab", "aside_host_cost.py")
+    ab = load("bench_script_inprocess_ab", "inprocess_ab.py")
+    model, drafter = aside.tiny_model(tmp_path)
+    out = tmp_path / "ab.json"
+    code = ab.main(["--model", str(model), "--drafter", str(drafter), "--device", "cpu", "--dtype", "float32",
+                    "--concurrency", "4", "--output-len", "12", "--requests", "8", "--warmup-requests", "4",
+                    "--pairs", "2", "--prompt-limit", "20",
+                    "--arm", "plain=plain", "--arm", "always=compact,SGLAUNCH_DSPARK_STEP_ASIDE=0",
+                    "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert [r["label"] for r in runs] == ["plain", "always", "always", "plain"]  # pair 2 in the other order
+    for r in runs:
+        assert r["output_tokens"] >= 8 * 12 - 4 * 12 and r["window_s"] > 0
+        assert r["tok_s"] == pytest.approx(r["output_tokens"] / r["window_s"], rel=1e-2)
+        steps = sum(s["steps"] for s in r["steps"].values())
+        assert steps > 0 and r["tokens_per_step"] == pytest.approx(r["output_tokens"] / steps, abs=1e-3)
+        assert r["steps"]["prefill"]["steps"] >= 1  # new requests were admitted inside the window
+    plain = [r for r in runs if r["label"] == "plain"]
+    always = [r for r in runs if r["label"] == "always"]
+    assert all(r["spec"] == {} for r in plain)
+    # SGLAUNCH_DSPARK_STEP_ASIDE=0 reached the child's engine: it drafted and never stepped aside
+    assert all(r["spec"]["steps"] > 0 and r["spec"]["step_aside_steps"] == 0 for r in always)
+    ratios = report["summary"]["ratios_vs_plain"]["always"]
+    assert ratios == [round(always[0]["tok_s"] / plain[0]["tok_s"], 4), round(always[1]["tok_s"] / plain[1]["tok_s"], 4)]
+    assert "pair 2" in capsys.readouterr().out
+
+
+def test_a_dspark_arm_without_a_drafter_is_refused(tmp_path):
+    ab = load("bench_script_inprocess_ab_refuse", "inprocess_ab.py")
+    with pytest.raises(SystemExit) as exc:
+        ab.main(["--model", str(tmp_path), "--arm", "a=plain", "--arm", "b=compact"])
+    assert exc.value.code == 2
