@@ -24,8 +24,8 @@ from sglaunch.engine.interface import GenerateRequest, TokenOutput, token_output
 from sglaunch.engine.model_runner import ModelRunner
 from sglaunch.engine.radix_cache import RadixCache
 from sglaunch.engine.request import Req, ReqStatus
-from sglaunch.engine.sampler import (BAD_PROBABILITIES, filter_settings, filters, is_greedy, make_generator,
-                                     read_choices, rows_of, sample_device)
+from sglaunch.engine.sampler import (BAD_PROBABILITIES, UniformStream, draw_uniforms, filter_settings, filters,
+                                     is_greedy, make_uniform_stream, read_choices, rows_of, sample_device)
 from sglaunch.engine.scheduler import Chunk, Scheduler, SchedulerLimits, admission_from_env
 from sglaunch.engine.step import StepInput, build_step_input, placeholder, sample_rows
 from sglaunch.speculative.burst import MAX_BATCH as BURST_MAX_BATCH  # NOTE: torch-free, imports nothing of ours
@@ -132,7 +132,7 @@ class LLMEngine:
         self.limits = scheduler_limits(config, runner)
         self.scheduler = Scheduler(self.limits, self.allocator, radix)
         self.requests: dict[str, Req] = {}
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators: dict[str, UniformStream] = {}  # sampled requests' uniforms
         self._seeds = random.Random(config.random_seed)
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "finished_requests": 0, "steps": 0}
         self.spec = None  # DSparkDecoder when speculative decoding is on
@@ -292,7 +292,7 @@ class LLMEngine:
             return [TokenOutput(req.rid, (), True, "length", prompt_tokens=req.num_prompt_tokens)]
         if not is_greedy(request.sampling):
             seed = request.sampling.seed if request.sampling.seed is not None else self._seeds.getrandbits(63)
-            self.generators[req.rid] = make_generator(seed)  # NOTE: on the CPU (sampler.make_generator)
+            self.generators[req.rid] = make_uniform_stream(seed)  # NOTE: on the CPU (sampler.UniformStream)
         self.requests[req.rid] = req
         self.scheduler.add(req)
         return []
@@ -733,7 +733,7 @@ class LLMEngine:
                 continue
             temperatures.append(float(params.temperature))
             settings.append(filter_settings(params, vocab) if filters(params, vocab) else None)
-            uniforms[r] = torch.rand(N, W, generator=self.generators.get(chunk.req.rid))
+            uniforms[r] = draw_uniforms(self.generators.get(chunk.req.rid), N, W)
         burst.temperatures, burst.uniforms = temperatures, uniforms.transpose(0, 1).contiguous().numpy()
         if filtered:
             burst.filters = settings

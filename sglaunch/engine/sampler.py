@@ -32,11 +32,70 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return gen
 
 
+class UniformStream:
+    """A request's uniforms: its seeded CPU generator's float32 draws, in the order the generator
+    makes them, taken from a block drawn BLOCK at a time. One `torch.rand(1)` and its read-back cost
+    about 2 us a row a step on the host; a list item costs a tenth of a microsecond. The generator
+    draws a float32 tensor serially, so a block holds exactly the values that many one-element
+    draws would: every consumer (the sampler's one uniform a row, DSpark's blocks of uniforms)
+    takes its values through the stream, in the order it did from the generator, and a seeded
+    request gets the same tokens as when each drew from the generator itself."""
+
+    BLOCK = 64
+    __slots__ = ("generator", "_buffer", "_next")
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+        self._buffer: list[float] = []
+        self._next = 0
+
+    def next(self) -> float:
+        """The next uniform, as a Python float (a float32 value)."""
+        if self._next >= len(self._buffer):
+            self._buffer = torch.rand(self.BLOCK, generator=self.generator).tolist()
+            self._next = 0
+        u = self._buffer[self._next]
+        self._next += 1
+        return u
+
+    def take(self, *shape: int) -> torch.Tensor:
+        """The next prod(shape) uniforms as a float32 CPU tensor of that shape (the block's rest,
+        then fresh draws)."""
+        count = 1
+        for size in shape:
+            count *= size
+        have = self._buffer[self._next:self._next + count]
+        self._next += len(have)
+        values = torch.tensor(have, dtype=torch.float32)
+        if len(have) < count:
+            values = torch.cat([values, torch.rand(count - len(have), generator=self.generator)])
+        return values.view(*shape)
+
+
+def make_uniform_stream(seed: int) -> UniformStream:
+    """A sampled request's source of uniforms (make_generator's generator, buffered)."""
+    return UniformStream(make_generator(seed))
+
+
+def draw_uniform(source: UniformStream | torch.Generator | None) -> float:
+    """One uniform from a request's stream, a bare generator, or (None) torch's global one."""
+    if isinstance(source, UniformStream):
+        return source.next()
+    return float(torch.rand(1, generator=source))
+
+
+def draw_uniforms(source: UniformStream | torch.Generator | None, *shape: int) -> torch.Tensor:
+    """A float32 CPU tensor of uniforms of `shape` from a request's stream or generator (as draw_uniform)."""
+    if isinstance(source, UniformStream):
+        return source.take(*shape)
+    return torch.rand(*shape, generator=source)
+
+
 BAD_PROBABILITIES = "probability tensor contains either inf, nan or element < 0, or sums to 0"
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[UniformStream | torch.Generator | None],
     failures: dict[int, Exception] | None = None,
 ) -> tuple[list[int], list[float]]:
     """logits: [batch, vocab] float32 -> (token per row, log-probability of that token under
@@ -49,7 +108,7 @@ def sample(
 
 
 def sample_device(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[UniformStream | torch.Generator | None],
     failures: dict[int, Exception] | None = None,
 ) -> torch.Tensor:
     """sample()'s device part, nothing read back: [2 or 3, batch] float64 on the logits' device,
@@ -72,7 +131,7 @@ def sample_device(
         if kept:
             rows = [random_rows[k] for k in kept]
             # NOTE: one uniform per row from its own generator (the global one without), on the host
-            uniforms = [float(torch.rand(1, generator=generators[i])) for i in rows]
+            uniforms = [draw_uniform(generators[i]) for i in rows]
             index, u = to_device([torch.tensor(rows, dtype=torch.int64),
                                   torch.tensor(uniforms, dtype=torch.float64)], logits.device)
             drawn, invalid = draw(probs, u)
@@ -125,7 +184,7 @@ def filter_kernel(device: torch.device) -> bool:
     return use_triton(device) and (value == "1" or device.type == "cuda")
 
 
-def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[UniformStream | torch.Generator | None],
            random_rows: list[int], filtering: bool = False) -> torch.Tensor:
     """sample_device for greedy and temperature-only rows in one kernel (with `filtering`, rows with
     top-k / top-p / min-p too: sample_rows.filtered_sample): each sampled row's uniform from its own
@@ -137,7 +196,7 @@ def _fused(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     temperatures, uniforms = [0.0] * n, [0.0] * n
     for i in random_rows:
         temperatures[i] = params[i].temperature
-        uniforms[i] = float(torch.rand(1, generator=generators[i]))
+        uniforms[i] = draw_uniform(generators[i])
     host = [torch.tensor(temperatures, dtype=torch.float32), torch.tensor(uniforms, dtype=torch.float64)]
     if filtering:
         settings = [filter_settings(p, vocab) for p in params]

@@ -9,7 +9,7 @@
 
 Three separate units do the work: the drafter (drafter.py), the planner (planner.py) and the
 accept rule (accept.py via kernels.py); this module only wires them to the engine's chunks.
-Randomness is per request (its torch.Generator): 2 * gamma + 1 uniforms per step, so a seeded
+Randomness is per request (its uniform stream, sampler.UniformStream): 2 * gamma + 1 uniforms per step, so a seeded
 request gives the same tokens in cap-accept and compact mode and whatever else is batched.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from sglaunch.config import EngineConfig, env_switch
 from sglaunch.engine.interface import SamplingParams
-from sglaunch.engine.sampler import filtered_probs, is_greedy
+from sglaunch.engine.sampler import draw_uniforms, filtered_probs, is_greedy
 from sglaunch.engine.scheduler import Chunk
 from sglaunch.engine.step import DraftStepInput, draft_marker, second_marker, second_row
 from sglaunch.speculative import kernels
@@ -367,7 +367,7 @@ class DSparkDecoder:
         host = torch.zeros(len(reqs), width)
         for row, (r, g) in enumerate(zip(reqs, greedy)):
             if not g:
-                host[row] = torch.rand(width, generator=generators.get(r.rid))
+                host[row] = draw_uniforms(generators.get(r.rid), width)
         return host
 
     def _chain_draws(self, u: torch.Tensor, chains: int) -> torch.Tensor:

@@ -142,3 +142,28 @@ def test_rows_of_takes_the_rows_without_a_list_index(monkeypatch):
     assert moved == [1, 1, 1, 1]
 
 
+
+
+def test_uniform_stream_yields_the_generator_sequence_across_blocks():
+    """UniformStream: one-at-a-time draws and shaped blocks, across its block boundaries, give
+    exactly the values one-element draws from the same seeded generator give, in order."""
+    from sglaunch.engine.sampler import UniformStream, draw_uniform, draw_uniforms, make_generator, \
+        make_uniform_stream
+
+    reference = make_generator(11)
+    expected = [float(torch.rand(1, generator=reference)) for _ in range(400)]
+    stream = make_uniform_stream(11)
+    got: list[float] = []
+    for shape in [(1,), (3,), (5, 7), (1,), (2, 15), (90,), (1,), (4, 4)]:
+        if shape == (1,):
+            got += [draw_uniform(stream) for _ in range(UniformStream.BLOCK - 3)]
+        else:
+            block = draw_uniforms(stream, *shape)
+            assert block.shape == shape and block.dtype == torch.float32
+            got += block.flatten().tolist()
+    assert len(got) < len(expected)
+    assert got == expected[:len(got)]
+    # a bare generator, and torch's global one (None), still work
+    bare = make_generator(11)
+    assert draw_uniform(bare) == expected[0] and draw_uniforms(bare, 2).tolist() == expected[1:3]
+    assert 0.0 <= draw_uniform(None) < 1.0
