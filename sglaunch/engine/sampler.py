@@ -42,17 +42,19 @@ class UniformStream:
     request gets the same tokens as when each drew from the generator itself."""
 
     BLOCK = 64
-    __slots__ = ("generator", "_buffer", "_next")
+    __slots__ = ("generator", "_block", "_buffer", "_next")
 
     def __init__(self, generator: torch.Generator):
         self.generator = generator
-        self._buffer: list[float] = []
+        self._block = torch.empty(0)  # NOTE: replaced, never written: take() hands out views of it
+        self._buffer: list[float] = []  # the block's values as Python floats
         self._next = 0
 
     def next(self) -> float:
         """The next uniform, as a Python float (a float32 value)."""
         if self._next >= len(self._buffer):
-            self._buffer = torch.rand(self.BLOCK, generator=self.generator).tolist()
+            self._block = torch.rand(self.BLOCK, generator=self.generator)
+            self._buffer = self._block.tolist()
             self._next = 0
         u = self._buffer[self._next]
         self._next += 1
@@ -60,16 +62,20 @@ class UniformStream:
 
     def take(self, *shape: int) -> torch.Tensor:
         """The next prod(shape) uniforms as a float32 CPU tensor of that shape (the block's rest,
-        then fresh draws)."""
+        then fresh draws; read-only: it may be a view of the block)."""
         count = 1
         for size in shape:
             count *= size
-        have = self._buffer[self._next:self._next + count]
-        self._next += len(have)
-        values = torch.tensor(have, dtype=torch.float32)
-        if len(have) < count:
-            values = torch.cat([values, torch.rand(count - len(have), generator=self.generator)])
-        return values.view(*shape)
+        start, rest = self._next, len(self._buffer) - self._next
+        if count <= rest:
+            self._next += count
+            values = self._block[start:start + count]
+        elif rest:
+            self._next = len(self._buffer)
+            values = torch.cat([self._block[start:], torch.rand(count - rest, generator=self.generator)])
+        else:
+            return torch.rand(*shape, generator=self.generator)
+        return values if len(shape) == 1 else values.view(*shape)
 
 
 def make_uniform_stream(seed: int) -> UniformStream:

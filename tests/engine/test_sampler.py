@@ -151,10 +151,10 @@ def test_uniform_stream_yields_the_generator_sequence_across_blocks():
         make_uniform_stream
 
     reference = make_generator(11)
-    expected = [float(torch.rand(1, generator=reference)) for _ in range(400)]
+    expected = [float(torch.rand(1, generator=reference)) for _ in range(500)]
     stream = make_uniform_stream(11)
     got: list[float] = []
-    for shape in [(1,), (3,), (5, 7), (1,), (2, 15), (90,), (1,), (4, 4)]:
+    for shape in [(1,), (3,), (5, 7), (1,), (2, 15), (90,), (1,), (4, 4), (1,), (2, 3)]:
         if shape == (1,):
             got += [draw_uniform(stream) for _ in range(UniformStream.BLOCK - 3)]
         else:
