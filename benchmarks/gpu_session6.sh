@@ -1080,6 +1080,37 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline88() {  # session 42, the very last device minutes (`fg pipeline88 230` after pipeline87): are DSpark's sampled
+  # bursts worth keeping where they were meant to pay? The same three arms at c=1 (two rounds) and c=4 (one)
+  part ab1 140 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 1 \
+    --temperature 0.7 --requests 60 --warmup-requests 8 --pairs 2 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab1.json"
+  part ab4 80 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 4 \
+    --temperature 0.7 --requests 150 --warmup-requests 16 --pairs 1 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab4.json"
+  touch "$W/all88.done"
+}
+
+pipeline87() {  # session 42, the last device minutes (`fg pipeline87 200` after pipeline86): at c=8, T=0.7 DSpark
+  # drafted on about 40% of its steps in two of pipeline86's three runs and lost (0.93x): bursts or drafted steps?
+  # plain, DSpark, and DSpark without bursts (SGLAUNCH_DSPARK_BURST=0), two rounds in turn
+  part ab8b 190 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 2 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab8b.json"
+  touch "$W/all87.done"
+}
+
+pipeline86() {  # session 42 (`fg pipeline86 330` after pipeline85 on the same machine, the model pulled): pipeline85's
+  # in-process A/B (inprocess_ab.py, T=0.7, three pairs, fresh processes) at c=32 and at c=8 (where sampled bursts
+  # and drafting steps run)
+  pkill -f pipeline85; pkill -f profile_step.py; sleep 2
+  part ab32 170 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 32 \
+    --temperature 0.7 --requests 900 --pairs 3 --json "$W/ab32.json"
+  part ab8 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 3 --json "$W/ab8.json"
+  touch "$W/all86.done"
+}
+
 pipeline85() {  # session 42 (`bg pipeline85` once the installs are done and `bgtest` started; the model's pieces follow):
   # where a DSpark engine loses at 16 sampled requests (HTTP 0.91-0.95x of plain, session 41). First both engines'
   # whole loops in-process, each run in a fresh process, three pairs in alternating order (inprocess_ab.py: tok/s,
