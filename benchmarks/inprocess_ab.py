@@ -8,7 +8,8 @@ Each arm is an engine as `sglaunch serve` would boot it (profile_step.build_engi
 (no drafter) or a DSpark mode (`compact`, `static`), with environment variables of its own after the
 kind (`dspark-noctx=compact,SGLAUNCH_DSPARK_SKIP_CONTEXT=0`). A run boots its arm in a new Python
 process, keeps --concurrency requests in flight in a closed loop (the held-out prompts through the
-model's chat template, --output-len tokens each, EOS ignored, seeded per request at T > 0), lets
+model's chat template, --output-len tokens each (or, with --output-jitter J, a length drawn per request in
+[(1 - J), (1 + J)] x --output-len, the same for every arm), EOS ignored, seeded per request at T > 0), lets
 --warmup-requests of them finish, then times the window in which the next --requests finish: the
 batch stays full all through it (no tail of a draining batch, which a DSpark engine bursts through).
 Pairs alternate the order (A B, B A, A B, ...); each pair's ratio is taken against the first arm.
@@ -17,7 +18,10 @@ Besides tok/s the window's engine statistics are reported as differences over th
 (`live_stats`): steps by kind (prefill: a step that ran a prompt chunk; decode: the rest) with their
 count and mean wall time, CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, and the
 process CPU time per output token. So a loss is placed: in the decode steps, the prefill steps, or
-how many of each a token needs.
+how many of each a token needs. NOTE: with one output length for all, requests admitted in the same step
+end in the same step for good in a plain engine (a cohort), so it admits several prompts a step, while a
+DSpark engine's drafting steps break cohorts up: its steps that admit prompts are more and each admits
+fewer (session 42 at c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out.
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -109,13 +114,20 @@ def run_arm(spec: dict) -> dict:
     pool = prompts(Path(spec["model"]), Path(spec["dataset"]), spec["prompt_limit"])
     made, live = 0, set()
     greedy = spec["temperature"] <= 0
+    jitter = spec.get("output_jitter", 0.0)
+
+    def output_len(i: int) -> int:
+        if not jitter:
+            return spec["output_len"]
+        draw = random.Random(i).uniform(1 - jitter, 1 + jitter)  # NOTE: per request index: every arm alike
+        return max(1, round(spec["output_len"] * draw))
 
     def top_up():
         nonlocal made
         while len(live) < spec["concurrency"]:
             rid = f"r{made}"
             engine.add_request(GenerateRequest(rid, pool[made % len(pool)], SamplingParams(
-                max_new_tokens=spec["output_len"], temperature=spec["temperature"], top_p=spec["top_p"],
+                max_new_tokens=output_len(made), temperature=spec["temperature"], top_p=spec["top_p"],
                 ignore_eos=True, seed=None if greedy else made)))
             live.add(rid)
             made += 1
@@ -194,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-jitter", type=float, default=0.0,
+                        help="each request's length drawn in [(1 - J), (1 + J)] x --output-len (0: all alike)")
     parser.add_argument("--dataset", type=Path, default=DATASET)
     parser.add_argument("--prompt-limit", type=int, default=750, help="use the dataset's first N prompts, in turn")
     parser.add_argument("--requests", type=int, default=600, help="requests that finish inside the timed window")
@@ -219,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a DSpark arm needs --drafter (a folder, or `random` with --random-like)")
     if args.requests < 1 or args.pairs < 1 or args.concurrency < 1:
         parser.error("--requests, --pairs and --concurrency must be at least 1")
+    if not 0.0 <= args.output_jitter < 1.0:
+        parser.error("--output-jitter must be in [0, 1)")
     work = Path(tempfile.mkdtemp(prefix="inprocess-ab-"))
     model, drafter = args.model, args.drafter
     if args.random_like or drafter == "random":
@@ -236,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = {**arm, "model": str(model), "drafter": str(drafter) if drafter else None,
                     "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend,
                     "concurrency": args.concurrency, "temperature": args.temperature, "top_p": args.top_p,
-                    "output_len": args.output_len, "dataset": str(args.dataset), "prompt_limit": args.prompt_limit,
+                    "output_len": args.output_len, "output_jitter": args.output_jitter,
+                    "dataset": str(args.dataset), "prompt_limit": args.prompt_limit,
                     "requests": args.requests, "warmup_requests": args.warmup_requests,
                     "result": str(work / f"run{len(runs)}.json")}
             spec_file = work / f"spec{len(runs)}.json"

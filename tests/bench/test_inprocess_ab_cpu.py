@@ -69,3 +69,25 @@ def test_a_dspark_arm_without_a_drafter_is_refused(tmp_path):
     with pytest.raises(SystemExit) as exc:
         ab.main(["--model", str(tmp_path), "--arm", "a=plain", "--arm", "b=compact"])
     assert exc.value.code == 2
+
+
+def test_output_jitter_gives_every_arm_the_same_lengths(tmp_path):
+    """--output-jitter: each request's length comes from its index, so two plain arms generate the
+    same tokens in their windows, and not what one length for all generates."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    aside = load("bench_script_aside_host_cost_jitter", "aside_host_cost.py")
+    ab = load("bench_script_inprocess_ab_jitter", "inprocess_ab.py")
+    model, _ = aside.tiny_model(tmp_path)
+    totals = {}
+    for jitter in ("0", "0.5"):
+        out = tmp_path / f"ab{jitter}.json"
+        assert ab.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--concurrency", "3",
+                        "--output-len", "12", "--requests", "9", "--warmup-requests", "2", "--pairs", "1",
+                        "--prompt-limit", "10", "--output-jitter", jitter, "--arm", "a=plain", "--arm", "b=plain",
+                        "--json", str(out)]) == 0
+        totals[jitter] = [r["output_tokens"] for r in json.loads(out.read_text())["runs"]]
+    assert totals["0.5"][0] == totals["0.5"][1]
+    assert totals["0.5"] != totals["0"]
+    with pytest.raises(SystemExit):
+        ab.main(["--model", str(model), "--output-jitter", "1.5"])
