@@ -71,8 +71,8 @@ def numeric_delta(after, before):
         return None
     if isinstance(after, (int, float)) and isinstance(before, (int, float)) and not isinstance(before, bool):
         return after - before
-    if isinstance(after, dict) and isinstance(before, dict):
-        out = {k: numeric_delta(v, before[k]) for k, v in after.items() if k in before}
+    if isinstance(after, dict) and isinstance(before, dict):  # a key new since `before` counts from 0 (or {})
+        out = {k: numeric_delta(v, before.get(k, {} if isinstance(v, dict) else 0)) for k, v in after.items()}
         return {k: v for k, v in out.items() if v is not None} or None
     if isinstance(after, list) and isinstance(before, list) and len(after) == len(before):
         out = [numeric_delta(a, b) for a, b in zip(after, before)]
@@ -166,7 +166,7 @@ def run_arm(spec: dict) -> dict:
             "graph_replays": delta.get("total_graph_replays"),
             "spec": {k: spec_delta[k] for k in ("steps", "step_aside_steps", "committed_tokens",
                                                 "context_skipped_steps") if k in spec_delta},
-            "bursts": (spec_delta.get("bursts") or {}).get("bursts")}
+            "bursts": spec_delta.get("bursts")}  # the window's burst counters (bursts, iterations, stops, ...)
 
 
 def summarise(arms: list[str], runs: list[dict], pairs: int) -> dict:

@@ -29,7 +29,8 @@ def test_parse_arm_and_numeric_delta():
             ab.parse_arm(bad)
     before = {"a": 1, "b": {"c": [2, 3.0]}, "d": "s", "e": True, "f": [1]}
     after = {"a": 4, "b": {"c": [5, 3.5]}, "d": "s", "e": True, "f": [1, 2], "g": 9}
-    assert ab.numeric_delta(after, before) == {"a": 3, "b": {"c": [3, 0.5]}}
+    assert ab.numeric_delta(after, before) == {"a": 3, "b": {"c": [3, 0.5]}, "g": 9}
+    assert ab.numeric_delta({"k": {"new": 2}}, {}) == {"k": {"new": 2}}
 
 
 def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsys):
