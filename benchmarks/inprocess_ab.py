@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             result["pair"], result["run_order"] = pair, len(runs)
             runs.append(result)
             steps = ", ".join(f"{k} {v['steps']} x {v['mean_ms']} ms" for k, v in result["steps"].items())
-            print(f"pair {pair + 1} {result['label']:>12}: {result['tok_s']:9.1f} tok/s over {result['window_s']:.2f} s "
+            print(f"pair {pair + 1} {result['label']:>12}: {result['tok_s']:9.1f} tok/s "
+                  f"over {result['window_s']:.2f} s "
                   f"({result['tokens_per_step']} tok/step; {steps}; CPU {result['cpu_ms_per_token']} ms/tok; "
                   f"spec {result['spec']})", flush=True)
     summary = summarise(labels, runs, args.pairs)

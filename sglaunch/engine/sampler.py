@@ -1,13 +1,13 @@
 """Token sampling on rank 0: greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 Filtering and the draw are vectorised over the batch: each sampled row takes one uniform from
-its request's own torch.Generator (on the CPU: a few microseconds, where a per-row
-`torch.multinomial` on a GPU was several kernel launches), the uniforms go down in one copy, and
-every row is drawn at once by inverse CDF over its filtered probabilities. So a seeded request
-samples the same tokens whatever else is in the batch, and the step makes a fixed number of
-launches however many rows sample. With a `failures` dict, a row that cannot be sampled
-(settings the server would refuse, e.g. a NaN temperature) is recorded there as that request's
-failure instead of failing the batch.
+its request's own seeded CPU generator through a UniformStream (a list item from a block of the
+generator's draws, where a per-row `torch.multinomial` on a GPU was several kernel launches), the
+uniforms go down in one copy, and every row is drawn at once by inverse CDF over its filtered
+probabilities. So a seeded request samples the same tokens whatever else is in the batch, and the
+step makes a fixed number of launches however many rows sample. With a `failures` dict, a row
+that cannot be sampled (settings the server would refuse, e.g. a NaN temperature) is recorded there
+as that request's failure instead of failing the batch.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
     # SGLAUNCH_DSPARK_STEP_ASIDE=0 reached the child's engine: it drafted and never stepped aside
     assert all(r["spec"]["steps"] > 0 and r["spec"]["step_aside_steps"] == 0 for r in always)
     ratios = report["summary"]["ratios_vs_plain"]["always"]
-    assert ratios == [round(always[0]["tok_s"] / plain[0]["tok_s"], 4), round(always[1]["tok_s"] / plain[1]["tok_s"], 4)]
+    assert ratios == [round(always[i]["tok_s"] / plain[i]["tok_s"], 4) for i in range(2)]
     assert "pair 2" in capsys.readouterr().out
 
 
