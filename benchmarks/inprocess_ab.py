@@ -155,9 +155,9 @@ def run_arm(spec: dict) -> dict:
     finally:
         cluster.stop(engine)
     delta = numeric_delta(after, before) or {}
-    steps = {kind: {"steps": int(v[0]), "seconds": round(v[1], 4),
-                    "mean_ms": round(1e3 * v[1] / v[0], 4) if v[0] else None}
-             for kind, v in (delta.get("step_seconds") or {}).items()}
+    steps = {step_kind: {"steps": int(v[0]), "seconds": round(v[1], 4),
+                         "mean_ms": round(1e3 * v[1] / v[0], 4) if v[0] else None}
+             for step_kind, v in (delta.get("step_seconds") or {}).items()}  # prefill / decode
     spec_delta = delta.get("speculative") or {}
     return {"label": spec["label"], "kind": kind, "env": spec["env"], "boot_s": round(boot_s, 1),
             "window_s": round(wall, 4), "output_tokens": tokens, "tok_s": round(tokens / wall, 1),
