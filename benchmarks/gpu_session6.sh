@@ -1344,12 +1344,15 @@ rows_ab() {  # rows_ab LEVELS PROMPTS OUT: session 36, DSpark compact over HTTP 
 
 tree_ab() {  # tree_ab OLD LEVELS PROMPTS OUT: DSpark compact over HTTP with this tree's files laid over by the folder
   # OLD's (a .preNN of benchmarks/old_sides.sh, carried) against this tree; the held-out set, 128
-  # tokens, TEMP (default 0), TOPP, ROUNDS; KVCAP as for dspark_vs_plain
+  # tokens, TEMP (default 0), TOPP, ROUNDS; KVCAP as for dspark_vs_plain. PLAIN=1: plain decoding on both sides
+  # (e.g. .pre42, the sampler before UniformStream)
+  local mode="SGLANG_RAGGED_VERIFY_MODE=compact" dspark="--speculative-algorithm DSPARK"
+  if [ -n "${PLAIN:-}" ]; then mode="" dspark=""; fi
   rm -rf /tmp/old && mkdir -p /tmp/old && cp -a sglaunch benchmarks /tmp/old/ && cp -a "$1/sglaunch/." /tmp/old/sglaunch/
   PYTHONPATH=/tmp/site:/tmp/old python3 -P -c "import sglaunch.engine.engine as m; print('old side:', m.__file__)"
   python3 -m sglaunch bench \
-    --compare "PYTHONPATH=/tmp/site:/tmp/old SGLANG_RAGGED_VERIFY_MODE=compact python3 -P -m sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK" \
+    --compare "PYTHONPATH=/tmp/site:/tmp/old $mode python3 -P -m sglaunch serve ${KVCAP:-} $dspark" \
+    --compare "$mode sglaunch serve ${KVCAP:-} $dspark" \
     --label before --label after --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$3" --output-len 128 \
     --concurrency "$2" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$4" --no-plot --rounds "${ROUNDS:-1}"
 }
