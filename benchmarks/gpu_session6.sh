@@ -1080,6 +1080,26 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline90() {  # session 43 (`bg pipeline90` after the installs, no bgtest: no engine change since session 42's 40
+  # passed; the model's pieces follow): pipeline89 reordered for a session that lost device time to asks. First
+  # what decides SAMPLED_MAX_BATCH: over HTTP, do sampled bursts pay at 4 and 8 requests (T=0.7, all 750 held-out
+  # prompts, three rounds, fresh servers)? Then c=8 in-process with bursts on / off under +-30% output lengths;
+  # then 16 and 32 under the same jitter (the admitting steps without plain's cohorts)
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part bench1 420 env TEMP=0.7 ROUNDS=3 RESTART=1 bash -c 'dspark_vs_plain 4,8 "$W/bench1/bench.json" 750'
+  part ab8j 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 2 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab8j.json"
+  part ab16j 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 16 \
+    --temperature 0.7 --requests 600 --pairs 3 --output-jitter 0.3 --json "$W/ab16j.json"
+  part ab32j 170 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 32 \
+    --temperature 0.7 --requests 900 --pairs 3 --output-jitter 0.3 --json "$W/ab32j.json"
+  touch "$W/all.done"
+}
+
 pipeline89() {  # planned in session 42 for the next session (`bg pipeline89` after the installs and `bgtest`; the model's
   # pieces follow): over HTTP do sampled bursts pay at 4 and 8 requests (T=0.7, all 750 held-out prompts, three rounds,
   # fresh servers each round)? In-process they read 1.03 at 4 and 0.91-0.95 at 8 (session 42), over HTTP 1.32 / 1.17
