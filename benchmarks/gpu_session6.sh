@@ -1080,6 +1080,23 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline91() {  # planned in session 43 for the next session (`bg pipeline91` after the installs; the model's pieces
+  # follow): session 43's HTTP c=8 level (1.07 / 1.15x) ran after the c=4 level on the same servers, so every prompt
+  # was in both servers' radix caches ("first token" skips) while in-process (uncached) c=8 read 0.70-0.95x with
+  # DSpark's prompt-admitting steps at 2.3-5.3 ms against plain's 1.3-1.7. First c=8 over HTTP alone, fresh servers
+  # every round (nothing cached); then c=8 in-process again, now with the collector's passes per run (inprocess_ab.py
+  # reports them since session 43): is the admitting steps' extra time a full collection's?
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part bench8 330 env TEMP=0.7 ROUNDS=3 RESTART=1 bash -c 'dspark_vs_plain 8 "$W/bench8/bench.json" 750'
+  part ab8g 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 2 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab8g.json"
+  touch "$W/all.done"
+}
+
 pipeline90() {  # session 43 (`bg pipeline90` after the installs, no bgtest: no engine change since session 42's 40
   # passed; the model's pieces follow): pipeline89 reordered for a session that lost device time to asks. First
   # what decides SAMPLED_MAX_BATCH: over HTTP, do sampled bursts pay at 4 and 8 requests (T=0.7, all 750 held-out

@@ -16,8 +16,9 @@ Pairs alternate the order (A B, B A, A B, ...); each pair's ratio is taken again
 
 Besides tok/s the window's engine statistics are reported as differences over the window
 (`live_stats`): steps by kind (prefill: a step that ran a prompt chunk; decode: the rest) with their
-count and mean wall time, CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, and the
-process CPU time per output token. So a loss is placed: in the decode steps, the prefill steps, or
+count and mean wall time, CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, the burst
+counters (bursts, iterations, chained, ended early, why steps took none), the garbage collector's passes and
+seconds per generation, and the process CPU time per output token. So a loss is placed: in the decode steps, the prefill steps, or
 how many of each a token needs. NOTE: with one output length for all, requests admitted in the same step
 end in the same step for good in a plain engine (a cohort), so it admits several prompts a step, while a
 DSpark engine's drafting steps break cohorts up: its steps that admit prompts are more and each admits
@@ -166,7 +167,10 @@ def run_arm(spec: dict) -> dict:
             "graph_replays": delta.get("total_graph_replays"),
             "spec": {k: spec_delta[k] for k in ("steps", "step_aside_steps", "committed_tokens",
                                                 "context_skipped_steps") if k in spec_delta},
-            "bursts": spec_delta.get("bursts")}  # the window's burst counters (bursts, iterations, stops, ...)
+            "bursts": spec_delta.get("bursts"),  # the window's burst counters (bursts, iterations, stops, ...)
+            # the cyclic collector's passes and seconds per generation in the window (engine/heap.py): a full
+            # pass over what was allocated after the start-up freeze lands in whichever step triggers it
+            "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None}
 
 
 def summarise(arms: list[str], runs: list[dict], pairs: int) -> dict:

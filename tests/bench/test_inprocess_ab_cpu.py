@@ -55,6 +55,11 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
         steps = sum(s["steps"] for s in r["steps"].values())
         assert steps > 0 and r["tokens_per_step"] == pytest.approx(r["output_tokens"] / steps, abs=1e-3)
         assert r["steps"]["prefill"]["steps"] >= 1  # new requests were admitted inside the window
+        # the collector's passes and seconds per generation inside the window (engine/heap.py's counters,
+        # registered when the engine froze its start-up heap; a window this small may run none)
+        assert set(r["gc"]) == {"collections", "seconds"}
+        assert len(r["gc"]["collections"]) == 3 and all(n >= 0 for n in r["gc"]["collections"])
+        assert len(r["gc"]["seconds"]) == 3 and all(s >= 0 for s in r["gc"]["seconds"])
     plain = [r for r in runs if r["label"] == "plain"]
     always = [r for r in runs if r["label"] == "always"]
     assert all(r["spec"] == {} for r in plain)
