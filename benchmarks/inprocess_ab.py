@@ -14,15 +14,15 @@ model's chat template, --output-len tokens each (or, with --output-jitter J, a l
 batch stays full all through it (no tail of a draining batch, which a DSpark engine bursts through).
 Pairs alternate the order (A B, B A, A B, ...); each pair's ratio is taken against the first arm.
 
-Besides tok/s the window's engine statistics are reported as differences over the window
-(`live_stats`): steps by kind (prefill: a step that ran a prompt chunk; decode: the rest) with their
-count and mean wall time, CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, the burst
-counters (bursts, iterations, chained, ended early, why steps took none), the garbage collector's passes and
-seconds per generation, and the process CPU time per output token. So a loss is placed: in the decode
-steps, the prefill steps, or how many of each a token needs. NOTE: with one output length for all,
-requests admitted in the same step end in the same step for good in a plain engine (a cohort), so it
-admits several prompts a step, while a DSpark engine's drafting steps break cohorts up: its steps that admit prompts are more and each admits
-fewer (session 42 at c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out.
+Besides tok/s the window's engine statistics are reported as differences over the window (`live_stats`): steps
+by kind (prefill: a step that ran a prompt chunk; decode: the rest) with their count and mean wall time,
+CUDA-graph replays by kind, DSpark's drafted and stepped-aside steps, the burst counters (bursts, iterations,
+chained, ended early, why steps took none), the garbage collector's passes and seconds per generation, and the
+process CPU time per output token. So a loss is placed: in the decode steps, the prefill steps, or how many of
+each a token needs. NOTE: with one output length for all, requests admitted in the same step end in the same
+step for good in a plain engine (a cohort), so it admits several prompts a step, while a DSpark engine's
+drafting steps break cohorts up: its steps that admit prompts are more and each admits fewer (session 42 at
+c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out.
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
