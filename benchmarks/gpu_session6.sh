@@ -1084,8 +1084,9 @@ pipeline91() {  # planned in session 43 for the next session (`bg pipeline91` af
   # follow): session 43's HTTP c=8 level (1.07 / 1.15x) ran after the c=4 level on the same servers, so every prompt
   # was in both servers' radix caches ("first token" skips) while in-process (uncached) c=8 read 0.70-0.95x with
   # DSpark's prompt-admitting steps at 2.3-5.3 ms against plain's 1.3-1.7. First c=8 over HTTP alone, fresh servers
-  # every round (nothing cached); then c=8 in-process again, now with the collector's passes per run (inprocess_ab.py
-  # reports them since session 43): is the admitting steps' extra time a full collection's?
+  # every round (nothing cached); then c=8 in-process again, now with the collector's passes and each step kind's
+  # spread of step times (inprocess_ab.py's `gc` and `step_ms`, session 43): are DSpark's admitting steps slow one
+  # after another, or through a few stalls?
   while [ ! -f /tmp/smol/ready ]; do sleep 2; done
   pull_smol
   local KVCAP="--max-total-tokens 400000"

@@ -22,7 +22,9 @@ process CPU time per output token. So a loss is placed: in the decode steps, the
 each a token needs. NOTE: with one output length for all, requests admitted in the same step end in the same
 step for good in a plain engine (a cohort), so it admits several prompts a step, while a DSpark engine's
 drafting steps break cohorts up: its steps that admit prompts are more and each admits fewer (session 42 at
-c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out.
+c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out. Each kind's step times are
+also timed around every engine.step() (`step_ms`: p50 / p90 / p99 / max and the share of the kind's time in its
+slowest 1% of steps), so a kind that is slow step after step is told from one that stalls now and then.
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
@@ -133,11 +135,19 @@ def run_arm(spec: dict) -> dict:
             live.add(rid)
             made += 1
 
-    def run_until(finishes: int) -> int:
+    def run_until(finishes: int, times: dict | None = None) -> int:
+        """Step until `finishes` requests finish; times: each step's wall time by kind (the engine's own
+        split: a prefill step is one whose scheduler ran a prompt chunk) -> [seconds]."""
         done = tokens = 0
+        scheduler = engine.scheduler
         while done < finishes:
             top_up()
-            for out in engine.step():
+            prefills, began = scheduler.num_prefill_steps, time.perf_counter()
+            outputs = engine.step()
+            if times is not None:
+                times["prefill" if scheduler.num_prefill_steps != prefills else "decode"].append(
+                    time.perf_counter() - began)
+            for out in outputs:
                 tokens += len(out.new_token_ids)
                 if out.finished:
                     live.discard(out.rid)
@@ -149,7 +159,8 @@ def run_arm(spec: dict) -> dict:
         sync()
         before = engine.live_stats()
         cpu0, t0 = time.process_time(), time.perf_counter()
-        tokens = run_until(spec["requests"])
+        times = {"decode": [], "prefill": []}
+        tokens = run_until(spec["requests"], times)
         sync()
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         after = engine.live_stats()
@@ -170,7 +181,21 @@ def run_arm(spec: dict) -> dict:
             "bursts": spec_delta.get("bursts"),  # the window's burst counters (bursts, iterations, stops, ...)
             # the cyclic collector's passes and seconds per generation in the window (engine/heap.py): a full
             # pass over what was allocated after the start-up freeze lands in whichever step triggers it
-            "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None}
+            "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None,
+            "step_ms": {k: spread(v) for k, v in times.items() if v}}
+
+
+def spread(seconds: list[float]) -> dict:
+    """Percentiles of one kind's step times (ms), and the share of that kind's time its slowest 1% of steps
+    took: whether a kind is slow step after step or through a few stalls (a collection, a capture)."""
+    ms = sorted(1e3 * s for s in seconds)
+
+    def at(q: float) -> float:
+        return round(ms[min(len(ms) - 1, int(q * len(ms)))], 4)
+
+    tail = ms[len(ms) - max(1, len(ms) // 100):]
+    return {"steps": len(ms), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(ms[-1], 4),
+            "slowest_1pct_share": round(sum(tail) / sum(ms), 4) if sum(ms) else 0.0}
 
 
 def summarise(arms: list[str], runs: list[dict], pairs: int) -> dict:

@@ -60,6 +60,12 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
         assert set(r["gc"]) == {"collections", "seconds"}
         assert len(r["gc"]["collections"]) == 3 and all(n >= 0 for n in r["gc"]["collections"])
         assert len(r["gc"]["seconds"]) == 3 and all(s >= 0 for s in r["gc"]["seconds"])
+        # each step timed around engine.step(), split as the engine splits them: the same counts
+        for kind, spread in r["step_ms"].items():
+            assert spread["steps"] == r["steps"][kind]["steps"]
+            assert 0 < spread["p50"] <= spread["p90"] <= spread["p99"] <= spread["max"]
+            assert 0 < spread["slowest_1pct_share"] <= 1
+        assert set(r["step_ms"]) == {"decode", "prefill"}
     plain = [r for r in runs if r["label"] == "plain"]
     always = [r for r in runs if r["label"] == "always"]
     assert all(r["spec"] == {} for r in plain)
@@ -97,3 +103,13 @@ def test_output_jitter_gives_every_arm_the_same_lengths(tmp_path):
     assert totals["0.5"] != totals["0"]
     with pytest.raises(SystemExit):
         ab.main(["--model", str(model), "--output-jitter", "1.5"])
+
+
+def test_step_spread_tells_a_stall_from_a_slow_kind():
+    ab = load("bench_script_inprocess_ab_spread", "inprocess_ab.py")
+    stalled = ab.spread([0.001] * 99 + [0.1])  # 99 steps of 1 ms and one stall of 100 ms
+    assert stalled["steps"] == 100 and stalled["p50"] == 1.0 and stalled["p90"] == 1.0 and stalled["max"] == 100.0
+    assert stalled["slowest_1pct_share"] == pytest.approx(100 / 199, abs=1e-4)
+    slow = ab.spread([0.002] * 100)  # slow step after step: no tail
+    assert slow["p50"] == slow["max"] == 2.0 and slow["slowest_1pct_share"] == pytest.approx(0.01)
+    assert ab.spread([0.003])["p99"] == 3.0
