@@ -1,7 +1,8 @@
 # Session 43, dev CPU: the collector's passes per window (and each step kind's spread of step times) for plain,
 # static DSpark with bursts (static mode has no CPU profile, so it always bursts) and without, on the tiny random
 # model of benchmarks/aside_host_cost.py, c=8, T=0.7. From the repository root:
-#     TRITON_INTERPRET=1 python benchmarks/cpu43/gc_probe.py > benchmarks/cpu43/gc_probe.txt
+#     TRITON_INTERPRET=1 python benchmarks/cpu43/gc_probe.py | grep -E "^(plain|static|noburst) " \
+#         > benchmarks/cpu43/gc_probe.txt
 import importlib.util
 import json
 import sys
