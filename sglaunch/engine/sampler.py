@@ -12,6 +12,8 @@ as that request's failure instead of failing the batch.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from sglaunch.engine.interface import SamplingParams
@@ -63,9 +65,7 @@ class UniformStream:
     def take(self, *shape: int) -> torch.Tensor:
         """The next prod(shape) uniforms as a float32 CPU tensor of that shape (the block's rest,
         then fresh draws; read-only: it may be a view of the block)."""
-        count = 1
-        for size in shape:
-            count *= size
+        count = math.prod(shape)
         start, rest = self._next, len(self._buffer) - self._next
         if count <= rest:
             self._next += count
