@@ -25,6 +25,9 @@ drafting steps break cohorts up: its steps that admit prompts are more and each 
 c=32: 555-561 against 487 for 900 admissions). --output-jitter takes cohorts out. Each kind's step times are
 also timed around every engine.step() (`step_ms`: p50 / p90 / p99 / max and the share of the kind's time in its
 slowest 1% of steps), so a kind that is slow step after step is told from one that stalls now and then.
+`step_split` splits the steps finer, by what each did (a prompt chunk, a burst read back, drafting outside a
+burst, plain decoding), with the tokens each kind reported and its tokens per millisecond: whether bursts
+yield more per millisecond than plain's decode steps, and what the other kinds cost.
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
@@ -135,23 +138,33 @@ def run_arm(spec: dict) -> dict:
             live.add(rid)
             made += 1
 
-    def run_until(finishes: int, times: dict | None = None) -> int:
+    policies = [p for p in (getattr(engine, "burst", None), getattr(engine, "burst_sampled", None),
+                            getattr(engine, "burst_filtered", None)) if p is not None]
+    stats = engine.spec.stats if getattr(engine, "spec", None) is not None else None
+
+    def run_until(finishes: int, times: dict | None = None, split: dict | None = None) -> int:
         """Step until `finishes` requests finish; times: each step's wall time by kind (the engine's own
-        split: a prefill step is one whose scheduler ran a prompt chunk) -> [seconds]."""
+        split: a prefill step is one whose scheduler ran a prompt chunk) -> [seconds]; split: finer kinds
+        (step_kind) -> [(seconds, tokens the step reported)]."""
         done = tokens = 0
         scheduler = engine.scheduler
         while done < finishes:
             top_up()
-            prefills, began = scheduler.num_prefill_steps, time.perf_counter()
+            marks = step_marks(scheduler, policies, stats)
+            began = time.perf_counter()
             outputs = engine.step()
-            if times is not None:
-                times["prefill" if scheduler.num_prefill_steps != prefills else "decode"].append(
-                    time.perf_counter() - began)
+            spent = time.perf_counter() - began
+            new = 0
             for out in outputs:
-                tokens += len(out.new_token_ids)
+                new += len(out.new_token_ids)
                 if out.finished:
                     live.discard(out.rid)
                     done += 1
+            tokens += new
+            if times is not None:
+                times["prefill" if scheduler.num_prefill_steps != marks[0] else "decode"].append(spent)
+            if split is not None:
+                split[step_kind(marks, step_marks(scheduler, policies, stats))].append((spent, new))
         return tokens
 
     try:
@@ -160,7 +173,8 @@ def run_arm(spec: dict) -> dict:
         before = engine.live_stats()
         cpu0, t0 = time.process_time(), time.perf_counter()
         times = {"decode": [], "prefill": []}
-        tokens = run_until(spec["requests"], times)
+        split = {kind: [] for kind in STEP_KINDS}
+        tokens = run_until(spec["requests"], times, split)
         sync()
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         after = engine.live_stats()
@@ -182,7 +196,37 @@ def run_arm(spec: dict) -> dict:
             # the cyclic collector's passes and seconds per generation in the window (engine/heap.py): a full
             # pass over what was allocated after the start-up freeze lands in whichever step triggers it
             "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None,
-            "step_ms": {k: spread(v) for k, v in times.items() if v}}
+            "step_ms": {k: spread(v) for k, v in times.items() if v},
+            "step_split": {k: split_row(v) for k, v in split.items() if v}}
+
+
+# the finer split of steps (step_split): a step that admitted a prompt chunk; one that read back a DSpark
+# burst (and may have launched the next, chained); one whose rows drafted and verified outside a burst;
+# any other (a plain step: plain's every decode, DSpark's stepped-aside or declined ones)
+STEP_KINDS = ("prefill", "burst", "drafted", "plain")
+
+
+def step_marks(scheduler, policies: list, stats) -> tuple[int, int, int]:
+    """Counters whose change between two reads says what a step did (step_kind)."""
+    return (scheduler.num_prefill_steps, sum(p.burst_iterations for p in policies),
+            stats.steps if stats is not None else 0)
+
+
+def step_kind(before: tuple[int, int, int], after: tuple[int, int, int]) -> str:
+    if after[0] != before[0]:
+        return "prefill"
+    if after[1] != before[1]:
+        return "burst"
+    return "drafted" if after[2] != before[2] else "plain"
+
+
+def split_row(steps: list[tuple[float, int]]) -> dict:
+    """One step kind's steps, seconds and reported tokens, with tokens per millisecond: what that kind of
+    step yields for its time, to set beside a plain engine's decode steps."""
+    seconds, tokens = sum(s for s, _ in steps), sum(n for _, n in steps)
+    return {"steps": len(steps), "seconds": round(seconds, 4), "tokens": tokens,
+            "mean_ms": round(1e3 * seconds / len(steps), 4), "p50_ms": spread([s for s, _ in steps])["p50"],
+            "tokens_per_ms": round(tokens / (1e3 * seconds), 3) if seconds else None}
 
 
 def spread(seconds: list[float]) -> dict:

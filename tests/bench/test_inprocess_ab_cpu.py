@@ -66,9 +66,19 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
             assert 0 < spread["p50"] <= spread["p90"] <= spread["p99"] <= spread["max"]
             assert 0 < spread["slowest_1pct_share"] <= 1
         assert set(r["step_ms"]) == {"decode", "prefill"}
+        # the finer split covers every step and every token of the window once
+        split = r["step_split"]
+        assert sum(k["steps"] for k in split.values()) == steps
+        assert sum(k["tokens"] for k in split.values()) == r["output_tokens"]
+        assert split["prefill"]["steps"] == r["steps"]["prefill"]["steps"]
     plain = [r for r in runs if r["label"] == "plain"]
     always = [r for r in runs if r["label"] == "always"]
     assert all(r["spec"] == {} for r in plain)
+    # a plain engine never drafts; the always-drafting one yields more than a token a row in its drafted steps
+    assert all(set(r["step_split"]) <= {"prefill", "plain"} for r in plain)
+    for r in always:
+        drafted = r["step_split"]["drafted"]
+        assert drafted["steps"] > 0 and drafted["tokens"] > drafted["steps"]
     # SGLAUNCH_DSPARK_STEP_ASIDE=0 reached the child's engine: it drafted and never stepped aside
     assert all(r["spec"]["steps"] > 0 and r["spec"]["step_aside_steps"] == 0 for r in always)
     ratios = report["summary"]["ratios_vs_plain"]["always"]
