@@ -35,6 +35,7 @@ class RequestResult:
     e2e: float = 0.0
     output_tokens: int = 0
     input_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (usage)
 
     @property
     def tpot(self) -> float | None:
@@ -156,3 +157,6 @@ def record_usage(event: dict, result: RequestResult) -> None:
         result.output_tokens = int(usage.get("completion_tokens") or 0)
         if usage.get("prompt_tokens") is not None:
             result.input_tokens = int(usage["prompt_tokens"])
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            result.cached_tokens = int(details["cached_tokens"])

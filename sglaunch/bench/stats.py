@@ -48,6 +48,9 @@ def summarize_level(results: Sequence, duration: float) -> dict[str, Any]:
         "output_token_throughput": output_tokens / duration,
         "total_input_tokens": input_tokens if any(r.input_tokens is not None for r in ok) else None,
         "total_output_tokens": output_tokens,
+        # prompt tokens served from the server's prefix cache, as its usage reports them (None: not reported)
+        "total_cached_tokens": (sum(r.cached_tokens or 0 for r in ok)
+                                if any(r.cached_tokens is not None for r in ok) else None),
         "ttft_ms": distribution_ms(r.ttft for r in ok),
         "itl_ms": distribution_ms(itl for r in ok for itl in r.itls),
         "tpot_ms": distribution_ms(r.tpot for r in ok),

@@ -5,7 +5,9 @@ ratio is then the median of the rounds' ratios (a shared GPU host's throughput m
 two runs minutes apart in session 24); --restart-servers also stops and starts the launched servers
 before each later round, so the rounds measure different server processes (DSpark / plain at 32
 sampled requests read anywhere from 0.90 to 1.10 from one pair of processes to the next, session
-41). Results accumulate in `BenchRun.doc`, so a failure still leaves partial results."""
+41). With --flush-cache every server is asked to empty its prefix cache (POST /flush_cache) before
+each level, so no level finds the prompts of the levels before it (or of the warm-up) cached.
+Results accumulate in `BenchRun.doc`, so a failure still leaves partial results."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 import sglaunch
 from sglaunch.bench import stats
-from sglaunch.bench.client import RequestResult, SamplingSettings
+from sglaunch.bench.client import RequestResult, SamplingSettings, error_message
 from sglaunch.bench.launch import LaunchedServer, LaunchLine, local_tokenizer_dir
 from sglaunch.bench.runner import Level, run_level, warm_up
 from sglaunch.bench.workload import (BenchRequest, SyntheticSpec, load_workload, requests_digest,
@@ -30,6 +32,9 @@ SCHEMA = "sglaunch-bench/1"
 EXIT_FAILED = 1
 CALIBRATION_WORDS = 32
 DEFAULT_TOKENS_PER_WORD = 1.3
+# --flush-cache: a server busy with requests (answer 400) is asked this many times, this far apart
+FLUSH_ATTEMPTS = 10
+FLUSH_RETRY_S = 0.5
 RATIO_KEYS = {"request_throughput": None, "output_token_throughput": None,
               "ttft_ms": "p50", "itl_ms": "p50", "tpot_ms": "p50", "e2e_ms": "p50"}
 
@@ -65,6 +70,7 @@ class BenchSpec:
     launch_timeout: float = 600.0
     rounds: int = 1  # every level this many times (--rounds)
     restart_servers: bool = False  # the launched servers stopped and started again before each later round
+    flush_cache: bool = False  # POST /flush_cache to every server before each level (--flush-cache)
 
 
 class Progress(Protocol):
@@ -103,7 +109,7 @@ def new_document(spec: BenchSpec) -> dict[str, Any]:
         "finished": None, "status": "running", "partial": True, "message": None,
         "settings": {
             "seed": spec.seed, "num_prompts": spec.num_prompts, "warmup": spec.warmup, "rounds": spec.rounds,
-            "restart_servers": spec.restart_servers,
+            "restart_servers": spec.restart_servers, "flush_cache": spec.flush_cache,
             "levels": [{"kind": lv.kind, "value": lv.json_value(), "max_concurrency": lv.max_concurrency}
                        for lv in spec.levels],
             "temperature": spec.temperature, "top_p": spec.top_p, "ignore_eos": spec.ignore_eos,
@@ -324,6 +330,12 @@ async def sweep(run: BenchRun, requests: list[BenchRequest], ui: Progress) -> No
                 # NOTE: A B at level 0 of round 1, then flipped at each level and each round
                 for target in (spec.targets if (index + round_ - 1) % 2 == 0 else spec.targets[::-1]):
                     order += 1
+                    if spec.flush_cache:
+                        try:
+                            await flush_cache(target, clients[target.label])
+                        except SglaunchError:
+                            mark_skipped(run, round_, index)
+                            raise
                     record = await measure(run, target, clients[target.label], requests, level, ui, round_)
                     record["run_order"] = order
                     reason = await gone_reason(target, clients[target.label], record)
@@ -334,6 +346,42 @@ async def sweep(run: BenchRun, requests: list[BenchRequest], ui: Progress) -> No
                                                     "JSON file, marked partial", EXIT_FAILED)
     finally:
         await asyncio.gather(*(c.aclose() for c in clients.values()))
+
+
+async def flush_cache(target: Target, client) -> None:
+    """--flush-cache: empty the server's prefix cache before a level (POST /flush_cache, SGLang's
+    route). A server busy with requests answers 400 (it flushes only when idle): asked again up to
+    FLUSH_ATTEMPTS times, FLUSH_RETRY_S apart. SglaunchError when it has no such route (404, 405),
+    stays busy, or fails otherwise."""
+    import httpx
+
+    url, detail = f"{target.url}/flush_cache", ""
+    for attempt in range(1, FLUSH_ATTEMPTS + 1):
+        try:
+            response = await client.post("/flush_cache", timeout=30)
+        except httpx.HTTPError as exc:
+            raise SglaunchError(f"--flush-cache: cannot reach {url} ({type(exc).__name__}: {exc})",
+                                "check that the server still runs; see its log", EXIT_FAILED) from None
+        status = response.status_code
+        if status == 200:
+            return
+        detail = error_message(status, response.content)
+        if status in (404, 405):
+            raise SglaunchError(f"--flush-cache: {url} answered {status}: the server has no /flush_cache, so "
+                                "its prefix cache cannot be emptied between levels",
+                                "drop --flush-cache, or measure fresh server processes instead with launch lines, "
+                                "--rounds N and --restart-servers", EXIT_FAILED)
+        if status == 401:
+            raise SglaunchError(f"--flush-cache: {url} refused the request (401)", "pass the key with --api-key",
+                                EXIT_FAILED)
+        if status != 400:
+            raise SglaunchError(f"--flush-cache: {url} failed ({detail})", "see the server log", EXIT_FAILED)
+        if attempt < FLUSH_ATTEMPTS:
+            await asyncio.sleep(FLUSH_RETRY_S)
+    raise SglaunchError(f"--flush-cache: {url} still refused to flush after {FLUSH_ATTEMPTS} tries over "
+                        f"{(FLUSH_ATTEMPTS - 1) * FLUSH_RETRY_S:g} s ({detail})",
+                        "the server flushes only while no request runs or waits: is another client "
+                        "sending it requests? Measure it alone, or drop --flush-cache", EXIT_FAILED)
 
 
 def settings_for(run: BenchRun, target: Target) -> SamplingSettings:

@@ -115,6 +115,11 @@ def bench(
         "--restart-servers", help="With --rounds and launch lines: stop and start the servers before each round "
         "after the first (and warm them up again), so the rounds measure different server processes; on a "
         "shared GPU host one process pair's ratio can sit 10% off the next one's.")] = False,
+    flush_cache: Annotated[bool, typer.Option(
+        "--flush-cache", help="POST /flush_cache to every server before each level (after the warm-up, in every "
+        "round), so that no level finds the prompts of the ones before it in the server's prefix cache: every level "
+        "runs uncached. Needs a server with /flush_cache (ours, SGLang); unlike --restart-servers it keeps the "
+        "server processes and works with URLs.")] = False,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Warm-up requests per configuration.")] = 2,
     seed: Annotated[int, typer.Option("--seed", help="Seed of request sampling, lengths and arrivals.")] = 0,
     dataset: Annotated[Optional[Path], typer.Option(
@@ -163,7 +168,7 @@ def bench(
         warmup=warmup, seed=seed, dataset=dataset, dataset_format=dataset_format,
         synthetic=SyntheticSpec(input_len, output_len, range_ratio), tokenizer=tokenizer, model=model,
         api_key=api_key, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos, timeout=timeout,
-        launch_timeout=launch_timeout, rounds=rounds, restart_servers=restart_servers)
+        launch_timeout=launch_timeout, rounds=rounds, restart_servers=restart_servers, flush_cache=flush_cache)
     plot_path = None if no_plot else (plot or output.with_suffix(".png"))
     execute(BenchRun(spec), output, plot_path, as_json)
 

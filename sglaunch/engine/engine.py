@@ -134,7 +134,8 @@ class LLMEngine:
         self.requests: dict[str, Req] = {}
         self.generators: dict[str, UniformStream] = {}  # sampled requests' uniforms
         self._seeds = random.Random(config.random_seed)
-        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "finished_requests": 0, "steps": 0}
+        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "finished_requests": 0, "steps": 0,
+                         "cache_flushes": 0}
         self.spec = None  # DSparkDecoder when speculative decoding is on
         if runner.draft is not None:
             from sglaunch.speculative.decoder import DSparkDecoder
@@ -302,6 +303,24 @@ class LLMEngine:
         if req is None:
             return None
         return self._final_output(req, ())
+
+    def flush_cache(self) -> dict:
+        """Empty the radix (prefix) cache, as SGLang's /flush_cache does: every cached page goes
+        back to the pool, and with it the DSpark draft context it carries (the drafter's K/V live
+        at the same slots as the target's), so later prompts are computed anew. Only while no
+        request runs or waits and no step is in flight; otherwise nothing changes and the answer
+        says how many requests are in flight. The pages, the tree and the allocator live on rank 0
+        alone (the other ranks hold K/V tensors addressed by the slots rank 0 sends each step), so
+        no rank is told anything."""
+        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        if running or waiting or self.has_work:
+            return {"flushed": False, "running": running, "waiting": waiting}
+        radix = self.scheduler.radix
+        freed = radix.flush() if radix is not None else 0
+        self.counters["cache_flushes"] += 1
+        logger.info("flushed the prefix cache: %d pages freed", freed)
+        return {"flushed": True, "freed_pages": freed, "freed_tokens": freed * self.config.page_size,
+                "free_pages": self.allocator.num_free, "num_pages": self.allocator.num_pages}
 
     @property
     def has_work(self) -> bool:

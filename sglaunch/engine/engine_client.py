@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import os
@@ -121,6 +122,8 @@ class EngineClient:
         self._exited = asyncio.Event()  # the engine process has ended
         self._receiving = False
         self._last_event = asyncio.Event()  # STOPPED or FAILED arrived
+        self._flushes: dict[int, asyncio.Future] = {}  # flush_cache calls waiting for their answer
+        self._flush_tokens = itertools.count(1)
 
     @classmethod
     def attached(cls, config: EngineConfig, endpoints: ipc.Endpoints, worker: int,
@@ -242,7 +245,13 @@ class EngineClient:
         if not self._failure_reported and (self._failure is not None or code != 0):
             raise RuntimeError(self._failure or f"the engine process exited with code {code} while shutting down")
 
+    def _settle_flushes(self, error: BaseException) -> None:
+        """flush_cache calls still waiting get `error` (the engine will not answer them)."""
+        for future in self._flushes.values():
+            _settle(future, error)
+
     def _close(self) -> None:
+        self._settle_flushes(RuntimeError("the engine is shutting down"))
         loop = asyncio.get_running_loop()
         if self._receiving:
             self._receiving = False
@@ -304,6 +313,22 @@ class EngineClient:
     async def abort(self, rid: str) -> None:
         self._send((ipc.ABORT, self._rid_prefix + rid))
 
+    async def flush_cache(self) -> dict:
+        """Ask the engine to empty its prefix cache (LLMEngine.flush_cache): {"flushed": True,
+        "freed_pages", ...}, or {"flushed": False, "running", "waiting"} when requests are in
+        flight (of every HTTP worker: the engine counts them), or {"flushed": False, "error"}.
+        RuntimeError when the engine is not running or stops before it answers."""
+        if self._checker is None or self._stopping or self._failure is not None or self._exited.is_set():
+            raise RuntimeError(f"the engine is not running{': ' + self._failure if self._failure else ''}")
+        token = next(self._flush_tokens)
+        future = asyncio.get_running_loop().create_future()
+        self._flushes[token] = future
+        self._send((ipc.FLUSH_CACHE, token, self._pipe) if self._pipe else (ipc.FLUSH_CACHE, token))
+        try:
+            return await future
+        finally:
+            self._flushes.pop(token, None)
+
     def server_info(self) -> dict:
         config = {k: v for k, v in self.config.to_dict().items() if k != "api_key"}  # never leak it
         return {**config, "version": sglaunch.__version__, "engine_pid": self.pid, **self._static, **self._live}
@@ -351,6 +376,12 @@ class EngineClient:
             _settle(self._started, error)
         elif kind == ipc.STOPPED:
             self._last_event.set()
+        elif kind == ipc.FLUSHED:
+            _, token, result, live = event
+            self._live = live  # NOTE: before the answer: a client that sees it sees the emptied cache
+            future = self._flushes.get(token)
+            if future is not None and not future.done():
+                future.set_result(result)
 
     def _on_ready(self, info: dict) -> None:
         from sglaunch.engine.scheduler import Scheduler  # torch-free
@@ -419,6 +450,7 @@ class EngineClient:
         error = RuntimeError(f"the engine stopped: {message}")
         for stream in self._streams.values():
             stream.put(error)
+        self._settle_flushes(error)
         if not self._failed.done():
             self._failed.set_result(message)
 

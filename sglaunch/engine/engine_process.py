@@ -163,6 +163,20 @@ class _EngineLoop:
                 outputs.append(out)
         elif kind == ipc.DROP:
             self._drop(command[1], outputs)
+        elif kind == ipc.FLUSH_CACHE:
+            self._flush_cache(command[1], command[2] if len(command) > 2 else 0)
+
+    def _flush_cache(self, token: int, pipe: int) -> None:
+        """/flush_cache: empty the prefix cache unless a request runs or waits (commands queued
+        before it in this batch count: an add before it refuses it); the answer, with the live
+        statistics after it (so /metrics and /server_info are right once the client has it), goes
+        to the pipe that asked."""
+        try:
+            result = self.engine.flush_cache()
+        except Exception as exc:  # noqa: BLE001 - answered as a failed flush, the engine goes on
+            logger.exception("Could not flush the prefix cache")
+            result = {"flushed": False, "error": f"{type(exc).__name__}: {exc}"}
+        self.channel.send((ipc.FLUSHED, token, result, self.engine.live_stats()), pipe)
 
     def _drop(self, pipe: int, outputs: list) -> None:
         """A worker process died: abort its requests (frees their KV), stop sending to it."""

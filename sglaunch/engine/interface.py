@@ -91,6 +91,11 @@ class AsyncEngine(Protocol):
         """Stop a request (e.g. the client disconnected) and free its KV pages."""
         ...
 
+    async def flush_cache(self) -> dict:
+        """Empty the prefix cache if no request runs or waits: {"flushed": True, "freed_pages", ...}
+        or {"flushed": False, "running", "waiting"} (nothing flushed) or {"flushed": False, "error"}."""
+        ...
+
     def server_info(self) -> dict:
         """Static and live facts for /server_info and /metrics (KV usage, queue length, ...)."""
         ...

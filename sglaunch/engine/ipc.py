@@ -1,9 +1,10 @@
 """The channel between the HTTP server process and the engine process. Torch-free.
 
 Two ZeroMQ PUSH/PULL pipes over Unix sockets in a private folder, both bound by the server:
-`commands` (server -> engine: add, abort, shutdown) and `events` (engine -> server: ready or
-failed at start-up, then one message per engine step carrying every TokenOutput of that step,
-the refusals, and the live statistics when they are due).
+`commands` (server -> engine: add, abort, flush_cache, shutdown) and `events` (engine -> server:
+ready or failed at start-up, then one message per engine step carrying every TokenOutput of that
+step, the refusals, and the live statistics when they are due; and the answer to each
+flush_cache, on the pipe it came from).
 
 With `--tokenizer-worker-num N > 1` there are N + 1 pipe pairs (`Endpoints.pipes`): pair 0 is
 the launcher's (the engine process's owner: ready/failed/stopped, shutdown, drop), pairs 1..N
@@ -28,6 +29,10 @@ from sglaunch.engine.interface import TokenOutput, token_output
 # commands, server -> engine: (ADD, request[, pipe]), (ABORT, rid), (SHUTDOWN,), and from the
 # launcher (DROP, pipe): abort every request of a worker that died
 ADD, ABORT, SHUTDOWN, DROP = "add", "abort", "shutdown", "drop"
+# (FLUSH_CACHE, token[, pipe]): empty the prefix cache if no request runs or waits; answered on
+# that pipe by (FLUSHED, token, result, live): LLMEngine.flush_cache's dict (or {"flushed":
+# False, "error": why} when it raised) and the live statistics after it
+FLUSH_CACHE, FLUSHED = "flush_cache", "flushed"
 # events, engine -> server
 READY, FAILED, STEP, STOPPED = "ready", "failed", "step", "stopped"
 # a refusal in a STEP event: the request ends with ValueError (a 400) or RuntimeError (a 500)

@@ -153,6 +153,14 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
+    def flush(self) -> int:
+        """Drop every cached page no request holds (the whole tree when none is locked, as on an
+        idle engine: /flush_cache); returns how many pages went back to the allocator.
+
+        NOTE: a lock pins the whole path up to the root, so every unlocked node's subtree is
+        unlocked too; evicting all evictable pages therefore removes exactly the unlocked nodes."""
+        return self.evict(self.evictable_pages) if self.evictable_pages else 0
+
     def _leaves(self) -> list[RadixNode]:
         leaves, stack = [], [self.root]
         while stack:

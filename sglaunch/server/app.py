@@ -1,4 +1,4 @@
-"""The FastAPI application: OpenAI and SGLang-native routes, health, info, metrics, auth."""
+"""The FastAPI application: OpenAI and SGLang-native routes, health, info, metrics, cache flush, auth."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sglaunch
 from sglaunch.server import native_api, openai_api
-from sglaunch.server.errors import ApiError, error_response, install_error_handlers
+from sglaunch.server.errors import ApiError, ErrorResponse, documented_errors, error_response, install_error_handlers
 from sglaunch.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglaunch.server.state import ServerState, server_state
 from sglaunch.server.streaming import RAW_SEND_KEY
@@ -251,6 +251,13 @@ class BodyLimitMiddleware:
         await response(scope, receive, send)
 
 
+FLUSH_CACHE_ERRORS = {
+    400: {"model": ErrorResponse, "description": "Requests are running or waiting: nothing was flushed; "
+                                                 "retry once the server is idle (code `requests_in_flight`)"},
+    **documented_errors(401, 500, 503),
+}
+
+
 def _add_info_routes(app: FastAPI) -> None:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # one operation id each
@@ -260,6 +267,10 @@ def _add_info_routes(app: FastAPI) -> None:
     app.add_api_route("/model_info", get_model_info, methods=["GET"])
     app.add_api_route("/get_model_info", get_model_info, methods=["GET"], deprecated=True)
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    # SGLang accepts both methods; one route each (one operation id each in the schema)
+    for method in ("POST", "GET"):
+        app.add_api_route("/flush_cache", flush_cache, methods=[method], name=f"flush_cache_{method.lower()}",
+                          responses=FLUSH_CACHE_ERRORS)
 
 
 async def health(request: Request) -> Response:
@@ -304,6 +315,26 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         info["context_length"] = state.ctx.context_length
         info["vocab_size"] = state.ctx.vocab_size
     return info
+
+
+async def flush_cache(request: Request) -> dict[str, Any]:
+    """Empty the engine's prefix (radix) cache, as SGLang's /flush_cache: every cached page goes
+    back to the KV pool, so later prompts are computed anew (benchmarks that must not reuse the
+    last run's prompts). Only while no request runs or waits: otherwise 400 and nothing changes."""
+    ctx = server_state(request).context()
+    try:
+        result = await ctx.engine.flush_cache()
+    except RuntimeError as exc:  # the engine stopped or is stopping
+        raise ApiError(503, f"The cache was not flushed: {exc}.", code="engine_error") from None
+    if result.get("error"):
+        raise ApiError(500, f"The engine could not flush the cache: {result['error']}", code="engine_error")
+    if not result.get("flushed"):
+        running, waiting = result.get("running", 0), result.get("waiting", 0)
+        busy = (f"{running + waiting} request(s) in flight ({running} running, {waiting} waiting)"
+                if running + waiting else "a step is still in flight")
+        raise ApiError(400, f"Cache not flushed: {busy}; the prefix cache is flushed only when no request "
+                            "runs or waits. Retry once the server is idle.", code="requests_in_flight")
+    return {"message": "Cache flushed.", **{k: v for k, v in result.items() if k != "flushed"}}
 
 
 async def metrics(request: Request) -> Response:

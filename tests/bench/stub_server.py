@@ -3,7 +3,10 @@
 Faults are chosen per request by its 1-based arrival number: HTTP 500 every `fail_every`-th, an
 error event mid-stream every `midstream_every`-th, a stream cut before `[DONE]` every
 `truncate_every`-th, a `slow_s` sleep before the first token every `slow_every`-th, and after
-`die_after` requests the whole server stops listening (a crashed server).
+`die_after` requests the whole server stops listening (a crashed server). With `flush_cache` it
+serves POST/GET /flush_cache (answering 400, busy, to the first `flush_busy` calls) and records
+how many requests it had seen at each flush; without it, the route is not there (404), as on a
+server that has none.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Faults:
     die_after: int = 0
     tokenize: bool = False
     spec_stats: bool = False
+    flush_cache: bool = False
+    flush_busy: int = 0
 
 
 @dataclass
@@ -42,6 +47,8 @@ class StubState:
     bodies: list = field(default_factory=list)
     steps: int = 0
     histogram: dict = field(default_factory=lambda: {"1": 0, "2": 0, "3": 0})
+    flush_calls: int = 0
+    flushes: list = field(default_factory=list)  # `requests` at each successful /flush_cache
     server: uvicorn.Server | None = None
 
 
@@ -86,6 +93,15 @@ def build_app(state: StubState) -> Starlette:
         return StreamingResponse(events(state, number, body["max_tokens"], prompt_tokens),
                                  media_type="text/event-stream")
 
+    async def flush_cache(request: Request):
+        state.flush_calls += 1
+        if state.flush_calls <= state.faults.flush_busy:
+            return JSONResponse({"error": {"message": "Cache not flushed: 1 request(s) in flight",
+                                           "type": "invalid_request_error"}}, status_code=400)
+        state.flushes.append(state.requests)
+        return JSONResponse({"message": "Cache flushed."})
+
+    flush_routes = [Route("/flush_cache", flush_cache, methods=["GET", "POST"])] if state.faults.flush_cache else []
     return Starlette(routes=[
         Route("/v1/models", models), Route("/tokenize", tokenize, methods=["POST"]),
         Route("/server_info", server_info),
@@ -93,6 +109,7 @@ def build_app(state: StubState) -> Starlette:
         Route("/health", lambda r: PlainTextResponse("ok")),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", completions, methods=["POST"]),
+        *flush_routes,
     ])
 
 

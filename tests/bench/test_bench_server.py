@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,10 @@ def test_short_sweep_against_our_server(run_bench, tiny_model):
     doc = out.doc()
     assert doc["requests"]["token_accuracy"] == f"exact (local tokenizer {tiny_model})"
     planned = doc["requests"]["planned_input_tokens_mean"] * 6
-    for level in doc["configs"][0]["levels"]:
+    levels = doc["configs"][0]["levels"]
+    # the levels reuse the prompts: from the second on, the server has every one cached but its last token
+    assert [lv["total_cached_tokens"] for lv in levels[1:]] == [planned - 6] * 2
+    for level in levels:
         assert (level["completed"], level["errors"]) == (6, 0)
         assert level["total_input_tokens"] == planned  # the server counted what we planned
         assert level["total_output_tokens"] == round(doc["requests"]["planned_output_tokens_mean"] * 6)
@@ -32,6 +36,23 @@ def test_short_sweep_against_our_server(run_bench, tiny_model):
     image = matplotlib.image.imread(out.json_path.with_suffix(".png"))
     assert image.shape[0] > 100 and image.shape[1] > 100
     assert "ready" in (out.json_path.parent / "bench-server-server.log").read_text()
+
+
+def test_flush_cache_runs_every_level_uncached(run_bench, tiny_model):
+    """--flush-cache: the server empties its prefix cache before each level, so the second round
+    of a level finds no more of its prompts cached than the first (the test above shows how much a
+    later level finds without it); the server logged one flush per level."""
+    out = run_bench("--launch", SERVE.format(model=tiny_model), "--concurrency", "1", "--rounds", "2",
+                    "--flush-cache", "--no-plot", *SHORT)
+    assert out.exit_code == 0, out.stderr
+    doc = out.doc()
+    assert doc["settings"]["flush_cache"] is True
+    planned = doc["requests"]["planned_input_tokens_mean"] * 6
+    first, second = doc["configs"][0]["levels"]
+    assert (first["completed"], second["completed"]) == (6, 6)
+    assert first["total_cached_tokens"] == second["total_cached_tokens"] < (planned - 6) / 2
+    log = (out.json_path.parent / "bench-server-server.log").read_text()
+    assert len(re.findall(r"flushed the prefix cache: \d+ pages freed", log)) == 2
 
 
 def test_compare_two_launch_lines_in_a_subprocess(tiny_model, tmp_path):

@@ -194,6 +194,60 @@ def test_restart_servers_needs_rounds_and_launch_lines(run_bench):
     assert one.exit_code == 2 and "--rounds 2" in one.stderr
 
 
+def test_flush_cache_before_every_level_of_every_round_of_every_target(run_bench):
+    """--flush-cache: each server's /flush_cache is called right before each of its levels (after
+    the warm-up, in every round), never while a level runs; the settings say so. Without the flag
+    no flush is asked for."""
+    with StubServer(Faults(flush_cache=True)) as a, StubServer(Faults(flush_cache=True)) as b:
+        out = run_bench("--compare", a.url, "--compare", b.url, "--concurrency", "1,2", "--rounds", "2",
+                        "--flush-cache", "--no-plot", *FAST)
+        runs = [(stub.state.flushes, stub.state.requests) for stub in (a, b)]
+    assert out.exit_code == 0, out.stderr
+    assert out.doc()["settings"]["flush_cache"] is True
+    for flushes, requests in runs:  # 2 levels x 2 rounds of 8 requests, each after a flush
+        first = requests - 4 * 8
+        assert first >= 1  # the warm-up (and the calibration request) came before the first flush
+        assert flushes == [first, first + 8, first + 16, first + 24]
+    with StubServer(Faults(flush_cache=True)) as stub:
+        plain = run_bench("--url", stub.url, "--concurrency", "2", "--no-plot", *FAST)
+        assert stub.state.flush_calls == 0
+    assert plain.exit_code == 0 and plain.doc()["settings"]["flush_cache"] is False
+
+
+def test_flush_cache_retries_a_busy_server_then_gives_up_clearly(run_bench, monkeypatch):
+    """A 400 (requests in flight) is asked again a few times; a server that stays busy stops the
+    run with a clear error, the levels not run marked skipped."""
+    from sglaunch.bench import sweep
+
+    monkeypatch.setattr(sweep, "FLUSH_RETRY_S", 0.01)
+    with StubServer(Faults(flush_cache=True, flush_busy=3)) as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "1,2", "--flush-cache", "--no-plot", *FAST)
+        assert (stub.state.flush_calls, len(stub.state.flushes)) == (3 + 2, 2)
+    assert out.exit_code == 0, out.stderr
+    with StubServer(Faults(flush_cache=True, flush_busy=1000)) as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "1,2", "--flush-cache", "--no-plot", *FAST)
+        assert stub.state.flush_calls == sweep.FLUSH_ATTEMPTS and stub.state.requests == 2  # no level ran
+    assert out.exit_code == 1
+    said = " ".join(out.stderr.split())  # NOTE: the console wraps long lines
+    assert f"{stub.url}/flush_cache still refused to flush after {sweep.FLUSH_ATTEMPTS} tries" in said
+    assert "1 request(s) in flight" in said and "Hint:" in said
+    doc = out.doc()
+    assert doc["status"] == "aborted" and [lv["status"] for lv in doc["configs"][0]["levels"]] == ["skipped"] * 2
+
+
+def test_flush_cache_against_a_server_without_the_route_is_a_clear_error(run_bench):
+    """A server that has no /flush_cache (404, the stub without it; 405 alike) stops the run before
+    any level, naming the URL and what to do instead."""
+    with StubServer() as stub:
+        out = run_bench("--url", stub.url, "--concurrency", "1,2", "--flush-cache", "--no-plot", *FAST)
+        assert stub.state.requests == 2  # the calibration and the warm-up, no level
+    assert out.exit_code == 1
+    said = " ".join(out.stderr.split())  # NOTE: the console wraps long lines
+    assert f"--flush-cache: {stub.url}/flush_cache answered 404" in said
+    assert "has no /flush_cache" in said and "drop --flush-cache" in said and "--restart-servers" in said
+    assert [lv["status"] for lv in out.doc()["configs"][0]["levels"]] == ["skipped", "skipped"]
+
+
 def test_subprocess_json_mode(tmp_path):
     with StubServer() as stub:
         proc = subprocess.run([sys.executable, "-m", "sglaunch", "bench", "--url", stub.url, "--json",

@@ -112,6 +112,28 @@ def test_radix_split_keeps_locks_consistent():
         cache.unlock(part.node)
 
 
+def test_radix_flush_frees_every_unlocked_page_and_keeps_held_paths():
+    """/flush_cache's tree operation: branches and split nodes all go, the pool is whole again;
+    a path a request holds (never on an idle engine, but flush must not break it) stays."""
+    alloc, cache = make_cache(16, page_size=2)
+    cache.insert([1, 2, 3, 4, 5, 6], alloc.alloc(3))
+    cache.insert([1, 2, 3, 4, 7, 8], [*cache.match_prefix([1, 2, 3, 4]).pages, *alloc.alloc(1)])
+    cache.insert([9, 9, 8, 8], alloc.alloc(2))
+    assert cache.cached_pages == 6 and alloc.num_free == 10
+    assert cache.flush() == 6
+    assert alloc.num_free == 16 and cache.cached_pages == cache.evictable_pages == 0
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6, 0]).pages == [] and not cache.root.children
+    assert cache.flush() == 0  # nothing cached: nothing to do
+    cache.insert([1, 2, 3, 4], alloc.alloc(2))
+    cache.insert([5, 6], alloc.alloc(1))
+    held = cache.match_prefix([1, 2, 3, 4, 0])
+    cache.lock(held.node)
+    assert cache.flush() == 1  # only [5, 6]
+    assert cache.match_prefix([1, 2, 3, 4, 0]).pages == held.pages and cache.evictable_pages == 0
+    cache.unlock(held.node)
+    assert cache.flush() == 2 and alloc.num_free == 16
+
+
 def test_radix_insert_rejects_partial_pages():
     alloc, cache = make_cache(4, page_size=4)
     with pytest.raises(ValueError):

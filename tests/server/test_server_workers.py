@@ -199,6 +199,39 @@ def test_a_stream_cut_by_its_client_frees_its_kv(server):
     assert state["num_running_requests"] == 0 and state["kv_used_tokens"] == 0, state
 
 
+def test_flush_cache_through_any_worker_empties_the_one_engine_cache(server):
+    """/flush_cache through either worker reaches the one engine and is answered on the asking
+    worker's pipe: a stream through one worker refuses a flush asked through any (the engine counts
+    every worker's requests); once idle it empties the cache, and every worker's statistics say so."""
+    asyncio.run(completions(server.base_url, PROMPTS[:4], max_tokens=4))
+    stream = Stream(server.base_url, max_tokens=1800)
+    assert stream.started.wait(60)
+    refusals = []
+    for _ in range(6):  # NOTE: new connections, so both workers are asked
+        with httpx.Client(base_url=server.base_url, headers=AUTH) as client:
+            refusals.append(client.post("/flush_cache"))
+    stream.join()
+    assert stream.error is None and stream.events[-1] == "[DONE]", stream.error
+    assert all(r.status_code == 400 and "1 request(s) in flight" in r.json()["error"]["message"] for r in refusals)
+    assert httpx.post(f"{server.base_url}/flush_cache").status_code == 401
+    deadline = time.monotonic() + 30
+    while live(server)["num_running_requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    freed = []
+    for _ in range(6):
+        with httpx.Client(base_url=server.base_url, headers=AUTH) as client:
+            reply = client.post("/flush_cache")
+            assert reply.status_code == 200, reply.text
+            freed.append(reply.json()["freed_pages"])
+    assert freed[0] > 0 and freed[1:] == [0] * 5
+    by_worker: dict[int, dict] = {}
+    while len(by_worker) < 2 and time.monotonic() < deadline:
+        info = httpx.get(f"{server.base_url}/server_info", headers=AUTH).json()
+        by_worker[info["tokenizer_worker"]["pid"]] = info["internal_states"][0]
+    assert len(by_worker) == 2
+    assert all(s["kv_cached_tokens"] == 0 and s["kv_evictable_tokens"] == 0 for s in by_worker.values()), by_worker
+
+
 def test_sigterm_drains_every_worker_then_stops_the_engine(server):
     """Last: stops the shared server."""
     children = spawned_children(server.process.pid)
