@@ -167,22 +167,30 @@ class GraphPlan:
 
     def pick(self, step: StepInput) -> GraphKey | None:
         """The graph this step replays, or None to run it eagerly."""
+        return self.pick_or_why(step)[0]
+
+    def pick_or_why(self, step: StepInput) -> tuple[GraphKey | None, str | None]:
+        """-> (the graph this step replays, None) or (None, why it runs eagerly): "empty", "batch" (more
+        requests than the largest graph), "query" (a prefill chunk longer than a ragged graph takes),
+        "tokens" (more rows than the largest tier), "pages" (past the page-index buffer)."""
         b, t = step.batch_size, step.num_tokens
-        if b == 0 or b > self.max_bs:
-            return None
+        if b == 0:
+            return None, "empty"
+        if b > self.max_bs:
+            return None, "batch"
         pages = sum(len(table) for table in step.page_tables)
         if all(n == 1 for n in step.query_lens):
             size = next((s for s in self.decode_sizes if s >= b), None)
             if size is not None and pages + (size - b) <= self.max_pages:
-                return GraphKey(True, size, size, step.draft_context or not self.contextless)
+                return GraphKey(True, size, size, step.draft_context or not self.contextless), None
         if not self.verify_tiers or max(step.query_lens) > self.max_query:
-            return None
+            return None, "query"
         tier = next((s for s in self.verify_tiers if s >= t), None)
         if tier is None:
-            return None
+            return None, "tokens"
         key = GraphKey(False, verify_batch_size(tier, self.max_bs), tier)
         padding = _pages(tier - t, self.page_size) + (key.batch_size - b - 1)
-        return key if pages + padding <= self.max_pages else None
+        return (key, None) if pages + padding <= self.max_pages else (None, "pages")
 
 
 def pad_step(step: StepInput, key: GraphKey, padding_page: int, page_size: int) -> StepInput:
@@ -493,8 +501,16 @@ class CudaGraphRunner:
             self.features[:n].copy_(features)
 
     def pick(self, step: StepInput) -> GraphKey | None:
-        key = self.plan.pick(step)
-        return key if key in self.graphs else None
+        """The captured graph this step replays, or None: it runs eagerly, counted by why in `replays`
+        ("eager (query)", ...: GraphPlan.pick_or_why; "eager (not captured)": planned, never captured)."""
+        key, why = self.plan.pick_or_why(step)
+        if key is not None and key not in self.graphs:
+            why = "not captured"
+        if why is not None:
+            name = f"eager ({why})"
+            self.replays[name] = self.replays.get(name, 0) + 1
+            return None
+        return key
 
     def replay(self, key: GraphKey, step: StepInput, fill=None):
         """-> (hidden, features or None, positions, out_slots) of the step's real rows: views of

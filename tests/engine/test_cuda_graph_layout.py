@@ -148,6 +148,25 @@ def test_mixed_steps_pick_a_ragged_graph():
     assert off.max_query == WINDOW and off.pick(verify_and_prefill) is None
 
 
+def test_an_eager_step_is_told_why():
+    """GraphPlan.pick_or_why names why a step runs eagerly (CudaGraphRunner counts it in `replays` as
+    "eager (WHY)"), and agrees with pick wherever a graph fits."""
+    rng = random.Random(5)
+    plan = GraphPlan.build(max_bs=MAX_BS, window=WINDOW, context_length=CONTEXT + WINDOW, page_size=1, mixed=True)
+    decodes = random_step(rng, [1] * 3, 1, arrays=True)
+    assert plan.pick_or_why(decodes) == (plan.pick(decodes), None) and plan.pick(decodes).decode
+    assert plan.pick_or_why(random_step(rng, [1] * (MAX_BS + 1), 1, arrays=True)) == (None, "batch")
+    assert plan.pick_or_why(random_step(rng, [1, plan.max_query + 1], 1, arrays=True)) == (None, "query")
+    empty = random_step(rng, [1], 1, arrays=True)
+    empty.query_lens, empty.page_tables = [], []
+    assert plan.pick_or_why(empty) == (None, "empty")
+    narrow = GraphPlan.build(max_bs=MAX_BS, window=WINDOW, context_length=CONTEXT + WINDOW, page_size=1,
+                             mixed=True, mixed_max_query=WINDOW * 2)
+    assert narrow.pick_or_why(random_step(rng, [1, WINDOW * 2 + 1], 1, arrays=True)) == (None, "query")
+    too_many = random_step(rng, [WINDOW * 2] * (max(plan.verify_tiers) // (WINDOW * 2) + 1), 1, arrays=True)
+    assert plan.pick_or_why(too_many) == (None, "tokens")
+
+
 def test_mixed_graphs_env(monkeypatch):
     from sglaunch.engine.cuda_graph import MIXED_ENV, mixed_from_env
 
