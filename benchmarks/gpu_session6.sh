@@ -1080,6 +1080,30 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline93() {  # session 44, run 2 (a fresh machine: installs, `bg pipeline93`, the model's pieces): pipeline91's
+  # ab8g put DSpark's admitting steps' loss in a tail (p50 1.6-2.7 ms, p99 23-37 ms, max 26-51 ms; plain's max 3.5) and
+  # found ~5% fewer target-graph replays than DSpark's prefill steps: which steps stall, and do they run eagerly (and
+  # why: the new `eager (WHY)` counts of CudaGraphRunner.replays, inprocess_ab's `slow_steps`)?
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part ab8e 120 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 1 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --json "$W/ab8e.json"
+  touch "$W/all.done"
+}
+
+pipeline92() {  # session 44 (warm, after pipeline91): c=4 in-process with step_split, beside pipeline91's c=8: what a
+  # sampled burst yields per millisecond against plain's decode steps where HTTP paid (1.12 at c=4, session 43)
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part ab4g 170 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 4 \
+    --temperature 0.7 --requests 200 --pairs 2 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab4g.json"
+  touch "$W/all.done"
+}
+
 pipeline91() {  # planned in session 43 for the next session (`bg pipeline91` after the installs; the model's pieces
   # follow): session 43's HTTP c=8 level (1.07 / 1.15x) ran after the c=4 level on the same servers, so every prompt
   # was in both servers' radix caches ("first token" skips) while in-process (uncached) c=8 read 0.70-0.95x with

@@ -27,7 +27,9 @@ also timed around every engine.step() (`step_ms`: p50 / p90 / p99 / max and the 
 slowest 1% of steps), so a kind that is slow step after step is told from one that stalls now and then.
 `step_split` splits the steps finer, by what each did (a prompt chunk, a burst read back, drafting outside a
 burst, plain decoding), with the tokens each kind reported and its tokens per millisecond: whether bursts
-yield more per millisecond than plain's decode steps, and what the other kinds cost.
+yield more per millisecond than plain's decode steps, and what the other kinds cost. `slow_steps`: the window's
+24 slowest steps, each with its kind, tokens and the target graphs it replayed or why it ran eagerly
+(`eager (query)`, ...: CudaGraphRunner's counts, CUDA only).
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
@@ -141,6 +143,8 @@ def run_arm(spec: dict) -> dict:
     policies = [p for p in (getattr(engine, "burst", None), getattr(engine, "burst_sampled", None),
                             getattr(engine, "burst_filtered", None)) if p is not None]
     stats = engine.spec.stats if getattr(engine, "spec", None) is not None else None
+    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
+    slow: list = []  # the window's slowest steps (slow_steps), as (ms, kind, tokens, graph replays by kind)
 
     def run_until(finishes: int, times: dict | None = None, split: dict | None = None) -> int:
         """Step until `finishes` requests finish; times: each step's wall time by kind (the engine's own
@@ -151,6 +155,7 @@ def run_arm(spec: dict) -> dict:
         while done < finishes:
             top_up()
             marks = step_marks(scheduler, policies, stats)
+            replays = dict(graphs.replays) if graphs is not None and split is not None else None
             began = time.perf_counter()
             outputs = engine.step()
             spent = time.perf_counter() - began
@@ -164,7 +169,9 @@ def run_arm(spec: dict) -> dict:
             if times is not None:
                 times["prefill" if scheduler.num_prefill_steps != marks[0] else "decode"].append(spent)
             if split is not None:
-                split[step_kind(marks, step_marks(scheduler, policies, stats))].append((spent, new))
+                kind = step_kind(marks, step_marks(scheduler, policies, stats))
+                split[kind].append((spent, new))
+                keep_slowest(slow, spent, kind, new, replays, graphs)
         return tokens
 
     try:
@@ -197,7 +204,26 @@ def run_arm(spec: dict) -> dict:
             # pass over what was allocated after the start-up freeze lands in whichever step triggers it
             "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None,
             "step_ms": {k: spread(v) for k, v in times.items() if v},
-            "step_split": {k: split_row(v) for k, v in split.items() if v}}
+            "step_split": {k: split_row(v) for k, v in split.items() if v},
+            "slow_steps": [{"ms": round(ms, 3), "kind": kind, "tokens": n, "graph_replays": replayed}
+                           for ms, kind, n, replayed in sorted(slow, key=lambda row: row[0], reverse=True)]}
+
+
+SLOW_STEPS = 24  # the slowest steps of a window kept (slow_steps)
+
+
+def keep_slowest(slow: list, seconds: float, kind: str, tokens: int, before: dict | None, graphs) -> None:
+    """Keep the SLOW_STEPS slowest steps: ms, kind (step_kind), tokens, and which target graphs the step
+    replayed or why it ran eagerly (the difference of CudaGraphRunner.replays, "eager (query)", ...)."""
+    ms = 1e3 * seconds
+    if len(slow) >= SLOW_STEPS and ms <= min(row[0] for row in slow):
+        return
+    replayed = None
+    if before is not None:
+        replayed = {k: v - before.get(k, 0) for k, v in graphs.replays.items() if v != before.get(k, 0)}
+    slow.append((ms, kind, tokens, replayed))
+    if len(slow) > SLOW_STEPS:
+        slow.remove(min(slow, key=lambda row: row[0]))
 
 
 # the finer split of steps (step_split): a step that admitted a prompt chunk; one that read back a DSpark

@@ -71,6 +71,11 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
         assert sum(k["steps"] for k in split.values()) == steps
         assert sum(k["tokens"] for k in split.values()) == r["output_tokens"]
         assert split["prefill"]["steps"] == r["steps"]["prefill"]["steps"]
+        # the slowest steps, slowest first, of the kinds above (no graphs on the CPU: no replays to name)
+        slow = r["slow_steps"]
+        assert 0 < len(slow) <= min(24, steps) and [s["ms"] for s in slow] == sorted((s["ms"] for s in slow), reverse=True)
+        assert all(s["kind"] in split and s["graph_replays"] is None for s in slow)
+        assert slow[0]["ms"] >= max(v["p50_ms"] for v in split.values())
     plain = [r for r in runs if r["label"] == "plain"]
     always = [r for r in runs if r["label"] == "always"]
     assert all(r["spec"] == {} for r in plain)
