@@ -1088,8 +1088,8 @@ pipeline93() {  # session 44, run 2 (a fresh machine: installs, `bg pipeline93`,
   pull_smol
   local KVCAP="--max-total-tokens 400000"
   export KVCAP
-  part ab8e 120 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
-    --temperature 0.7 --requests 300 --pairs 1 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+  part ab8e 110 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 240 --pairs 1 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
     --json "$W/ab8e.json"
   touch "$W/all.done"
 }
