@@ -854,12 +854,32 @@ class LLMEngine:
         committed = sum(1 for c in chunks if c.samples) - len(candidates)
         if sampled is None:
             sampled = self._samples_at_t(chunks)
+        # a second chain's window (anchor + its drafts) comes on top of the budget, for up to SECOND_CHAIN_MAX_BATCH
+        room = self._graph_room(chunks, extra + len(candidates), self.spec.chain_rows(sampled, len(candidates)))
+        if room is not None and room < (1 if self.spec.mode != "static" else self.spec.gamma * len(candidates)):
+            # NOTE: no draft fits the largest captured graph beside this step's rows (a prompt chunk the
+            # scheduler sized to that graph, graph-sized steps): drafting would run the step eagerly
+            self.spec.step_aside(len(candidates))
+            self._aside_streak += 1
+            return None
         budget = self.spec.plan([c.req.rid for c in candidates], extra, committed, sampled)
         if budget is None:
             self._aside_streak += 1
             return None
         self._aside_streak = 0
-        return candidates, extra, budget
+        return candidates, extra, budget if room is None else min(budget, room)
+
+    def _graph_room(self, chunks: list[Chunk], fixed: int, chain: int = 0) -> int | None:
+        """Draft rows a step of these chunks (`fixed` rows before any draft: prompt chunks, decodes and
+        anchors; `chain`: second-chain rows on top) can verify and still replay a captured graph (negative:
+        not even none), or None when no limit applies (no graphs, or a step that runs eagerly anyway). H100, session 44 (benchmarks/gpu44/run2): at 8 requests a
+        step's rows are capped at the largest tier (64), its prompt chunk sized to fill it beside the
+        decodes; 28 of DSpark's 362 admitting steps drafted on top and ran eagerly, 17-26 ms each against
+        1.2-2.4 ms for the graph-replayed ones."""
+        tiers = self._verify_tiers(chunks)
+        if not tiers or fixed > max(tiers):
+            return None
+        return max(tiers) - fixed - chain
 
     def _draft_context(self, chunks: list[Chunk], drafting: bool, step: StepInput) -> bool:
         """Whether a step writes the draft context (StepInput.draft_context). Not for a plain step

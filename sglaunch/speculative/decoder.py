@@ -171,10 +171,15 @@ class DSparkDecoder:
         budget = self.planner.plan_drafts(rids, extra_tokens, committed_extra, sampled,
                                           self._chain_length(sampled, len(rids)) > 0)
         if budget is None:
-            self.stats.record_step_aside(len(rids))
-            self.planner.skip_step()
-            self._maybe_log()
+            self.step_aside(len(rids))
         return budget
+
+    def step_aside(self, requests: int) -> None:
+        """A step whose `requests` decoding requests decode plainly (plan() found drafting would not
+        pay, or the engine found no draft would fit the step's graph): counted, and the planner told."""
+        self.stats.record_step_aside(requests)
+        self.planner.skip_step()
+        self._maybe_log()
 
     def propose(self, chunks: list[Chunk], generators: dict, extra_tokens: int,
                 run_draft: Callable[[DraftStepInput], BlockOutput], verify_tiers: Sequence[int] = (),
@@ -214,6 +219,12 @@ class DSparkDecoder:
                 proposal.second = out.second
             self._second_windows(proposal, second_pages, chains)
         return proposal
+
+    def chain_rows(self, sampled: bool, requests: int) -> int:
+        """The most rows the second chains of a drafting step of this class and size add (each request's
+        anchor again and its chain's drafts; 0 without chains)."""
+        n = self._chain_length(sampled, requests)
+        return requests * (1 + n) if n else 0
 
     def _chain_length(self, sampled: bool, requests: int) -> int:
         """The second chain's drafts a drafting step of this class and size verifies (0: none)."""

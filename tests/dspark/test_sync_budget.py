@@ -263,6 +263,57 @@ def test_align_verify_tokens_to_graph_tier_fills_the_tier(dspark_files, monkeypa
     assert on_stats["verify_tokens_per_step"] > plain_stats["verify_tokens_per_step"]
 
 
+@pytest.mark.parametrize("mode", ["compact", "static"])
+def test_no_draft_pushes_a_step_past_the_largest_graph(dspark_files, monkeypatch, mode):
+    """H100, session 44 (benchmarks/gpu44/run2): at 8 requests graph-sized steps fill the largest ragged
+    tier with a prompt chunk beside the decodes; 28 of 362 admitting steps drafted on top of that and ran
+    eagerly (`eager (tokens)`, 17-26 ms against 1.2-2.4 ms). With fake tiers on the CPU and drafting at
+    every step it can (SGLAUNCH_DSPARK_STEP_ASIDE=0): an arrival whose prompt leaves the largest tier 2
+    rows beside 3 decoding requests drafts at most 2 (compact; static verifies whole windows, so it steps
+    aside), one that fills the tier steps aside, and the tokens are plain greedy decoding's."""
+    from sglaunch.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(ModelRunner, "verify_token_tiers", property(lambda self: TIERS))
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    top = max(TIERS)
+    short = [GenerateRequest(f"d-{i}", tuple(p), SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True))
+             for i, p in enumerate(prompts(3, seed=44, lengths=(5, 9, 13)))]
+    # each arrival beside the 3 decodes: its prompt + 3 anchors = the largest tier less 2, then exactly it
+    late = [GenerateRequest(f"a-{n}", tuple(p), SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))
+            for n, p in zip((2, 0), prompts(2, seed=45, lengths=(top - 3 - 2, top - 3)))]
+    config = engine_config(dspark_files["target"], dspark_files["oracle"], mode, sps=dspark_files["sps"])
+
+    def run(cfg, log: bool):
+        engine, cluster = create_engine(cfg)
+        try:
+            steps = StepLog(engine.spec) if log else None
+            tokens = {r.rid: [] for r in short + late}
+            arrivals = list(late)
+            for r in short:
+                engine.add_request(r)
+            step = 0
+            while engine.has_work or arrivals:
+                step += 1
+                if arrivals and step % 4 == 0:  # one arrival every few steps, while the three decode
+                    engine.add_request(arrivals.pop(0))
+                for out in engine.step():
+                    tokens[out.rid].extend(out.new_token_ids)
+            return tokens, (steps.rows if log else None), (engine.spec.stats.to_dict() if log else None)
+        finally:
+            cluster.stop(engine)
+
+    out, rows, stats = run(config, True)
+    assert out == run(dataclasses.replace(config, speculative=None), False)[0]  # lossless
+    beside = [(fixed, drafts) for fixed, drafts, _ in rows if fixed > 3 + GAMMA]  # steps with a prompt chunk
+    assert all(fixed + drafts <= top for fixed, drafts, _ in rows if fixed <= top), rows
+    assert all(fixed < top for fixed, _ in beside), beside  # the step that fills the tier drafted nothing
+    assert stats["step_aside_steps"] >= (1 if mode == "compact" else 2), stats  # ... it stepped aside
+    if mode == "compact":
+        assert (top - 2, 2) in beside, rows  # the one that leaves 2 rows drafted 2
+    else:
+        assert not beside, rows
+
+
 def test_cap_accept_ignores_tiers(dspark_files, monkeypatch):
     from sglaunch.engine.model_runner import ModelRunner
 

@@ -366,6 +366,28 @@ def test_dspark_with_graphs_equals_plain_greedy(files, drafter):
     assert_same_greedy(spec, plain, f"DSpark ({drafter} drafter, graphs on) vs plain greedy")
 
 
+def test_dspark_drafts_never_push_an_admitting_step_past_the_largest_graph(files, monkeypatch):
+    """Session 44 (H100, benchmarks/gpu44/run2): at 8 requests at most, graph-sized steps filled the
+    largest ragged tier (64 rows) with a prompt chunk beside the decodes, the decodes drafted on top, and
+    28 of 362 admitting steps ran eagerly (`eager (tokens)`, 15-26 ms each). Here 4 requests at most
+    (tiers up to 32 rows), prompts longer than that, requests ending at different steps so prompts arrive
+    beside decodes, and drafting wherever a draft fits (SGLAUNCH_DSPARK_STEP_ASIDE=0): no target forward
+    runs eagerly for its rows, and the outputs stay plain greedy."""
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")  # every decode step a drafting step
+    rng = random.Random(44)
+    batch = [[rng.randrange(1, 200) for _ in range(rng.choice((40, 57, 70, 90)))] for _ in range(10)]
+    lengths = [rng.randrange(8, 24) for _ in batch]
+
+    def small(config):
+        return dataclasses.replace(config, cuda_graph_max_bs=4, max_running_requests=4)
+
+    plain, _ = greedy_outputs(small(cuda_config(files)), batch, lengths)
+    spec, replays = greedy_outputs(small(cuda_config(files, drafter="oracle")), batch, lengths)
+    assert replays.get("verify", 0) > 0 and not any(k.startswith("eager") for k in replays), replays
+    assert_same_greedy(spec, plain, "DSpark with drafts cut to the largest graph vs plain greedy")
+
+
 def test_dspark_decode_graphs_without_draft_context_equal_plain_greedy(files, monkeypatch):
     """SGLAUNCH_DSPARK_SKIP_CONTEXT=1 (the default): each decode size is also captured without the
     draft context write; once the planner has stepped aside a few steps in a row, plain decode
