@@ -215,14 +215,14 @@ random_target() {  # random SmolLM2 weights in /tmp/smolrand/target (part randmo
 from profile_step import random_like; print(random_like(Path('.gpu6/smolcfg'), Path('/tmp/smolrand')))"
 }
 
-dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]] (RESTART=1: fresh servers each round, session 41): issue 15's measure, plain against DSpark compact over
+dspark_vs_plain() {  # dspark_vs_plain LEVELS OUT [PROMPTS [DSPARK_FLAGS]] (RESTART=1: fresh servers each round, session 41; FLUSH=1: every level uncached, --flush-cache, session 44): issue 15's measure, plain against DSpark compact over
   # HTTP (the held-out prompt set of issue 19, PROMPTS of it (64), 128 tokens, T=0 or TEMP, top-p TOPP if set); KVCAP (exported, may be unset):
   # flags for both servers, such as --max-total-tokens (two servers share the card)
   python3 -m sglaunch bench --compare "sglaunch serve ${KVCAP:-}" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve ${KVCAP:-} --speculative-algorithm DSPARK ${4:-}" \
     --label plain --label dspark --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "${3:-64}" --output-len 128 \
     --concurrency "$1" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$2" --no-plot --rounds "${ROUNDS:-1}" \
-    ${RESTART:+--restart-servers}
+    ${RESTART:+--restart-servers} ${FLUSH:+--flush-cache}
 }
 
 dspark_ab() {  # dspark_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: DSpark compact over HTTP under two
@@ -1078,6 +1078,26 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --compare "$2 sglaunch serve ${KVCAP:-}" --compare "$4 sglaunch serve ${KVCAP:-}" \
     --label "$1" --label "$3" --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts "$6" --output-len 128 \
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
+}
+
+pipeline94() {  # planned in session 44 for the next session (`bgtest largest_graph 300` after the installs, then
+  # `bg pipeline94`; the model's pieces follow): the fix of session 44's eager admitting steps (a drafting step gets
+  # only the draft rows that still fit the largest captured tier). In-process c=8 and c=4 as pipeline91/92 (expect
+  # no `eager (tokens)` and DSpark's admitting steps' p99 near plain's), then HTTP c=4,8 with every level uncached
+  # (--flush-cache, new in session 44) and fresh servers every round
+  while [ ! -f "$W/gputest.done" ]; do sleep 2; done  # NOTE: the GPU test first, alone on the card
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  local KVCAP="--max-total-tokens 400000"
+  export KVCAP
+  part ab8f 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 2 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --arm noburst=compact,SGLAUNCH_DSPARK_BURST=0 --json "$W/ab8f.json"
+  part ab4f 150 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 4 \
+    --temperature 0.7 --requests 200 --pairs 2 --output-jitter 0.3 --arm plain=plain --arm dspark=compact \
+    --json "$W/ab4f.json"
+  part bench48 420 env TEMP=0.7 ROUNDS=2 RESTART=1 FLUSH=1 bash -c 'dspark_vs_plain 4,8 "$W/bench48/bench.json" 750'
+  touch "$W/all.done"
 }
 
 pipeline93() {  # session 44, run 2 (a fresh machine: installs, `bg pipeline93`, the model's pieces): pipeline91's
