@@ -855,7 +855,8 @@ class LLMEngine:
         if sampled is None:
             sampled = self._samples_at_t(chunks)
         # a second chain's window (anchor + its drafts) comes on top of the budget, for up to SECOND_CHAIN_MAX_BATCH
-        room = self._graph_room(chunks, extra + len(candidates), self.spec.chain_rows(sampled, len(candidates)))
+        room = self._graph_room(chunks, extra + len(candidates), self.spec.chain_rows(sampled, len(candidates)),
+                                self.spec.gamma * len(candidates))
         if room is not None and room < (1 if self.spec.mode != "static" else self.spec.gamma * len(candidates)):
             # NOTE: no draft fits the largest captured graph beside this step's rows (a prompt chunk the
             # scheduler sized to that graph, graph-sized steps): drafting would run the step eagerly
@@ -869,13 +870,17 @@ class LLMEngine:
         self._aside_streak = 0
         return candidates, extra, budget if room is None else min(budget, room)
 
-    def _graph_room(self, chunks: list[Chunk], fixed: int, chain: int = 0) -> int | None:
-        """Draft rows a step of these chunks (`fixed` rows before any draft: prompt chunks, decodes and
-        anchors; `chain`: second-chain rows on top) can verify and still replay a captured graph (negative:
-        not even none), or None when no limit applies (no graphs, or a step that runs eagerly anyway). H100, session 44 (benchmarks/gpu44/run2): at 8 requests a
-        step's rows are capped at the largest tier (64), its prompt chunk sized to fill it beside the
-        decodes; 28 of DSpark's 362 admitting steps drafted on top and ran eagerly, 17-26 ms each against
-        1.2-2.4 ms for the graph-replayed ones."""
+    def _graph_room(self, chunks: list[Chunk], fixed: int, chain: int, drafts: int) -> int | None:
+        """The draft rows a step of these chunks can verify and still replay a captured graph (negative:
+        not even none): `fixed` rows before any draft (prompt chunks, decodes, anchors), `chain` second-chain
+        rows on top, at most `drafts` drafts. None where no limit applies: every draft fits, no graphs, or a
+        step that runs eagerly anyway. H100, session 44 (benchmarks/gpu44/run2): at 8 requests at most the
+        largest ragged tier is 64 rows and graph-sized steps size a prompt chunk to fill it beside the decodes;
+        28 of DSpark's 362 admitting steps drafted on top of that and ran eagerly, 15-26 ms each, where the
+        graph-replayed ones took 1.4 ms (p50)."""
+        tiers = self.runner.verify_token_tiers  # NOTE: sorted; the cheap test first, every drafting decision
+        if not tiers or fixed + chain + drafts <= tiers[-1]:
+            return None
         tiers = self._verify_tiers(chunks)
         if not tiers or fixed > max(tiers):
             return None
