@@ -29,7 +29,10 @@ slowest 1% of steps), so a kind that is slow step after step is told from one th
 burst, plain decoding), with the tokens each kind reported and its tokens per millisecond: whether bursts
 yield more per millisecond than plain's decode steps, and what the other kinds cost. `slow_steps`: the window's
 24 slowest steps, each with its kind, tokens and the target graphs it replayed or why it ran eagerly
-(`eager (query)`, ...: CudaGraphRunner's counts, CUDA only).
+(`eager (query)`, ...: CudaGraphRunner's counts, CUDA only). NOTE: each engine runs at most --concurrency
+requests (`--max-running-requests`), so its CUDA graphs stop at that batch and its ragged tiers at 8 rows a
+request (64 at c=8, 2,048 for a server at the default cap): a prompt chunk fills the largest tier sooner than in
+a server (session 44: DSpark's drafts on top of such steps ran 28 of 362 admitting steps eagerly, since fixed).
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
