@@ -208,7 +208,7 @@ def run_arm(spec: dict) -> dict:
             "gc": {k: v for k, v in (delta.get("gc") or {}).items() if k in ("collections", "seconds")} or None,
             "step_ms": {k: spread(v) for k, v in times.items() if v},
             "step_split": {k: split_row(v) for k, v in split.items() if v},
-            "slow_steps": [{"ms": round(ms, 3), "kind": kind, "tokens": n, "graph_replays": replayed}
+            "slow_steps": [{"ms": round(ms, 4), "kind": kind, "tokens": n, "graph_replays": replayed}
                            for ms, kind, n, replayed in sorted(slow, key=lambda row: row[0], reverse=True)]}
 
 

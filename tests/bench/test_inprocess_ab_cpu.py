@@ -75,7 +75,7 @@ def test_arms_run_in_turn_and_the_environment_reaches_the_engine(tmp_path, capsy
         slow = r["slow_steps"]
         assert 0 < len(slow) <= min(24, steps) and [s["ms"] for s in slow] == sorted((s["ms"] for s in slow), reverse=True)
         assert all(s["kind"] in split and s["graph_replays"] is None for s in slow)
-        assert slow[0]["ms"] >= max(v["p50_ms"] for v in split.values())
+        assert slow[0]["ms"] >= max(v["p50_ms"] for v in split.values()) - 1e-3  # both rounded
     plain = [r for r in runs if r["label"] == "plain"]
     always = [r for r in runs if r["label"] == "always"]
     assert all(r["spec"] == {} for r in plain)
