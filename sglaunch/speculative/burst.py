@@ -863,6 +863,7 @@ class BurstPolicy:
     scale: float = 1.0  # measured / profiled seconds of a burst
     wide_cap: int | None = None  # most iterations of a burst of more than WIDE_BATCH requests
     bursts: int = 0
+    timed: int = 0  # bursts whose wall time taught the scale (observe)
     burst_iterations: int = 0
     chained: int = 0  # bursts launched while the one before was finished (LLMEngine._collect_burst)
     stopped: int = 0  # bursts ended early for an arrival (LLMEngine._drive_burst)
@@ -909,7 +910,14 @@ class BurstPolicy:
         is never corrected; one learned high at a load change held bursts of a drafter its target
         never accepted (H100, session 22, random target weights: accept 1.00, 57% of c=1's steps
         in bursts at 1.35 ms a token against plain's 0.99 ms; DSpark 0.82x of plain). A burst must
-        beat plain as the start-up profile prices it."""
+        beat plain as the start-up profile prices it. Until a burst has been timed, its scale is
+        plain's where that is under 1: a start-up profile that ran slow (the first server on a fresh
+        machine) priced bursts as high as plain steps, and plain's scale alone would have made plain
+        the cheaper against a burst nothing had corrected (H100, session 44, T=0.7, c=8: plain scale
+        0.73, 347 declines, the declined streak skipped the draft context; DSpark 0.943 of plain that
+        round against 1.114 and 1.044 in the next two)."""
+        if self.timed == 0:
+            self.scale = min(1.0, plain_scale)
         seconds = self.burst_seconds(requests, iterations)
         if seconds is None or plain_seconds is None:
             return True
@@ -951,6 +959,7 @@ class BurstPolicy:
             ratio = seconds / (modelled / self.scale)
             if 1 / 3 <= ratio <= 3:  # NOTE: a GC pause or a first replay is no steady-state cost
                 self.scale = 0.9 * self.scale + 0.1 * ratio
+                self.timed += 1
 
 
 def _interpolate(points: dict[int, float], x: int) -> float:

@@ -686,10 +686,33 @@ def test_a_high_plain_scale_cannot_carry_a_burst_of_rejected_drafts():
     policy.accept = 2.6  # a drafter that is accepted still bursts at the same costs
     assert policy.worth(1, plain, prior=2.6, iterations=8, plain_scale=1.38)
     assert policy.worth(1, plain, prior=2.6, iterations=8, plain_scale=0.9)
-    # a scale under 1 (plain measured cheaper than profiled) still counts
-    policy.accept = 1.6
+    # a scale under 1 (plain measured cheaper than profiled) still counts once a burst has been timed
+    policy.accept, policy.timed = 1.6, 1
     assert not policy.worth(1, plain, prior=1.6, iterations=8, plain_scale=0.5)
     assert policy.worth(1, plain, prior=1.6, iterations=8, plain_scale=1.0)
+
+
+def test_an_untimed_burst_is_priced_with_plains_measured_skew():
+    """Session 44 (H100, T=0.7, c=8, HTTP round 1): the first server on a fresh machine profiled its
+    steps slow; the sampled plain steps then measured 0.73 of the profile, no burst had been timed to
+    correct its own price, so every burst was declined (347), the declined streak skipped the draft
+    context, and the round served 0.943 of plain. Until a burst is timed, plain's scale under 1 is
+    its scale too; a burst's own timing then takes over, and a scale over 1 never lends itself."""
+    plain = 1.3e-3  # profiled plain step at 8 requests
+    policy = BurstPolicy(gamma=7, max_iterations=8, costs={8: 2.2e-3}, fixed={8: 0.5e-3}, accept=2.0)
+    assert policy.worth(8, plain, prior=2.0, iterations=8)  # at profile prices: 7.1 tokens a ms against 6.2
+    assert policy.worth(8, plain, prior=2.0, iterations=8, plain_scale=0.73)  # the same skew on both sides
+    assert policy.declined == 0 and policy.scale == pytest.approx(0.73)
+    assert policy.worth(8, plain, prior=2.0, iterations=8, plain_scale=1.4)
+    assert policy.scale == 1.0  # a plain scale over 1 is not lent to the burst
+    # a burst timed at the profile's price: its own scale (1.0, as timed) now stands against plain's 0.73
+    policy.scale = 0.73
+    modelled = policy.burst_seconds(8, 8) / policy.scale
+    policy.observe([[1] * 8] * 8, seconds=modelled, requests=8)
+    assert policy.timed == 1 and policy.scale == pytest.approx(0.9 * 0.73 + 0.1)
+    policy.scale, policy.accept = 1.0, 2.0
+    assert not policy.worth(8, plain, prior=2.0, iterations=8, plain_scale=0.73)
+    assert policy.declined == 1
 
 
 @pytest.mark.parametrize("streak", [6, 10**9])
