@@ -855,8 +855,8 @@ class LLMEngine:
         if sampled is None:
             sampled = self._samples_at_t(chunks)
         # a second chain's window (anchor + its drafts) comes on top of the budget, for up to SECOND_CHAIN_MAX_BATCH
-        room = self._graph_room(chunks, extra + len(candidates), self.spec.chain_rows(sampled, len(candidates)),
-                                self.spec.gamma * len(candidates))
+        chain = self.spec.chain_rows(sampled, len(candidates)) if self._chains_fit(chunks, len(candidates)) else 0
+        room = self._graph_room(chunks, extra + len(candidates), chain, self.spec.gamma * len(candidates))
         if room is not None and room < (1 if self.spec.mode != "static" else self.spec.gamma * len(candidates)):
             # NOTE: no draft fits the largest captured graph beside this step's rows (a prompt chunk the
             # scheduler sized to that graph, graph-sized steps): drafting would run the step eagerly
@@ -944,9 +944,20 @@ class LLMEngine:
         # with SGLAUNCH_DSPARK_SAMPLED_CHAIN, where a drafting request samples (the device accept judges it)
         sampled = not all(is_greedy(c.req.sampling) for c in spec_chunks)
         second = (self.scheduler.reserve_second_chain if (self.spec.sampled_chain if sampled else (
-            self.spec.second_chain and all(is_greedy(c.req.sampling) for c in chunks if c.samples))) else None)
+            self.spec.second_chain and all(is_greedy(c.req.sampling) for c in chunks if c.samples)))
+            and self._chains_fit(chunks, len(spec_chunks)) else None)
         return self.spec.propose(spec_chunks, self.generators, extra, self._draft_on_all_ranks,
                                  self._verify_tiers(chunks), budget, **({"second_pages": second} if second else {}))
+
+    def _chains_fit(self, chunks: list[Chunk], requests: int) -> bool:
+        """Whether second chains for `requests` drafting requests keep the step within the largest captured
+        graph's batch: each chain's window is a query segment of its own (step._second_window). A step that
+        runs eagerly anyway (no graphs, more chunks than the largest graph takes) keeps them. H100, session
+        45 (`test_dspark_drafts_never_push_an_admitting_step_past_the_largest_graph`): at --cuda-graph-max-bs
+        4 and 4 running requests, greedy drafting steps with the default second chain made 8 segments, and 6
+        target forwards ran eagerly (`eager (batch)`)."""
+        most = self.runner.graph_max_batch
+        return most is None or len(chunks) > most or len(chunks) + requests <= most
 
     def _verify_tiers(self, chunks: list[Chunk]) -> tuple[int, ...]:
         """Captured verify-graph tiers a step of these chunks can replay; none when it will run

@@ -192,6 +192,11 @@ class ModelRunner:
         return CudaGraphRunner(self, plan, show_progress)
 
     @property
+    def graph_max_batch(self) -> int | None:
+        """Query segments (requests, second-chain windows) the largest captured graph takes; None without graphs."""
+        return self.graphs.plan.max_bs if self.graphs is not None else None
+
+    @property
     def verify_token_tiers(self) -> tuple[int, ...]:
         """Total-token tiers of the captured verify graphs (empty when none are captured)."""
         return self.graphs.plan.verify_tiers if self.graphs is not None else ()

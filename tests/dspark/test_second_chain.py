@@ -95,6 +95,37 @@ def test_second_chain_is_lossless_and_wins_after_the_decoy(dspark_files, decoy_d
     assert sum(hist[str(k)] for k in range(3, 5)) > 0  # the second chain also ran past its first draft
 
 
+def test_second_chains_stay_within_the_largest_graphs_batch(dspark_files, decoy_drafter, plain, monkeypatch):
+    """H100, session 45: at --cuda-graph-max-bs 4 with 4 running requests, the default second chain gave
+    drafting steps 8 query segments (each chain's window is one) and 6 target forwards ran eagerly
+    (`eager (batch)`). With a fake largest graph on the CPU: where the chains would push a step past its
+    batch they are left out (and the tokens stay plain greedy decoding's); where they fit they run."""
+    from sglaunch.engine.model_runner import ModelRunner
+
+    drafter, _ = decoy_drafter
+    config = engine_config(dspark_files["target"], drafter, "compact", sps=dspark_files["sps"], page_size=1)
+    small = BATCH[:SECOND_CHAIN_MAX_BATCH]
+    monkeypatch.setenv(ENV, "3")
+    segments = []
+    forward = ModelRunner.forward
+
+    def counted(self, step):
+        segments.append(step.batch_size)
+        return forward(self, step)
+
+    monkeypatch.setattr(ModelRunner, "forward", counted)
+    chains, widest = {}, {}
+    for most in (len(small), 2 * len(small)):
+        monkeypatch.setattr(ModelRunner, "graph_max_batch", property(lambda self, most=most: most))
+        segments.clear()
+        out, _, stats = run_checked(config, small)
+        assert out == plain[: len(small)]
+        chains[most], widest[most] = stats["second_chains"], max(segments)
+    assert widest[len(small)] <= len(small) < widest[2 * len(small)], widest  # 4 requests: 4 segments at most
+    # the chains that still fit run (a step of fewer requests), the rest were left out
+    assert chains[2 * len(small)] > chains[len(small)], chains
+
+
 def test_second_chain_drafts_the_runner_up(dspark_files, decoy_drafter):
     """DSparkDrafter.second_chain: slot 0's second choice, then the Markov chain from it."""
     drafter_path, g = decoy_drafter
