@@ -16,6 +16,7 @@ from sglaunch.bench.stats import distribution_ms
 COLUMNS = ("config", "level", "progress", "errors", "req/s", "out tok/s", "TTFT p50", "ITL p50",
            "TPOT p50", "E2E p50", "accept", "verify/step")
 KINDS_COLUMN = "aside/burst/drafted %"  # the final table's, when a server reported DSpark step kinds
+CACHED_COLUMN = "cached in %"  # the final table's, when a server reported prompt tokens served from its prefix cache
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -24,15 +25,25 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
-def record_cells(record: dict, kinds: bool = False) -> list[str]:
-    """The metric cells of a finished level record (and its step kinds' cell when `kinds`)."""
+def record_cells(record: dict, kinds: bool = False, cached: bool = False) -> list[str]:
+    """The metric cells of a finished level record (and its step kinds' cell when `kinds`, its cached
+    share's when `cached`)."""
     if record.get("status") == "skipped":
-        return ["-"] * (10 if kinds else 9)
+        return ["-"] * (9 + kinds + cached)
     return [str(record["errors"]), fmt(record["request_throughput"], 2),
             fmt(record["output_token_throughput"]), fmt(record["ttft_ms"]["p50"]),
             fmt(record["itl_ms"]["p50"]), fmt(record["tpot_ms"]["p50"]), fmt(record["e2e_ms"]["p50"]),
             fmt(record["accept_length"], 2), fmt(record["verify_tokens_per_step"], 2)] + (
-            [kinds_cell(record.get("step_kinds"))] if kinds else [])
+            [kinds_cell(record.get("step_kinds"))] if kinds else []) + ([cached_cell(record)] if cached else [])
+
+
+def cached_cell(record: dict) -> str:
+    """The share of a level's prompt tokens its server answered from the prefix cache, in whole
+    percent (--flush-cache levels start from an empty cache); n/a where either count is missing."""
+    cached, prompt = record.get("total_cached_tokens"), record.get("total_input_tokens")
+    if cached is None or not prompt:
+        return "n/a"
+    return f"{100 * cached / prompt:.0f}"
 
 
 def kinds_cell(kinds: dict | None) -> str:
@@ -98,13 +109,15 @@ def final_tables(doc: dict):
     status = doc["status"] + (" (partial results)" if doc["partial"] else "")
     table = Table(title=f"sglaunch bench: {status}", title_justify="left")
     kinds = any(record.get("step_kinds") for config in doc["configs"] for record in config["levels"])
-    for column in COLUMNS + ((KINDS_COLUMN,) if kinds else ()):
+    cached = any(record.get("total_cached_tokens") is not None for config in doc["configs"]
+                 for record in config["levels"])
+    for column in COLUMNS + ((KINDS_COLUMN,) if kinds else ()) + ((CACHED_COLUMN,) if cached else ()):
         if column != "progress":
             table.add_column(column, justify="left" if column in ("config", "level") else "right")
     for config in doc["configs"]:
         for record in config["levels"]:
             level = record["label"] + ("" if record.get("status") in ("ok", None) else f" [{record['status']}]")
-            table.add_row(config["label"], level, *record_cells(record, kinds))
+            table.add_row(config["label"], level, *record_cells(record, kinds, cached))
     tables = [table]
     if doc.get("comparison"):
         ratios = Table(title=f"ratios {doc['comparison'][0]['ratio']}", title_justify="left",

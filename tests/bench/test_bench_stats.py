@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglaunch.bench.client import RequestResult
-from sglaunch.bench.report import kinds_cell
+from sglaunch.bench.report import cached_cell, final_tables, kinds_cell
 from sglaunch.bench.stats import distribution_ms, parse_prometheus, spec_stats, summarize_level
 
 
@@ -91,3 +91,37 @@ def test_step_kinds_are_this_levels_shares_of_each_kind():
     # an idle level (no steps) and a server without the counters: none
     assert spec_stats({"info": after}, {"info": after})["step_kinds"] is None
     assert kinds_cell(None) == "n/a"
+
+
+def _level(label: str, cached, prompt, status: str = "ok") -> dict:
+    dist = {"p50": 1.0}
+    return {"label": label, "status": status, "errors": 0, "request_throughput": 1.0, "output_token_throughput": 2.0,
+            "ttft_ms": dist, "itl_ms": dist, "tpot_ms": dist, "e2e_ms": dist, "accept_length": None,
+            "verify_tokens_per_step": None, "total_cached_tokens": cached, "total_input_tokens": prompt}
+
+
+def test_the_final_table_shows_each_levels_cached_share():
+    """Session 44: later levels of a run met every prompt cached, and nothing in the table said so."""
+    from rich.console import Console
+
+    doc = {"status": "ok", "partial": False, "comparison": None, "configs": [
+        {"label": "plain", "levels": [_level("c=1", 0, 1000), _level("c=8", 950, 1000)]},
+        {"label": "old", "levels": [_level("c=1", None, 1000), _level("c=8", None, None, status="skipped")]}]}
+    console = Console(width=250, record=True)
+    for table in final_tables(doc):
+        console.print(table)
+    text = console.export_text()
+    cells = [[c.strip() for c in line.strip("│ ").split("│")] for line in text.splitlines() if line.startswith("│")]
+    rows = {f"{row[0]} {row[1]}": row for row in cells}
+    assert "cached in %" in text
+    assert rows["plain c=1"][-1] == "0" and rows["plain c=8"][-1] == "95"
+    assert rows["old c=1"][-1] == "n/a" and rows["old c=8"][-1] == "-"  # not reported; skipped
+    assert cached_cell({"total_cached_tokens": 5, "total_input_tokens": 0}) == "n/a"
+    # a run where no server reported cached tokens: no column
+    for config in doc["configs"]:
+        for record in config["levels"]:
+            record["total_cached_tokens"] = None
+    console = Console(width=250, record=True)
+    for table in final_tables(doc):
+        console.print(table)
+    assert "cached" not in console.export_text()
