@@ -91,6 +91,13 @@ class SyntheticEngine:
         self.running.clear()
         return outputs
 
+    def flush_cache(self) -> dict:
+        """/flush_cache: this engine keeps no prefix cache, so an idle one has nothing to free (the answer
+        has LLMEngine.flush_cache's shape, so `sglaunch bench --flush-cache` runs against it too)."""
+        if self.has_work:
+            return {"flushed": False, "running": len(self.running), "waiting": len(self.waiting)}
+        return {"flushed": True, "freed_pages": 0, "freed_tokens": 0, "free_pages": 0, "num_pages": 0}
+
     def keepalive(self) -> None:
         pass
 

@@ -33,3 +33,20 @@ def test_frontend_ceiling_streams_every_token(tmp_path):
     assert run["tokens"] == 8 * 6 and run["chunks_per_token"] > 0
     assert run["server_cpu_us_per_token"] > 0 and run["client_cpu_us_per_token"] > 0
     assert result["median"]["after"]["tokens"] == 8 * 6
+
+
+def test_the_synthetic_engine_answers_flush_cache():
+    """Session 44 noticed the synthetic engine had no flush_cache: /flush_cache (and `sglaunch bench
+    --flush-cache`) against it failed in the engine process."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from types import SimpleNamespace
+
+    from http_synthetic_engine import SyntheticEngine
+
+    engine = SyntheticEngine(0.0, [5, 6, 7], max_running=2, context_length=64)
+    assert engine.flush_cache()["flushed"] is True
+    engine.add_request(SimpleNamespace(rid="a", input_ids=(1, 2, 3), sampling=SimpleNamespace(max_new_tokens=2)))
+    assert engine.flush_cache() == {"flushed": False, "running": 0, "waiting": 1}
+    while engine.has_work:
+        engine.step()
+    assert engine.flush_cache()["flushed"] is True
