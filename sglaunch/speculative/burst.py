@@ -860,7 +860,7 @@ class BurstPolicy:
     costs: dict[int, float] = field(default_factory=dict)  # requests -> seconds per iteration (profiled)
     fixed: dict[int, float] = field(default_factory=dict)  # requests -> seconds per burst besides its iterations
     accept: float | None = None  # running estimate of committed tokens per request-iteration
-    scale: float = 1.0  # measured / profiled seconds of a burst
+    scale: float = 1.0  # measured / profiled seconds of a burst (until one is timed: plain's scale where under 1)
     wide_cap: int | None = None  # most iterations of a burst of more than WIDE_BATCH requests
     bursts: int = 0
     timed: int = 0  # bursts whose wall time taught the scale (observe)
