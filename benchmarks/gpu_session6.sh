@@ -1080,6 +1080,19 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline95() {  # planned in session 45 for the next session (`bgtest "largest_graph or second_chain" 300` after the
+  # installs, then `bg pipeline95`, then the model's pieces): in-process c=8 at T=0.7 with the engines at the
+  # server's default caps (--server-caps: graphs and ragged tiers as `sglaunch serve`'s), where session 45 read
+  # DSpark / plain 0.943, 0.961 with the cap at 8 against 1.063, 1.009 over HTTP. Is the in-process loss the cap's?
+  while [ ! -f "$W/gputest.done" ]; do sleep 2; done  # NOTE: the GPU tests first, alone on the card
+  while [ ! -f /tmp/smol/ready ]; do sleep 2; done
+  pull_smol
+  part ab8s 170 python3 benchmarks/inprocess_ab.py --model "$SMOL" --drafter "$DRAFTER" --concurrency 8 \
+    --temperature 0.7 --requests 300 --pairs 2 --output-jitter 0.3 --server-caps --arm plain=plain \
+    --arm dspark=compact --json "$W/ab8s.json"
+  touch "$W/all.done"
+}
+
 pipeline94() {  # planned in session 44 for the next session (`bgtest largest_graph 300` after the installs, then
   # `bg pipeline94`; the model's pieces follow): the fix of session 44's eager admitting steps (a drafting step gets
   # only the draft rows that still fit the largest captured tier). In-process c=8 and c=4 as pipeline91/92 (expect

@@ -33,6 +33,9 @@ yield more per millisecond than plain's decode steps, and what the other kinds c
 requests (`--max-running-requests`), so its CUDA graphs stop at that batch and its ragged tiers at 8 rows a
 request (64 at c=8, 2,048 for a server at the default cap): a prompt chunk fills the largest tier sooner than in
 a server (session 44: DSpark's drafts on top of such steps ran 28 of 362 admitting steps eagerly, since fixed).
+--server-caps boots the engines with the server's default cap instead (graphs and tiers as `sglaunch serve`'s;
+session 45 read DSpark at c=8 0.94-0.96 in-process with the cap at 8 against 1.01-1.06 over HTTP), and
+--engine-flag passes `sglaunch serve` flags to every arm (`--engine-flag=--max-total-tokens --engine-flag=400000`).
 
 Why: over HTTP a DSpark server served 0.91-0.95x of a plain one at 16 concurrent requests, T=0.7,
 stepping aside on 91-99% of its steps (H100, session 41, benchmarks/gpu41), and no in-process measure
@@ -112,10 +115,12 @@ def run_arm(spec: dict) -> dict:
     began = time.perf_counter()
     ns = argparse.Namespace(model=Path(spec["model"]), device=spec["device"], dtype=spec["dtype"],
                             concurrency=spec["concurrency"], attention_backend=spec["attention_backend"],
-                            disable_cuda_graph=False)
+                            disable_cuda_graph=False, server_caps=spec.get("server_caps", False),
+                            engine_flags=spec.get("engine_flags") or [])
     kind = spec["kind"]
     engine, cluster = ps.build_engine(ns, None if kind == "plain" else kind,
                                       None if kind == "plain" else Path(spec["drafter"]))
+    max_running = engine.scheduler.limits.max_running_requests
     boot_s = time.perf_counter() - began
     sync = (lambda: None)
     if spec["device"] == "cuda":
@@ -196,6 +201,7 @@ def run_arm(spec: dict) -> dict:
              for step_kind, v in (delta.get("step_seconds") or {}).items()}  # prefill / decode
     spec_delta = delta.get("speculative") or {}
     return {"label": spec["label"], "kind": kind, "env": spec["env"], "boot_s": round(boot_s, 1),
+            "max_running_requests": max_running,
             "window_s": round(wall, 4), "output_tokens": tokens, "tok_s": round(tokens / wall, 1),
             "cpu_ms_per_token": round(1e3 * cpu / tokens, 4), "steps": steps,
             "tokens_per_step": round(tokens / max(1, sum(s["steps"] for s in steps.values())), 3),
@@ -305,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--server-caps", action="store_true",
+                        help="boot each engine with `sglaunch serve`'s default --max-running-requests (its CUDA graphs "
+                             "and ragged tiers as a server's) instead of --concurrency")
+    parser.add_argument("--engine-flag", dest="engine_flags", action="append", default=[], metavar="FLAG",
+                        help="a `sglaunch serve` flag for every arm's engine (repeat; `--engine-flag=--max-total-tokens "
+                             "--engine-flag=400000`)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--output-len", type=int, default=128)
@@ -354,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = {**arm, "model": str(model), "drafter": str(drafter) if drafter else None,
                     "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend,
                     "concurrency": args.concurrency, "temperature": args.temperature, "top_p": args.top_p,
+                    "server_caps": args.server_caps, "engine_flags": args.engine_flags,
                     "output_len": args.output_len, "output_jitter": args.output_jitter,
                     "dataset": str(args.dataset), "prompt_limit": args.prompt_limit,
                     "requests": args.requests, "warmup_requests": args.warmup_requests,

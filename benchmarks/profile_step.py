@@ -143,7 +143,10 @@ def build_engine(args, mode: str | None, drafter: Path | None):
     from sglaunch.engine.launch import create_engine
 
     tokens = ["--model-path", str(args.model), "--served-model-name", "profile", "--device", args.device,
-              "--dtype", args.dtype, "--max-running-requests", str(max(args.concurrency, 1)), "--random-seed", "0"]
+              "--dtype", args.dtype, "--random-seed", "0"]
+    if not getattr(args, "server_caps", False):  # NOTE: at most the load's requests: graphs and tiers stop there
+        tokens += ["--max-running-requests", str(max(args.concurrency, 1))]
+    tokens += list(getattr(args, "engine_flags", None) or [])
     if args.attention_backend:
         tokens += ["--attention-backend", args.attention_backend]
     if args.disable_cuda_graph:

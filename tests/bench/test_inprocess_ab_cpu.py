@@ -128,3 +128,26 @@ def test_step_spread_tells_a_stall_from_a_slow_kind():
     slow = ab.spread([0.002] * 100)  # slow step after step: no tail
     assert slow["p50"] == slow["max"] == 2.0 and slow["slowest_1pct_share"] == pytest.approx(0.01)
     assert ab.spread([0.003])["p99"] == 3.0
+
+
+def test_server_caps_and_engine_flags_reach_the_engine(tmp_path):
+    """Session 45: in-process engines capped at the concurrency (graphs and ragged tiers stop there) read
+    DSpark at c=8 0.94-0.96 where servers at the default caps read 1.01-1.06 over HTTP. --server-caps
+    boots them as `sglaunch serve` does; --engine-flag passes serve flags to every arm."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    aside = load("bench_script_aside_host_cost_caps", "aside_host_cost.py")
+    ab = load("bench_script_inprocess_ab_caps", "inprocess_ab.py")
+    model, _ = aside.tiny_model(tmp_path)
+    caps = {}
+    for name, extra in (("capped", []), ("server", ["--server-caps"]),
+                        ("flag", ["--server-caps", "--engine-flag=--max-running-requests", "--engine-flag=5"])):
+        out = tmp_path / f"{name}.json"
+        assert ab.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--concurrency", "3",
+                        "--output-len", "6", "--requests", "3", "--warmup-requests", "1", "--pairs", "1",
+                        "--prompt-limit", "6", "--arm", "a=plain", "--json", str(out), *extra]) == 0
+        report = json.loads(out.read_text())
+        caps[name] = report["runs"][0]["max_running_requests"]
+        assert report["settings"]["server_caps"] is ("--server-caps" in extra)
+    assert caps["capped"] == 3 and caps["flag"] == 5
+    assert caps["server"] > 3  # the serve default
