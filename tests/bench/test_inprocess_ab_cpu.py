@@ -98,14 +98,18 @@ def test_a_dspark_arm_without_a_drafter_is_refused(tmp_path):
     assert exc.value.code == 2
 
 
+def tiny_ab(tmp_path, tag: str):
+    """The script as a module (loaded under a name of its own) and a tiny random-weight model."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    aside = load(f"bench_script_aside_host_cost_{tag}", "aside_host_cost.py")
+    return load(f"bench_script_inprocess_ab_{tag}", "inprocess_ab.py"), aside.tiny_model(tmp_path)[0]
+
+
 def test_output_jitter_gives_every_arm_the_same_lengths(tmp_path):
     """--output-jitter: each request's length comes from its index, so two plain arms generate the
     same tokens in their windows, and not what one length for all generates."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    aside = load("bench_script_aside_host_cost_jitter", "aside_host_cost.py")
-    ab = load("bench_script_inprocess_ab_jitter", "inprocess_ab.py")
-    model, _ = aside.tiny_model(tmp_path)
+    ab, model = tiny_ab(tmp_path, "jitter")
     totals = {}
     for jitter in ("0", "0.5"):
         out = tmp_path / f"ab{jitter}.json"
@@ -134,11 +138,7 @@ def test_server_caps_and_engine_flags_reach_the_engine(tmp_path):
     """Session 45: in-process engines capped at the concurrency (graphs and ragged tiers stop there) read
     DSpark at c=8 0.94-0.96 where servers at the default caps read 1.01-1.06 over HTTP. --server-caps
     boots them as `sglaunch serve` does; --engine-flag passes serve flags to every arm."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    aside = load("bench_script_aside_host_cost_caps", "aside_host_cost.py")
-    ab = load("bench_script_inprocess_ab_caps", "inprocess_ab.py")
-    model, _ = aside.tiny_model(tmp_path)
+    ab, model = tiny_ab(tmp_path, "caps")
     caps = {}
     for name, extra in (("capped", []), ("server", ["--server-caps"]),
                         ("flag", ["--server-caps", "--engine-flag=--max-running-requests", "--engine-flag=5"])):
