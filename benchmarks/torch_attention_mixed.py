@@ -1,7 +1,11 @@
 """The torch attention backend on a step that mixes decodes with a prefill chunk: split into
-two padded groups (the default) against one padded group, same run, same inputs.
+padded groups by query length (the default, torch_backend.length_groups) against one padded group,
+same run, same inputs.
 
-    python benchmarks/torch_attention_mixed.py [--decodes 7] [--context 200] [--prefill 300] [--layers 30]
+    python benchmarks/torch_attention_mixed.py [--decodes 7] [--window 1] [--context 200] [--prefill 300]
+        [--layers 30]
+
+--window N: the decoding requests verify N rows each (DSpark's drafting requests beside an arrival's prompt).
 
 SmolLM2's attention shape (9 query heads, 3 KV heads, head_dim 64), bf16, CPU by default.
 """
@@ -19,9 +23,9 @@ from sglaunch.engine.kv_pool import KVPool
 from sglaunch.engine.step import StepInput
 
 
-def mixed_step(decodes: int, context: int, prefill: int) -> StepInput:
+def mixed_step(decodes: int, context: int, prefill: int, window: int = 1) -> StepInput:
     step, page = StepInput([], [], [], [], [], []), 0
-    for q, kv in [(1, context)] * decodes + [(prefill, prefill)]:
+    for q, kv in [(window, context)] * decodes + [(prefill, prefill)]:
         step.input_ids += [0] * q
         step.positions += list(range(kv - q, kv))
         step.query_lens.append(q)
@@ -34,6 +38,7 @@ def mixed_step(decodes: int, context: int, prefill: int) -> StepInput:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decodes", type=int, default=7)
+    parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--prefill", type=int, default=300)
     parser.add_argument("--layers", type=int, default=30)
@@ -41,7 +46,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     dev, heads, kv_heads, head_dim = torch.device(args.device), 9, 3, 64
-    step = mixed_step(args.decodes, args.context, args.prefill)
+    step = mixed_step(args.decodes, args.context, args.prefill, args.window)
     pool = KVPool(1, sum(step.kv_lens), 1, kv_heads, head_dim, torch.bfloat16, dev)
     gen = torch.Generator().manual_seed(0)
     n = step.num_tokens
@@ -62,10 +67,11 @@ def main() -> None:
             runs.append(time.perf_counter() - start)
         times.setdefault(split, []).extend(runs)
     one, two = (statistics.median(times[s]) * 1e3 for s in (False, True))
-    print(f"{args.decodes} decodes at {args.context} tokens + one {args.prefill}-token prefill, "
+    print(f"{args.decodes} requests of {args.window} rows at {args.context} tokens "
+          f"+ one {args.prefill}-token prefill, "
           f"{args.layers} layers, bf16, {args.device}:")
     print(f"  one padded group  {one:8.1f} ms")
-    print(f"  two groups        {two:8.1f} ms   ({one / two:.1f}x faster)")
+    print(f"  length groups     {two:8.1f} ms   ({one / two:.1f}x faster)")
 
 
 if __name__ == "__main__":
