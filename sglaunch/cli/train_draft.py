@@ -56,6 +56,9 @@ def train_draft(
     grow_layers: Annotated[Optional[int], typer.Option(
         help="With --init-from: add N layers after its own (depth up-scaling), each an identity at step 0 "
              "(o_proj / down_proj at zero), so training starts from the checkpoint's function.")] = None,
+    grow_markov_rank: Annotated[Optional[int], typer.Option(
+        help="With --init-from: widen its (vanilla) Markov head to rank R, the new directions adding nothing at "
+             "step 0 (W2's new columns at zero), so training starts from the checkpoint's function.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Response length the target generates per prompt.")] = 256,
     max_length: Annotated[int, typer.Option(help="Prompt + response tokens kept per training sequence.")] = 1024,
     gen_temperatures: Annotated[str, typer.Option(help="Generation temperatures, cycled over the prompts.")] = "0,0.7",
@@ -79,6 +82,8 @@ def train_draft(
         help="Temperatures the L1 term is taken at, averaged (e.g. 1,0.7: the acceptance of requests "
              "sampled at 0.7 as well as at 1).")] = "1",
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (4% warmup, cosine to 0).")] = 6e-4,
+    markov_lr_scale: Annotated[float, typer.Option(
+        help="The Markov head's peak learning rate is --lr times this (e.g. for a head just widened).")] = 1.0,
     log_every: Annotated[int, typer.Option(help="Steps between train_log.jsonl lines.")] = 10,
     save_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 500,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint in --output.")] = False,
@@ -146,9 +151,13 @@ def train_draft(
         raise SglaunchError(f"prompt file {prompts} does not exist",
                             hint="pass a JSONL file (see docs/train-draft.md; `python -m sglaunch.training.corpus` "
                                  "builds one from the license-clean corpus)")
-    from sglaunch.training.data import check_grow, require_text_file  # torch-free
+    from sglaunch.training.data import check_grow, check_grow_rank, require_text_file  # torch-free
 
     check_grow(grow_layers, init_from)
+    check_grow_rank(grow_markov_rank, init_from)
+    if markov_lr_scale <= 0:
+        raise SglaunchError(f"--markov-lr-scale must be positive, got {markov_lr_scale}",
+                            hint="1 trains the Markov head at --lr like every other weight")
     for path in extra_text or []:
         require_text_file(path)
     if target is None:
@@ -162,9 +171,9 @@ def train_draft(
         device=device, dtype=dtype, seed=seed, num_draft_layers=num_draft_layers, block_size=block_size,
         markov_rank=markov_rank, markov_head_type=markov_head_type, intermediate_size=intermediate_size,
         target_layer_ids=_ints(target_layer_ids, "--target-layer-ids"), num_feature_layers=num_feature_layers,
-        mask_token_id=mask_token_id, init_from=init_from, grow_layers=grow_layers, max_new_tokens=max_new_tokens, max_length=max_length,
+        mask_token_id=mask_token_id, init_from=init_from, grow_layers=grow_layers, grow_markov_rank=grow_markov_rank, max_new_tokens=max_new_tokens, max_length=max_length,
         gen_temperatures=_floats(gen_temperatures, "--gen-temperatures"), gen_top_p=gen_top_p, epochs=epochs,
-        max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, anchor_focus=anchor_focus, lr=lr,
+        max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, anchors_per_seq=anchors_per_seq, anchor_focus=anchor_focus, lr=lr, markov_lr_scale=markov_lr_scale,
         loss_ce_weight=loss_ce_weight, loss_l1_weight=loss_l1_weight, ce_label=ce_label, l1_temperatures=l1_temps,
         log_every=log_every, save_every=save_every, resume=resume,
         eval_temperatures=_floats(eval_temperatures, "--eval-temperatures"), eval_max_prompts=eval_max_prompts,

@@ -264,6 +264,19 @@ def check_grow(grow_layers: int | None, init_from: Path | None) -> None:
                                  "or set the depth of a new drafter with --num-draft-layers")
 
 
+def check_grow_rank(rank: int | None, init_from: Path | None) -> None:
+    """--grow-markov-rank R needs --init-from and R >= 1 (None: the checkpoint's rank); that R
+    exceeds the checkpoint's own rank is checked once its config is read. Torch-free."""
+    if rank is None:
+        return
+    if rank < 1:
+        raise SglaunchError(f"--grow-markov-rank must be at least 1, got {rank}",
+                            hint="--grow-markov-rank R widens the --init-from drafter's Markov head to rank R")
+    if init_from is None:
+        raise SglaunchError("--grow-markov-rank needs --init-from: it widens an existing drafter's Markov head",
+                            hint="pass --init-from DRAFTER, or set a new drafter's rank with --markov-rank")
+
+
 def read_text_file(path: Path) -> str:
     require_text_file(path)
     try:

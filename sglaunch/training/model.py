@@ -139,6 +139,57 @@ def grow_layers(drafter: DSparkDrafter, first_new: int) -> None:
                 proj.bias.zero_()
 
 
+def grown_rank_config(cfg: DrafterConfig, rank: int) -> DrafterConfig:
+    """The checkpoint's config with a Markov head of `rank` (> its own; vanilla heads only: a gated
+    or rnn head's projections are shaped by the rank in ways a zero extension does not keep)."""
+    if cfg.markov_rank <= 0 or cfg.markov_head_type != "vanilla":
+        raise ValueError(f"--grow-markov-rank needs a vanilla Markov head, the checkpoint has "
+                         f"{cfg.markov_head_type!r} of rank {cfg.markov_rank}")
+    if rank <= cfg.markov_rank:
+        raise ValueError(f"--grow-markov-rank {rank} must exceed the checkpoint's rank {cfg.markov_rank}")
+    return dataclasses.replace(cfg, markov_rank=rank)
+
+
+@torch.no_grad()
+def load_into_grown_rank(drafter: DSparkDrafter, path: Path, cfg: DrafterConfig, seed: int) -> None:
+    """Fill a drafter whose Markov rank R exceeds the checkpoint's r (config `cfg`) so that it
+    computes exactly the checkpoint's function: W1[:, :r] and W2[:, :r] are the checkpoint's,
+    W2[:, r:] is zero (the new directions add nothing to the bias at step 0), and the confidence
+    head's columns for the new Markov dimensions are zero. W1[:, r:] is drawn N(0, s) with s the
+    RMS of the checkpoint's W1 (seeded), so the first gradients of W2's new columns read features
+    of the previous token at the scale the trained ones have (zero W1 columns would leave W2's new
+    columns without gradient: W2's gradient is the bias gradient times W1[x]).
+
+    NOTE: the checkpoint is loaded into a drafter of its own shape on the CPU first (the one
+    loader, its shape checks), then copied over; the aliased embeddings / LM head are not part of
+    a checkpoint's own tensors and stay the target's."""
+    small = DSparkDrafter(cfg, TPGroup(0, 1), torch.float32, torch.device("cpu"), 16)
+    load_checkpoint_weights(small, path, cfg)
+    r, d = cfg.markov_rank, cfg.hidden_size
+    big = own_parameters(drafter)
+    gen = torch.Generator().manual_seed(seed)
+    for name, src in own_parameters(small).items():
+        dst = big[name]
+        if dst.shape == src.shape:
+            dst.copy_(src)
+        elif name == "markov_head.markov_w1.weight":
+            noise = torch.randn(dst.shape[0], dst.shape[1] - r, generator=gen) * src.pow(2).mean().sqrt()
+            dst.copy_(torch.cat([src, noise], dim=1))
+        elif name == "markov_head.markov_w2.weight":
+            dst.zero_()
+            dst[:, :r].copy_(src)
+        elif name == "confidence_head.proj.weight":
+            dst.zero_()
+            dst[:, : d + r].copy_(src)
+        else:
+            raise ValueError(f"grow_markov_rank: {name} is {list(src.shape)} in the checkpoint, {list(dst.shape)} here")
+
+
+def markov_parameters(drafter: DSparkDrafter) -> set[str]:
+    """The Markov head's own parameters (W1, W2, and a gated / rnn head's projections)."""
+    return {n for n in own_parameters(drafter) if n.startswith("markov_head.")}
+
+
 def checkpoint_bytes(cfg: DrafterConfig, bytes_per_param: int = 2) -> int:
     shapes = expected_shapes(cfg, False, False)
     total = 0

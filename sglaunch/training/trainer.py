@@ -51,6 +51,9 @@ class TrainArgs:
     # depth up-scaling: the init_from drafter with this many more layers at the end, each an
     # identity at step 0 (model.grow_layers); None: its own depth. Needs init_from.
     grow_layers: int | None = None
+    # a wider Markov head: the init_from drafter's vanilla head grown to this rank, the same function
+    # at step 0 (model.load_into_grown_rank); None: its own rank. Needs init_from.
+    grow_markov_rank: int | None = None
     # data
     max_new_tokens: int = 256
     max_length: int = 1024
@@ -76,6 +79,7 @@ class TrainArgs:
     ce_label: str = "response"
     l1_temperatures: list[float] = field(default_factory=lambda: [1.0])
     lr: float = 6e-4
+    markov_lr_scale: float = 1.0  # the Markov head's peak lr is lr x this (its own AdamW group)
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
     grad_clip: float = 1.0
@@ -149,9 +153,18 @@ class Trainer:
     def drafter_config(self):
         a, cfg = self.args, self.target_cfg
         data.check_grow(a.grow_layers, a.init_from)
+        data.check_grow_rank(a.grow_markov_rank, a.init_from)
         if a.init_from is not None:
             self.init_cfg = model.init_from_checkpoint(a.init_from, cfg)
-            return model.grown_config(self.init_cfg, a.grow_layers) if a.grow_layers else self.init_cfg
+            dcfg = model.grown_config(self.init_cfg, a.grow_layers) if a.grow_layers else self.init_cfg
+            if a.grow_markov_rank:
+                try:
+                    dcfg = model.grown_rank_config(dcfg, a.grow_markov_rank)
+                except ValueError as exc:
+                    raise SglaunchError(f"--init-from {a.init_from}: {exc}",
+                                        hint="grow the rank of a vanilla-head drafter, to more than its own "
+                                             "markov_rank (config.json)") from None
+            return dcfg
         ids = a.target_layer_ids or target_mod.default_layer_ids(int(cfg["num_hidden_layers"]), a.num_feature_layers)
         mask = a.mask_token_id if a.mask_token_id is not None else target_mod.default_mask_token(cfg, a.target)
         dcfg = target_mod.drafter_config_for(cfg, num_layers=a.num_draft_layers, block_size=a.block_size,
@@ -162,6 +175,17 @@ class Trainer:
 
             dcfg = dataclasses.replace(dcfg, intermediate_size=a.intermediate_size)
         return dcfg
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """One AdamW group, or two with --markov-lr-scale: the Markov head's at lr x scale (the
+        scheduler's warmup and cosine multiply each group's own peak)."""
+        a = self.args
+        if a.markov_lr_scale == 1.0:
+            return [{"params": self.params}]
+        markov = model.markov_parameters(self.drafter)
+        own = model.own_parameters(self.drafter)
+        return [{"params": [p for n, p in own.items() if n not in markov]},
+                {"params": [own[n] for n in sorted(markov)], "lr": a.lr * a.markov_lr_scale}]
 
     def prepare_data(self) -> tuple[list[data.Sample], list[data.Prompt]]:
         a = self.args
@@ -215,7 +239,12 @@ class Trainer:
         if a.init_from is None:
             self.whiten_fc()
         else:  # with --resume, load_latest below then replaces every weight (a grown run resumes grown)
-            model.load_checkpoint_weights(self.drafter, a.init_from, self.init_cfg)
+            if a.grow_markov_rank:  # new layers (--grow-layers) are left to grow_layers below
+                model.load_into_grown_rank(self.drafter, a.init_from, self.init_cfg, a.seed)
+                self.say(f"grew {a.init_from}'s Markov rank {self.init_cfg.markov_rank} to {a.grow_markov_rank}: "
+                         "W2's new columns and the confidence head's at zero (the same function at step 0)")
+            else:
+                model.load_checkpoint_weights(self.drafter, a.init_from, self.init_cfg)
             if a.grow_layers:
                 model.grow_layers(self.drafter, self.init_cfg.num_layers)
                 self.say(f"grew {a.init_from}'s {self.init_cfg.num_layers} layers by {a.grow_layers}: the new "
@@ -224,7 +253,8 @@ class Trainer:
         self.set_attention(a.attention)
         # one fused kernel for every parameter on CUDA (the default there is foreach: a few per tensor)
         fused = {"fused": True} if self.device.type == "cuda" else {}
-        self.optimizer = torch.optim.AdamW(self.params, lr=a.lr, weight_decay=a.weight_decay, betas=(0.9, 0.95), **fused)
+        self.optimizer = torch.optim.AdamW(self.param_groups(), lr=a.lr, weight_decay=a.weight_decay,
+                                           betas=(0.9, 0.95), **fused)
         if a.loss_impl not in ("fused", "reference"):
             raise SglaunchError(f"loss_impl {a.loss_impl!r} is not fused or reference")
         self.compile_loss = (a.compile_loss if a.compile_loss is not None
