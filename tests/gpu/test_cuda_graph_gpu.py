@@ -543,6 +543,11 @@ def test_dspark_sampled_second_chain_with_graphs(files, monkeypatch):
     the chain wins, and every page comes back."""
     monkeypatch.delenv("SGLAUNCH_DSPARK_SECOND_CHAIN", raising=False)
     monkeypatch.setenv("SGLAUNCH_DSPARK_SAMPLED_CHAIN", "3")
+    # NOTE: every decode step a synchronous drafting step, where chains are verified: the planner steps aside
+    # from a random drafter, and bursts run one chain (session 46, H100: 3 drafting steps of 64, 12 chains,
+    # none won, with neither set)
+    monkeypatch.setenv("SGLAUNCH_DSPARK_STEP_ASIDE", "0")
+    monkeypatch.setenv("SGLAUNCH_DSPARK_BURST", "0")
     batch = prompts(4, seed=7)
     plain, _ = greedy_outputs(cuda_config(files), batch, 64)
     out = {f"r{i}": ([], []) for i in range(len(batch))}
