@@ -1080,6 +1080,27 @@ plain_ab() {  # plain_ab LABEL_A ENV_A LABEL_B ENV_B LEVELS PROMPTS OUT: plain d
     --concurrency "$5" --temperature "${TEMP:-0}" ${TOPP:+--top-p "$TOPP"} --output "$7" --no-plot --rounds "${ROUNDS:-1}"
 }
 
+pipeline96() {  # planned in session 46 for the next session: the bundled drafter's Markov head went from rank 8 to 64
+  # (held-out T=0 2.752 -> 2.835 in static mode, H100); is it as fast on a GPU? After `bgtest ... 300`, `bg pipeline96`,
+  # the model's four pieces (`piece .m1` .. `piece .m4 join`) and the rank-8 drafter (`olddrafter`, carry .oldd):
+  # each drafter's draft-stage cost (profile-sps), the two drafters side by side over HTTP (DSpark compact, T=0,
+  # c=1 and 8, two rounds), then plain against DSpark with the new bundle (issue 15's measure)
+  while [ ! -f "$W/gputest.done" ]; do sleep 2; done  # NOTE: the GPU tests first, alone on the card
+  while [ ! -f /tmp/smol/ready ] || [ ! -f /tmp/oldd/ready ]; do sleep 2; done
+  pull_smol
+  part spsold 120 python3 -m sglaunch profile-sps --model-path "$SMOL" --draft-model-path /tmp/oldd --tokens 8,64,256 \
+    -o "$W/sps_rank8.json"
+  part spsnew 120 python3 -m sglaunch profile-sps --model-path "$SMOL" --draft-model-path "$DRAFTER" --tokens 8,64,256 \
+    -o "$W/sps_rank64.json"
+  part drafters 300 python3 -m sglaunch bench \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK --speculative-draft-model-path /tmp/oldd" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
+    --label rank8 --label rank64 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 128 --output-len 128 \
+    --concurrency 1,8 --temperature 0 --output "$W/drafters/bench.json" --no-plot --rounds 2
+  part bench18 300 env ROUNDS=2 bash -c 'dspark_vs_plain 1,8 "$W/bench18/bench.json" 128'
+  touch "$W/all.done"
+}
+
 pipeline95() {  # planned in session 45 for the next session (`bgtest "largest_graph or second_chain" 300` after the
   # installs, then `bg pipeline95`, then the model's pieces): in-process c=8 at T=0.7 with the engines at the
   # server's default caps (--server-caps: graphs and ragged tiers as `sglaunch serve`'s), where session 45 read
@@ -1804,6 +1825,10 @@ case "${1:-}" in
       -p no:cacheprovider tests/gpu -k '$2' > $W/gputest.log 2>&1; echo \"exit \$?\" >> $W/gputest.log; \
       touch $W/gputest.done" > /dev/null 2>&1 < /dev/null &)
     echo "gpu tests started: -k $2"
+    ;;
+  olddrafter)  # olddrafter (carry .oldd: the drafter bundled before session 46, rank 8, 15.5 MB; built here by
+    # `mkdir -p .oldd && git archive 872d089 sglaunch/hub/drafters/smollm2-135m-instruct | tar -x --strip-components 4 -C .oldd`)
+    mkdir -p /tmp/oldd && cp .oldd/* /tmp/oldd/ && touch /tmp/oldd/ready && ls -la /tmp/oldd || exit 1
     ;;
   piece)  # piece DIR [join]: the model piece(s) of DIR (carried) -> /tmp/smol; join: /tmp/smol/ready (pull_smol
     # concatenates /tmp/smol/part_a? in name order)
