@@ -251,30 +251,31 @@ def require_text_file(path: Path) -> None:
                                  "CORPUS --train-text FILE` writes one from the training part of the corpus")
 
 
+def _check_growth(flag: str, value: int | None, init_from: Path | None, what: str, keep_hint: str,
+                  new_hint: str) -> None:
+    """A growth option (None: no growth) must be at least 1 and needs --init-from. Torch-free."""
+    if value is None:
+        return
+    if value < 1:
+        raise SglaunchError(f"{flag} must be at least 1, got {value}", hint=keep_hint)
+    if init_from is None:
+        raise SglaunchError(f"{flag} needs --init-from: it {what}", hint=new_hint)
+
+
 def check_grow(grow_layers: int | None, init_from: Path | None) -> None:
     """--grow-layers N needs --init-from and N >= 1 (None: no growth). Torch-free: the CLI checks first."""
-    if grow_layers is None:
-        return
-    if grow_layers < 1:
-        raise SglaunchError(f"--grow-layers must be at least 1, got {grow_layers}",
-                            hint="--grow-layers N adds N layers to the --init-from drafter; omit it to keep its depth")
-    if init_from is None:
-        raise SglaunchError("--grow-layers needs --init-from: it deepens an existing drafter",
-                            hint="pass --init-from DRAFTER (e.g. sglaunch/hub/drafters/smollm2-135m-instruct), "
-                                 "or set the depth of a new drafter with --num-draft-layers")
+    _check_growth("--grow-layers", grow_layers, init_from, "deepens an existing drafter",
+                  "--grow-layers N adds N layers to the --init-from drafter; omit it to keep its depth",
+                  "pass --init-from DRAFTER (e.g. sglaunch/hub/drafters/smollm2-135m-instruct), "
+                  "or set the depth of a new drafter with --num-draft-layers")
 
 
 def check_grow_rank(rank: int | None, init_from: Path | None) -> None:
     """--grow-markov-rank R needs --init-from and R >= 1 (None: the checkpoint's rank); that R
     exceeds the checkpoint's own rank is checked once its config is read. Torch-free."""
-    if rank is None:
-        return
-    if rank < 1:
-        raise SglaunchError(f"--grow-markov-rank must be at least 1, got {rank}",
-                            hint="--grow-markov-rank R widens the --init-from drafter's Markov head to rank R")
-    if init_from is None:
-        raise SglaunchError("--grow-markov-rank needs --init-from: it widens an existing drafter's Markov head",
-                            hint="pass --init-from DRAFTER, or set a new drafter's rank with --markov-rank")
+    _check_growth("--grow-markov-rank", rank, init_from, "widens an existing drafter's Markov head",
+                  "--grow-markov-rank R widens the --init-from drafter's Markov head to rank R",
+                  "pass --init-from DRAFTER, or set a new drafter's rank with --markov-rank")
 
 
 def read_text_file(path: Path) -> str:
