@@ -1084,7 +1084,8 @@ pipeline96() {  # planned in session 46 for the next session: the bundled drafte
   # (held-out T=0 2.752 -> 2.835 in static mode, H100); is it as fast on a GPU? After `bgtest ... 300`, `bg pipeline96`,
   # the model's four pieces (`piece .m1` .. `piece .m4 join`) and the rank-8 drafter (`olddrafter`, carry .oldd):
   # each drafter's draft-stage cost (profile-sps), the two drafters side by side over HTTP (DSpark compact, T=0,
-  # c=1 and 8, two rounds), then plain against DSpark with the new bundle (issue 15's measure)
+  # c=1 and 8, two rounds), then plain against DSpark with the new bundle (issue 15's measure). NOTE: an explicit
+  # --speculative-draft-model-path gets no STS file by itself (only the built-in drafter's is resolved), hence the flag
   while [ ! -f "$W/gputest.done" ]; do sleep 2; done  # NOTE: the GPU tests first, alone on the card
   while [ ! -f /tmp/smol/ready ] || [ ! -f /tmp/oldd/ready ]; do sleep 2; done
   pull_smol
@@ -1093,7 +1094,7 @@ pipeline96() {  # planned in session 46 for the next session: the bundled drafte
   part spsnew 120 python3 -m sglaunch profile-sps --model-path "$SMOL" --draft-model-path "$DRAFTER" --tokens 8,64,256 \
     -o "$W/sps_rank64.json"
   part drafters 300 python3 -m sglaunch bench \
-    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK --speculative-draft-model-path /tmp/oldd" \
+    --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK --speculative-draft-model-path /tmp/oldd --speculative-dspark-confidence-sts-path /tmp/oldd/sts.json" \
     --compare "SGLANG_RAGGED_VERIFY_MODE=compact sglaunch serve --speculative-algorithm DSPARK" \
     --label rank8 --label rank64 --dataset benchmarks/prompt_set/heldout.jsonl --num-prompts 128 --output-len 128 \
     --concurrency 1,8 --temperature 0 --output "$W/drafters/bench.json" --no-plot --rounds 2
