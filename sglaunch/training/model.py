@@ -161,9 +161,11 @@ def load_into_grown_rank(drafter: DSparkDrafter, path: Path, cfg: DrafterConfig,
     columns without gradient: W2's gradient is the bias gradient times W1[x]).
 
     NOTE: the checkpoint is loaded into a drafter of its own shape on the CPU first (the one
-    loader, its shape checks), then copied over; the aliased embeddings / LM head are not part of
-    a checkpoint's own tensors and stay the target's."""
-    small = DSparkDrafter(cfg, TPGroup(0, 1), torch.float32, torch.device("cpu"), 16)
+    loader, its shape checks), then copied over. That drafter borrows this one's aliased
+    embeddings / LM head (the target's, not part of a checkpoint's own tensors, never touched
+    here) rather than allocating a vocabulary-sized pair of its own."""
+    small = DSparkDrafter(cfg, TPGroup(0, 1), torch.float32, torch.device("cpu"), 16,
+                          embed_tokens=drafter.embed_tokens, lm_head=drafter.lm_head)
     load_checkpoint_weights(small, path, cfg)
     r, d = cfg.markov_rank, cfg.hidden_size
     big = own_parameters(drafter)
